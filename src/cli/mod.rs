@@ -1,0 +1,111 @@
+//! Command-line interface: argument types and the commands behind them.
+
+mod fit;
+mod info;
+mod smoke;
+
+use crate::config::DeviceKind;
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "burnpose",
+    version,
+    about = "YOLO26 pose/detect trainer on Burn"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Train a model from a TOML config.
+    Fit {
+        config: PathBuf,
+        /// Run folder name under the output dir (default: output.name).
+        #[arg(long)]
+        name: Option<String>,
+        /// Continue from a checkpoint.
+        #[arg(long)]
+        resume: Option<PathBuf>,
+        /// Override the config's device.
+        #[arg(long, value_enum)]
+        device: Option<DeviceArg>,
+    },
+    /// Print the model summary: layers, parameters, GFLOPs.
+    Info {
+        /// Take model and image size from this config (flags below override it).
+        config: Option<PathBuf>,
+        #[arg(long)]
+        scale: Option<String>,
+        #[arg(long)]
+        task: Option<String>,
+        #[arg(long)]
+        nc: Option<usize>,
+        #[arg(long)]
+        imgsz: Option<usize>,
+    },
+    /// Validate a checkpoint (not available yet).
+    Val { config: PathBuf },
+    /// Run a checkpoint on images (not available yet).
+    Predict { config: PathBuf },
+    /// Complete-fit benchmark, native vs replay (not available yet).
+    Bench { config: PathBuf },
+    /// Time forward+backward passes of the full model on random images (device check).
+    Smoke {
+        #[arg(long, value_enum, default_value = "auto")]
+        device: DeviceArg,
+        #[arg(long, default_value_t = 4)]
+        batch: usize,
+        #[arg(long, default_value_t = 640)]
+        imgsz: usize,
+        #[arg(long, default_value_t = 3)]
+        steps: usize,
+    },
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum DeviceArg {
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+impl From<DeviceArg> for DeviceKind {
+    fn from(d: DeviceArg) -> Self {
+        match d {
+            DeviceArg::Auto => DeviceKind::Auto,
+            DeviceArg::Cpu => DeviceKind::Cpu,
+            DeviceArg::Cuda => DeviceKind::Cuda,
+        }
+    }
+}
+
+pub fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Fit {
+            config,
+            name,
+            resume,
+            device,
+        } => fit::run(&config, name, resume, device),
+        Command::Info {
+            config,
+            scale,
+            task,
+            nc,
+            imgsz,
+        } => info::run(config.as_deref(), scale, task, nc, imgsz),
+        Command::Smoke {
+            device,
+            batch,
+            imgsz,
+            steps,
+        } => smoke::run(device.into(), batch, imgsz, steps),
+        Command::Val { .. } | Command::Predict { .. } | Command::Bench { .. } => {
+            anyhow::bail!("this command is planned but not implemented yet (see the open issues)")
+        }
+    }
+}

@@ -1,0 +1,53 @@
+//! Turning the `[device]` section (or `--device`) into a Burn device.
+
+use super::DeviceKind;
+use burn::prelude::*;
+
+/// Whether this build has the CUDA backend.
+pub const CUDA_BUILT: bool = cfg!(feature = "cuda");
+
+/// The device a run uses, and a human description of why.
+pub fn resolve(kind: DeviceKind, index: usize) -> Result<(Device, String), String> {
+    match kind {
+        DeviceKind::Cpu => Ok((Device::flex(), "cpu (flex backend)".into())),
+        DeviceKind::Cuda => cuda(index),
+        DeviceKind::Auto => match cuda(index) {
+            Ok(found) => Ok(found),
+            Err(why) => Ok((Device::flex(), format!("cpu (flex backend; {why})"))),
+        },
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda(index: usize) -> Result<(Device, String), String> {
+    // cudarc panics when the driver library cannot be loaded; that means "no GPU" here.
+    let count = std::panic::catch_unwind(cudarc::driver::CudaContext::device_count)
+        .map_err(|_| "no CUDA driver library found".to_string())?
+        .map_err(|e| format!("CUDA driver error: {e:?}"))?;
+    if index >= count.max(0) as usize {
+        return Err(format!("CUDA device {index} requested, {count} present"));
+    }
+    configure_kernel_cache();
+    Ok((Device::cuda(index), format!("cuda:{index}")))
+}
+
+/// Compiled kernels and autotune results are kept in the per-user cache directory (not the
+/// working directory or a `target/` folder), so every run of every checkout reuses them. Must run
+/// before the first CUDA device is created; a `cubecl.toml`/`burn.toml` found from the current
+/// directory is still read first and only these two settings are forced.
+#[cfg(feature = "cuda")]
+fn configure_kernel_cache() {
+    use burn::cubecl::config::{CacheConfig, CubeClRuntimeConfig, RuntimeConfig};
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let mut config = CubeClRuntimeConfig::from_current_dir().override_from_env();
+        config.compilation.cache = true;
+        config.environment.path = CacheConfig::Global;
+        CubeClRuntimeConfig::try_set(config);
+    });
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda(_index: usize) -> Result<(Device, String), String> {
+    Err("this build has no CUDA backend; rebuild with `--features cuda`".into())
+}

@@ -1,0 +1,359 @@
+//! The TOML run configuration: typed sections, unknown keys rejected, values checked once.
+
+pub mod device;
+
+use crate::model::{Scale, Task, YoloConfig};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// A configuration problem, always naming the file and, where known, the key.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid config {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("invalid config {path}: key `{key}`: {message}")]
+    Value {
+        path: PathBuf,
+        key: &'static str,
+        message: String,
+    },
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub model: ModelSection,
+    #[serde(default)]
+    pub data: DataSection,
+    #[serde(default)]
+    pub train: TrainSection,
+    #[serde(default)]
+    pub optim: OptimSection,
+    #[serde(default)]
+    pub capture: CaptureSection,
+    #[serde(default)]
+    pub device: DeviceSection,
+    #[serde(default)]
+    pub output: OutputSection,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelSection {
+    /// Registered size: "n" or "s".
+    pub scale: Scale,
+    /// "pose" or "detect".
+    pub task: Task,
+    /// Number of classes.
+    pub nc: usize,
+    /// Keypoints and values per keypoint (pose).
+    pub kpt_shape: [usize; 2],
+    /// Feature replay: record backbone+neck into CUDA graphs (CUDA only).
+    pub capture_network: bool,
+}
+
+impl Default for ModelSection {
+    fn default() -> Self {
+        Self {
+            scale: Scale::N,
+            task: Task::Pose,
+            nc: 1,
+            kpt_shape: [17, 3],
+            capture_network: false,
+        }
+    }
+}
+
+impl ModelSection {
+    pub fn yolo(&self) -> YoloConfig {
+        YoloConfig::new(self.scale, self.task)
+            .with_nc(self.nc)
+            .with_kpt_shape(self.kpt_shape)
+    }
+}
+
+/// Where images come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DataSource {
+    /// Procedurally drawn figures; needs no files.
+    Builtin,
+    /// COCO keypoints JSON + image folder.
+    Coco,
+    /// Ultralytics YOLO txt labels + dataset yaml.
+    Yolo,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataSection {
+    pub source: DataSource,
+    /// Dataset root (coco / yolo).
+    pub path: Option<PathBuf>,
+    /// Square training image size; a multiple of 32.
+    pub imgsz: usize,
+    /// Built-in dataset sizes.
+    pub train_images: usize,
+    pub val_images: usize,
+    /// Warn and count bad samples instead of stopping.
+    pub skip_bad: bool,
+}
+
+impl Default for DataSection {
+    fn default() -> Self {
+        Self {
+            source: DataSource::Builtin,
+            path: None,
+            imgsz: 640,
+            train_images: 64,
+            val_images: 16,
+            skip_bad: false,
+        }
+    }
+}
+
+/// Numeric precision of the forward/backward pass (master weights stay FP32).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    Fp32,
+    Fp16,
+    Bf16,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainSection {
+    pub epochs: usize,
+    pub batch: usize,
+    pub seed: u64,
+    pub precision: Precision,
+    /// Nominal batch for gradient accumulation.
+    pub nbs: usize,
+    /// Epochs at the end trained without mosaic.
+    pub close_mosaic: usize,
+}
+
+impl Default for TrainSection {
+    fn default() -> Self {
+        Self {
+            epochs: 5,
+            batch: 4,
+            seed: 0,
+            precision: Precision::Fp32,
+            nbs: 64,
+            close_mosaic: 10,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OptimizerKind {
+    Auto,
+    Sgd,
+    Musgd,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OptimSection {
+    pub optimizer: OptimizerKind,
+    pub lr0: f64,
+    pub lrf: f64,
+    pub momentum: f64,
+    pub weight_decay: f64,
+    pub warmup_epochs: f64,
+    pub warmup_momentum: f64,
+    pub warmup_bias_lr: f64,
+    pub cos_lr: bool,
+    /// Global gradient-norm clip.
+    pub clip_norm: f64,
+}
+
+impl Default for OptimSection {
+    fn default() -> Self {
+        Self {
+            optimizer: OptimizerKind::Auto,
+            lr0: 0.01,
+            lrf: 0.01,
+            momentum: 0.937,
+            weight_decay: 0.0005,
+            warmup_epochs: 3.0,
+            warmup_momentum: 0.8,
+            warmup_bias_lr: 0.1,
+            cos_lr: false,
+            clip_norm: 10.0,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CaptureSection {
+    /// Eager steps run before recording.
+    pub warmup_steps: usize,
+}
+
+impl Default for CaptureSection {
+    fn default() -> Self {
+        Self { warmup_steps: 3 }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceKind {
+    /// CUDA when built with it and a GPU is present, else CPU.
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DeviceSection {
+    pub kind: DeviceKind,
+    /// CUDA device ordinal.
+    pub index: usize,
+}
+
+impl Default for DeviceSection {
+    fn default() -> Self {
+        Self {
+            kind: DeviceKind::Auto,
+            index: 0,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OutputSection {
+    /// Parent folder of run folders.
+    pub dir: PathBuf,
+    /// Run folder name (`--name` overrides).
+    pub name: String,
+}
+
+impl Default for OutputSection {
+    fn default() -> Self {
+        Self {
+            dir: PathBuf::from("runs"),
+            name: "train".into(),
+        }
+    }
+}
+
+impl Config {
+    /// Reads, parses and checks `path`.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(&text, path)
+    }
+
+    /// Parses TOML text; `path` is only used in messages.
+    pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string().trim_end().to_string(),
+        })?;
+        config.validate(path)?;
+        Ok(config)
+    }
+
+    fn validate(&self, path: &Path) -> Result<(), ConfigError> {
+        let bad = |key, message: String| {
+            Err(ConfigError::Value {
+                path: path.to_path_buf(),
+                key,
+                message,
+            })
+        };
+        let (m, d, t, o) = (&self.model, &self.data, &self.train, &self.optim);
+        if m.nc == 0 {
+            return bad("model.nc", "expected at least 1 class, got 0".into());
+        }
+        if m.task == Task::Pose && (m.kpt_shape[0] == 0 || !matches!(m.kpt_shape[1], 2 | 3)) {
+            return bad(
+                "model.kpt_shape",
+                format!("expected [K >= 1, 2 or 3], got {:?}", m.kpt_shape),
+            );
+        }
+        if d.imgsz == 0 || d.imgsz % 32 != 0 {
+            return bad(
+                "data.imgsz",
+                format!("expected a positive multiple of 32, got {}", d.imgsz),
+            );
+        }
+        if d.source != DataSource::Builtin && d.path.is_none() {
+            return bad(
+                "data.path",
+                format!("data.source = {:?} needs a dataset folder", d.source).to_lowercase(),
+            );
+        }
+        if d.source == DataSource::Builtin && (d.train_images == 0 || d.val_images == 0) {
+            return bad(
+                "data.train_images",
+                "the built-in dataset needs at least one train and one val image".into(),
+            );
+        }
+        if t.epochs == 0 {
+            return bad("train.epochs", "expected at least 1 epoch, got 0".into());
+        }
+        if t.batch == 0 {
+            return bad(
+                "train.batch",
+                "expected a batch of at least 1, got 0".into(),
+            );
+        }
+        if t.nbs == 0 {
+            return bad("train.nbs", "expected a nominal batch of at least 1".into());
+        }
+        if !(o.lr0 > 0.0 && o.lr0.is_finite()) {
+            return bad(
+                "optim.lr0",
+                format!("expected a positive learning rate, got {}", o.lr0),
+            );
+        }
+        if !(0.0..=1.0).contains(&o.lrf) {
+            return bad(
+                "optim.lrf",
+                format!("expected a value in [0, 1], got {}", o.lrf),
+            );
+        }
+        for (key, v) in [
+            ("optim.momentum", o.momentum),
+            ("optim.warmup_momentum", o.warmup_momentum),
+        ] {
+            if !(0.0..1.0).contains(&v) {
+                return bad(key, format!("expected a value in [0, 1), got {v}"));
+            }
+        }
+        if !(o.weight_decay >= 0.0 && o.warmup_epochs >= 0.0 && o.warmup_bias_lr >= 0.0) {
+            return bad(
+                "optim.weight_decay",
+                "weight_decay, warmup_epochs and warmup_bias_lr must be >= 0".into(),
+            );
+        }
+        if !(o.clip_norm > 0.0) {
+            return bad(
+                "optim.clip_norm",
+                format!("expected > 0, got {}", o.clip_norm),
+            );
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

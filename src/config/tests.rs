@@ -1,0 +1,67 @@
+use super::*;
+
+fn parse(text: &str) -> Result<Config, ConfigError> {
+    Config::parse(text, Path::new("cfg.toml"))
+}
+
+#[test]
+fn empty_config_gives_defaults() {
+    let c = parse("").unwrap();
+    assert_eq!(c, Config::default());
+    assert!(!c.model.capture_network);
+    assert_eq!(c.model.yolo().name(), "yolo26n-pose");
+}
+
+#[test]
+fn shipped_configs_parse() {
+    for name in ["configs/pose_nano.toml", "configs/pose_minicoco.toml"] {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(name);
+        Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
+#[test]
+fn unknown_key_names_key_and_file() {
+    let e = parse("[model]\ncapture_netwrk = true\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("cfg.toml") && e.contains("capture_netwrk"),
+        "{e}"
+    );
+    let e = parse("[trainer]\nepochs = 1\n").unwrap_err().to_string();
+    assert!(e.contains("trainer"), "{e}");
+}
+
+#[test]
+fn wrong_type_names_key() {
+    let e = parse("[train]\nbatch = \"four\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("batch") && e.contains("cfg.toml"), "{e}");
+    let e = parse("[model]\nscale = \"q\"\n").unwrap_err().to_string();
+    assert!(e.contains("scale") || e.contains("unknown variant"), "{e}");
+}
+
+#[test]
+fn bad_values_name_the_key() {
+    for (text, key) in [
+        ("[data]\nimgsz = 100\n", "data.imgsz"),
+        ("[train]\nbatch = 0\n", "train.batch"),
+        ("[optim]\nlr0 = -1.0\n", "optim.lr0"),
+        ("[optim]\nmomentum = 1.5\n", "optim.momentum"),
+        ("[model]\nnc = 0\n", "model.nc"),
+        ("[data]\nsource = \"coco\"\n", "data.path"),
+    ] {
+        let e = parse(text).unwrap_err().to_string();
+        assert!(e.contains(key) && e.contains("cfg.toml"), "{text}: {e}");
+    }
+}
+
+#[test]
+fn missing_file_names_it() {
+    let e = Config::load(Path::new("no/such.toml"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("no/such.toml"), "{e}");
+}

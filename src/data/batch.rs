@@ -1,0 +1,43 @@
+//! Collating samples into a fixed-shape batch of host data.
+
+use super::Sample;
+use burn::prelude::*;
+
+/// Images as `[B, 3, S, S]` u8 and per-image labels, ready to upload.
+#[derive(Clone, Debug)]
+pub struct Batch {
+    pub images: TensorData,
+    pub samples: Vec<Sample>,
+}
+
+impl Batch {
+    /// Stacks same-size RGB samples (HWC → CHW).
+    pub fn collate(samples: Vec<Sample>) -> Self {
+        let (w, h) = samples[0].image.dimensions();
+        let plane = (w * h) as usize;
+        let mut bytes = vec![0u8; samples.len() * 3 * plane];
+        for (i, s) in samples.iter().enumerate() {
+            assert_eq!(
+                s.image.dimensions(),
+                (w, h),
+                "batch images must share one size"
+            );
+            let out = &mut bytes[i * 3 * plane..(i + 1) * 3 * plane];
+            for (p, px) in s.image.pixels().enumerate() {
+                for c in 0..3 {
+                    out[c * plane + p] = px.0[c];
+                }
+            }
+        }
+        let shape = [samples.len(), 3, h as usize, w as usize];
+        Self {
+            images: TensorData::new(bytes, shape),
+            samples,
+        }
+    }
+
+    /// Images on `device` as floats in [0, 1].
+    pub fn images_f32(&self, device: &Device) -> Tensor<4> {
+        Tensor::<4, Int>::from_data(self.images.clone().convert::<i32>(), device).float() / 255.0
+    }
+}

@@ -1,0 +1,18 @@
+//! YOLO26 models as typed Burn modules (yolo_spec §1–2).
+
+pub mod attention;
+pub mod backbone;
+pub mod blocks;
+pub mod conv;
+pub mod flow;
+pub mod head;
+pub mod params;
+pub mod scale;
+pub mod summary;
+pub mod yolo;
+
+pub use backbone::{Backbone, Features, Neck};
+pub use head::{BranchOutput, Head, HeadOutput, STRIDES};
+pub use params::ParamCount;
+pub use scale::Scale;
+pub use yolo::{Task, Yolo, YoloConfig};
