@@ -1,0 +1,244 @@
+use super::terms::{bce_with_logits, branch_terms, ciou};
+use super::*;
+use burn::tensor::Distribution;
+
+fn scalar(t: Tensor<1>) -> f32 {
+    t.into_scalar::<f32>()
+}
+
+#[test]
+fn bce_by_hand() {
+    let d = Device::flex();
+    let x = Tensor::<1>::from_floats([0.0, 2.0, -3.0], &d);
+    let t = Tensor::<1>::from_floats([0.5, 1.0, 0.0], &d);
+    let got = bce_with_logits(x, t)
+        .into_data()
+        .try_into_vec::<f32>()
+        .unwrap();
+    let want = [
+        2f32.ln(),
+        (1.0 + (-2f32).exp()).ln(),
+        (1.0 + (-3f32).exp()).ln(),
+    ];
+    for (g, w) in got.iter().zip(want) {
+        assert!((g - w).abs() < 1e-6, "{got:?} vs {want:?}");
+    }
+}
+
+#[test]
+fn tensor_ciou_matches_host_ciou() {
+    let d = Device::flex();
+    let boxes = [
+        ([0.0, 0.0, 2.0, 2.0], [1.0, 0.0, 3.0, 2.0]),
+        ([0.5, 1.0, 4.0, 3.0], [1.0, 0.0, 2.5, 5.0]),
+        ([0.0, 0.0, 1.0, 1.0], [3.0, 3.0, 4.0, 6.0]),
+    ];
+    let p: Vec<f32> = boxes.iter().flat_map(|b| b.0).collect();
+    let t: Vec<f32> = boxes.iter().flat_map(|b| b.1).collect();
+    let got = ciou(
+        Tensor::<1>::from_floats(p.as_slice(), &d).reshape([3, 4]),
+        Tensor::<1>::from_floats(t.as_slice(), &d).reshape([3, 4]),
+    )
+    .into_data()
+    .try_into_vec::<f32>()
+    .unwrap();
+    for (g, (a, b)) in got.iter().zip(boxes) {
+        assert!((g - geometry::ciou(a, b)).abs() < 1e-5);
+    }
+}
+
+/// One 32×32 image, nc = 1, two keypoints, one foreground row at anchor 0 (stride 8).
+fn tiny_case(d: &Device, with_fg: bool) -> (BranchOutput, BranchTargets) {
+    let a = 21;
+    let out = BranchOutput {
+        boxes: Tensor::full([1, 4, a], 0.5, d),
+        scores: Tensor::zeros([1, 1, a], d),
+        kpts: Some(Tensor::zeros([1, 6, a], d)),
+        kpts_sigma: Some(Tensor::zeros([1, 4, a], d)),
+    };
+    let mut target_scores = vec![0.0; a];
+    let mut t = BranchTargets {
+        batch: 1,
+        anchors: a,
+        nc: 1,
+        target_scores: vec![],
+        score_sum: 1.0,
+        fg_rows: vec![],
+        fg_weight: vec![],
+        fg_anchor: vec![],
+        fg_stride: vec![],
+        fg_box: vec![],
+        fg_kpts: vec![],
+        nk: 2,
+    };
+    if with_fg {
+        target_scores[0] = 0.5;
+        t.fg_rows = vec![0];
+        t.fg_weight = vec![0.5];
+        t.fg_anchor = vec![[0.5, 0.5]];
+        t.fg_stride = vec![8.0];
+        t.fg_box = vec![[0.0, 0.0, 2.0, 1.0]];
+        t.fg_kpts = vec![[0.5, 0.5, 2.0], [1.5, 0.5, 2.0]];
+    }
+    t.target_scores = target_scores;
+    (out, t)
+}
+
+use crate::model::BranchOutput;
+use crate::model::flow::RealNvpConfig;
+use targets::BranchTargets;
+
+#[test]
+fn each_term_by_hand() {
+    let d = Device::flex();
+    let flow = RealNvpConfig::new().init(&d);
+    let (out, t) = tiny_case(&d, true);
+    let sig = [0.5, 0.5];
+    let terms: Vec<f32> = branch_terms(&out, &t, Some(&flow), [32, 32], &sig)
+        .map(scalar)
+        .to_vec();
+    let ln2 = 2f32.ln();
+    // box: prediction [0, 0, 1, 1] vs target [0, 0, 2, 1], weight 0.5, score sum 1.
+    let box_loss = (1.0 - geometry::ciou([0.0, 0.0, 1.0, 1.0], [0.0, 0.0, 2.0, 1.0])) * 0.5;
+    // pose: keypoint 1 is 1 grid unit off, area 2, σ 0.5 → e = 1 / (8·0.25·2) = 0.25.
+    let pose = (1.0 - (-0.25f32).exp()) / 2.0;
+    // cls: logits 0 → ln 2 whatever the target, 21 anchors, score sum 1.
+    let cls = 21.0 * ln2;
+    // l1: target ltrb [.5, .5, 1.5, .5] vs [.5, .5, .5, .5] → |Δ| 1 on one side × 8/32, mean /4, × 0.5.
+    let l1 = 0.25 / 4.0 * 0.5;
+    // rle: σ = 0.5, ε = (0, 0) and (−2, 0).
+    let lp = |x: f32, y: f32| {
+        scalar(flow.log_prob(Tensor::<1>::from_floats([x, y], &d).reshape([1, 2])))
+    };
+    let per = |e: f32, phi: f32| 2.0 * 0.5f32.ln() + 2.0 * 1f32.ln() + e - 2.0 * phi;
+    let rle = ((per(0.0, lp(0.0, 0.0)) + per(2.0, lp(-2.0, 0.0))) / 2.0).max(0.0);
+    let want = [box_loss, pose, ln2, cls, l1, rle];
+    for (i, (g, w)) in terms.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() < 1e-4 * w.abs().max(1.0),
+            "{}: {g} vs {w}",
+            TERMS[i]
+        );
+    }
+}
+
+#[test]
+fn no_positives_leave_keypoint_outputs_without_gradient() {
+    let d = Device::flex().autodiff();
+    let flow = RealNvpConfig::new().init(&d);
+    let (mut out, t) = tiny_case(&d, false);
+    out.kpts = out.kpts.map(|k| k.require_grad());
+    out.kpts_sigma = out.kpts_sigma.map(|k| k.require_grad());
+    out.boxes = out.boxes.require_grad();
+    out.scores = out.scores.require_grad();
+    let terms = branch_terms(&out, &t, Some(&flow), [32, 32], &[0.5, 0.5]);
+    let total = Tensor::cat(terms.to_vec(), 0).sum();
+    let grads = total.backward();
+    assert!(out.kpts.as_ref().unwrap().grad(&grads).is_none());
+    assert!(out.kpts_sigma.as_ref().unwrap().grad(&grads).is_none());
+    assert!(out.boxes.grad(&grads).is_none());
+    assert!(out.scores.grad(&grads).is_some());
+    assert!(flow.scale_nets[0].fc1.weight.grad(&grads).is_none());
+}
+
+#[test]
+fn prog_loss_schedule() {
+    let mut loss = E2eLoss::new(Task::Pose, 17, [64, 64]);
+    assert!((loss.one2many_weight - 0.8).abs() < 1e-6);
+    loss.update(2, 5);
+    assert!((loss.one2many_weight - (0.5 * 0.7 + 0.1)).abs() < 1e-6);
+    loss.update(4, 5);
+    assert!((loss.one2many_weight - 0.1).abs() < 1e-6);
+}
+
+/// Finite differences of the full E2E loss w.r.t. every head output, targets held fixed.
+#[test]
+fn full_loss_gradient_matches_finite_differences() {
+    let d = Device::flex().autodiff();
+    d.seed(3);
+    let flow = RealNvpConfig::new().init(&d);
+    let a = 21;
+    let rand = |c: usize, lo: f64, hi: f64| {
+        Tensor::<3>::random([1, c, a], Distribution::Uniform(lo, hi), &d)
+    };
+    let branch = || BranchOutput {
+        boxes: rand(4, 0.3, 1.5),
+        scores: rand(1, -2.0, 1.0),
+        kpts: Some(rand(6, -0.5, 0.5)),
+        kpts_sigma: Some(rand(4, -1.0, 1.0)),
+    };
+    let out = HeadOutput {
+        one2many: branch(),
+        one2one: branch(),
+    };
+    let mut loss = E2eLoss::new(Task::Pose, 2, [32, 32]);
+    loss.sigmas = vec![0.3, 0.4];
+    let labels = vec![vec![Instance {
+        class: 0,
+        bbox: [2.0, 3.0, 20.0, 22.0],
+        keypoints: vec![[6.0, 8.0, 2.0], [14.0, 12.0, 1.0]],
+    }]];
+    let targets = loss.targets(&out, &labels);
+    assert!(targets.one2many.num_fg() > 0 && targets.one2one.num_fg() == 1);
+    // Leaves with gradients.
+    let leaf = |t: &Tensor<3>| t.clone().detach().require_grad();
+    let branch_leaf = |b: &BranchOutput| BranchOutput {
+        boxes: leaf(&b.boxes),
+        scores: leaf(&b.scores),
+        kpts: b.kpts.as_ref().map(leaf),
+        kpts_sigma: b.kpts_sigma.as_ref().map(leaf),
+    };
+    let x = HeadOutput {
+        one2many: branch_leaf(&out.one2many),
+        one2one: branch_leaf(&out.one2one),
+    };
+    let grads = loss.compute(&x, &targets, Some(&flow)).total.backward();
+    let value = |h: &HeadOutput| scalar(loss.compute(h, &targets, Some(&flow)).total.inner());
+    let tensors: Vec<(&str, fn(&mut HeadOutput) -> &mut Tensor<3>)> = vec![
+        ("o2m.boxes", |h| &mut h.one2many.boxes),
+        ("o2m.scores", |h| &mut h.one2many.scores),
+        ("o2m.kpts", |h| h.one2many.kpts.as_mut().unwrap()),
+        ("o2m.sigma", |h| h.one2many.kpts_sigma.as_mut().unwrap()),
+        ("o2o.boxes", |h| &mut h.one2one.boxes),
+        ("o2o.kpts", |h| h.one2one.kpts.as_mut().unwrap()),
+    ];
+    let mut checked = 0;
+    for (name, get) in tensors {
+        let mut probe = x.clone();
+        let analytic = get(&mut probe)
+            .grad(&grads)
+            .expect("gradient")
+            .into_data()
+            .try_into_vec::<f32>()
+            .unwrap();
+        let base: Vec<f32> = get(&mut probe)
+            .clone()
+            .inner()
+            .into_data()
+            .try_into_vec::<f32>()
+            .unwrap();
+        let dims = get(&mut probe).dims();
+        // Probe the entries with the largest gradients (those that matter) plus a few others.
+        let mut order: Vec<usize> = (0..base.len()).collect();
+        order.sort_by(|&i, &j| analytic[j].abs().total_cmp(&analytic[i].abs()));
+        for &i in order.iter().take(6) {
+            let h = 1e-2f32;
+            let shifted = |delta: f32| {
+                let mut v = base.clone();
+                v[i] += delta;
+                let mut probe = x.clone();
+                *get(&mut probe) = Tensor::<1>::from_floats(v.as_slice(), &d).reshape(dims);
+                value(&probe)
+            };
+            let numeric = (shifted(h) - shifted(-h)) / (2.0 * h);
+            let tol = 2e-2 * numeric.abs().max(analytic[i].abs()) + 2e-3;
+            assert!(
+                (numeric - analytic[i]).abs() <= tol,
+                "{name}[{i}]: analytic {} vs numeric {numeric}",
+                analytic[i]
+            );
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 36);
+}
