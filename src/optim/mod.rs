@@ -1,0 +1,18 @@
+//! Optimizers (SGD, MuSGD, AdamW), parameter groups, schedule, clipping and EMA (yolo_spec §4).
+//! All state is plain data that can be hashed and saved.
+
+pub mod clip;
+pub mod ema;
+pub mod groups;
+pub mod hash;
+pub mod newton_schulz;
+pub mod optimizer;
+pub mod schedule;
+pub mod tensors;
+
+pub use ema::Ema;
+pub use optimizer::{Hyper, Optimizer, Rule};
+pub use schedule::Schedule;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,204 @@
+//! SGD (Nesterov, dampening 0), MuSGD and AdamW as PyTorch/Ultralytics define them, over
+//! parameter groups. A parameter whose gradient is absent this step is skipped entirely: no
+//! momentum decay, no weight decay, no step count — as a PyTorch optimizer skips `grad is None`.
+
+use super::groups::{Group, ParamInfo, param_table};
+use super::hash::StateHasher;
+use super::newton_schulz::orthogonalize;
+use burn::module::{Module, ModuleMapper, Param, ParamId};
+use burn::optim::GradientsParams;
+use burn::prelude::*;
+use std::collections::HashMap;
+
+/// The update rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Rule {
+    Sgd,
+    MuSgd,
+    AdamW,
+}
+
+/// Per-step hyper-parameters (they change during warm-up and across epochs).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Hyper {
+    /// Learning rate of the [`Group::Weight`], [`Group::Norm`] and [`Group::Bias`] groups.
+    pub lr: [f64; 3],
+    /// SGD momentum, Muon β and AdamW β1.
+    pub momentum: f64,
+    /// Decay of the weight group (already scaled by batch·accumulate/nbs).
+    pub weight_decay: f64,
+}
+
+/// Optimizer state of one parameter, flattened to `[numel]`.
+#[derive(Clone, Debug, Default)]
+pub struct ParamState {
+    /// SGD momentum buffer (MuSGD: the SGD half's buffer); AdamW: first moment.
+    pub buf: Option<Tensor<1>>,
+    /// Muon momentum; AdamW: second moment.
+    pub second: Option<Tensor<1>>,
+    /// Steps this parameter was updated.
+    pub steps: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct Optimizer {
+    pub rule: Rule,
+    pub table: Vec<ParamInfo>,
+    pub state: Vec<ParamState>,
+    index: HashMap<ParamId, usize>,
+    /// MuSGD blend (current Ultralytics: 0.2 / 1.0).
+    pub muon_weight: f64,
+    pub sgd_weight: f64,
+    pub beta2: f64,
+    pub eps: f64,
+}
+
+impl Optimizer {
+    pub fn new<M: Module>(rule: Rule, model: &M) -> Self {
+        let table = param_table(model);
+        let index = table.iter().enumerate().map(|(i, p)| (p.id, i)).collect();
+        Self {
+            rule,
+            state: vec![ParamState::default(); table.len()],
+            table,
+            index,
+            muon_weight: 0.2,
+            sgd_weight: 1.0,
+            beta2: 0.999,
+            eps: 1e-8,
+        }
+    }
+
+    /// One update of every parameter that has a gradient in `grads` (consumed).
+    pub fn step<M: Module>(&mut self, model: M, mut grads: GradientsParams, hyper: &Hyper) -> M {
+        let mut mapper = StepMapper {
+            opt: self,
+            grads: &mut grads,
+            hyper,
+        };
+        model.map(&mut mapper)
+    }
+
+    /// Hash of all buffers and step counts, in parameter-table order.
+    pub fn state_hash(&self) -> String {
+        let mut h = StateHasher::new();
+        h.label(&format!("{:?}", self.rule));
+        for (info, s) in self.table.iter().zip(&self.state) {
+            h.u64(&info.path, s.steps);
+            if let Some(b) = &s.buf {
+                h.tensor("buf", b);
+            }
+            if let Some(b) = &s.second {
+                h.tensor("second", b);
+            }
+        }
+        h.finish()
+    }
+
+    fn update(&mut self, i: usize, p: Tensor<1>, g: Tensor<1>, hyper: &Hyper) -> Tensor<1> {
+        let info = &self.table[i];
+        let group = info.group;
+        let boost = if self.rule == Rule::MuSgd && info.class_branch {
+            3.0
+        } else {
+            1.0
+        };
+        let lr = hyper.lr[group as usize] * boost;
+        let wd = if group == Group::Weight {
+            hyper.weight_decay
+        } else {
+            0.0
+        };
+        let mu = hyper.momentum;
+        let muon = self.rule == Rule::MuSgd && group == Group::Weight && info.muon_eligible();
+        let dims = info.dims.clone();
+        let s = &mut self.state[i];
+        s.steps += 1;
+        match self.rule {
+            Rule::AdamW => {
+                let p = p.clone() * (1.0 - lr * wd);
+                let m = match s.buf.take() {
+                    Some(m) => m * mu + g.clone() * (1.0 - mu),
+                    None => g.clone() * (1.0 - mu),
+                };
+                let v = match s.second.take() {
+                    Some(v) => v * self.beta2 + g.powi_scalar(2) * (1.0 - self.beta2),
+                    None => g.powi_scalar(2) * (1.0 - self.beta2),
+                };
+                let t = s.steps as i32;
+                let bc1 = 1.0 - mu.powi(t);
+                let bc2 = 1.0 - self.beta2.powi(t);
+                let denom = (v.clone() / bc2).sqrt() + self.eps;
+                s.buf = Some(m.clone());
+                s.second = Some(v);
+                p - m / denom * (lr / bc1)
+            }
+            _ if muon => {
+                let m = match s.second.take() {
+                    Some(m) => m * mu + g.clone() * (1.0 - mu),
+                    None => g.clone() * (1.0 - mu),
+                };
+                let u = m.clone() * mu + g.clone() * (1.0 - mu);
+                s.second = Some(m);
+                let o = orthogonalized(u, &dims);
+                let p = p - o * (lr * self.muon_weight);
+                let gd = g + p.clone() * wd;
+                let b = match s.buf.take() {
+                    Some(b) => b * mu + gd.clone(),
+                    None => gd.clone(),
+                };
+                s.buf = Some(b.clone());
+                p - (gd + b * mu) * (lr * self.sgd_weight)
+            }
+            _ => {
+                let gd = g + p.clone() * wd;
+                let b = match s.buf.take() {
+                    Some(b) => b * mu + gd.clone(),
+                    None => gd.clone(),
+                };
+                s.buf = Some(b.clone());
+                p - (gd + b * mu) * lr
+            }
+        }
+    }
+}
+
+/// Newton–Schulz on the parameter's matrix view (rows = output channels, as PyTorch lays out
+/// weights; Burn's `Linear` stores `[in, out]`, so 2-D weights are transposed for it), scaled by
+/// √max(1, rows/cols).
+fn orthogonalized(u: Tensor<1>, dims: &[usize]) -> Tensor<1> {
+    let n = u.dims()[0];
+    let (m, linear) = if dims.len() == 2 {
+        (u.reshape([dims[0], dims[1]]).transpose(), true)
+    } else {
+        (u.reshape([dims[0], n / dims[0]]), false)
+    };
+    let [rows, cols] = m.dims();
+    let o = orthogonalize(m, 5) * (rows as f64 / cols as f64).max(1.0).sqrt();
+    let o = if linear { o.transpose() } else { o };
+    o.reshape([n])
+}
+
+struct StepMapper<'a> {
+    opt: &'a mut Optimizer,
+    grads: &'a mut GradientsParams,
+    hyper: &'a Hyper,
+}
+
+impl ModuleMapper for StepMapper<'_> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        let Some(&i) = self.opt.index.get(&param.id) else {
+            return param; // BN running statistics
+        };
+        let Some(grad) = self.grads.remove::<D>(param.id) else {
+            return param; // no gradient this step: untouched, state untouched
+        };
+        let (id, tensor, mapper) = param.consume();
+        let dims = tensor.dims();
+        let n: usize = dims.iter().product();
+        let p = tensor.inner().reshape([n]);
+        let new = self.opt.update(i, p, grad.reshape([n]), self.hyper);
+        let value = Tensor::from_inner(new.reshape(dims)).require_grad();
+        Param::from_mapped_value(id, value, mapper)
+    }
+}

@@ -1,0 +1,73 @@
+//! Reading and replacing a module's float tensors by path (parameters and running stats),
+//! for hashing, EMA and checkpoints.
+
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
+use burn::prelude::*;
+use std::collections::HashMap;
+
+/// Every float tensor (as `[numel]`) with its dotted path, in visiting order.
+pub fn float_tensors<M: Module>(module: &M) -> Vec<(String, Tensor<1>)> {
+    struct V {
+        path: Vec<String>,
+        out: Vec<(String, Tensor<1>)>,
+    }
+    impl ModuleVisitor for V {
+        fn enter_module(&mut self, name: &str, _: &str) {
+            self.path.push(name.to_string());
+        }
+        fn exit_module(&mut self, _: &str, _: &str) {
+            self.path.pop();
+        }
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            let t = param.val();
+            let n = t.shape().num_elements();
+            self.out.push((self.path.join("."), t.reshape([n])));
+        }
+    }
+    let mut v = V {
+        path: Vec::new(),
+        out: Vec::new(),
+    };
+    module.visit(&mut v);
+    v.out
+}
+
+/// Replaces float tensors whose path is in `values` (given as `[numel]`, reshaped back). Ids are
+/// kept, so optimizer state stays attached. Returns the paths that were not found.
+pub fn replace_float_tensors<M: Module>(
+    module: M,
+    values: &mut HashMap<String, Tensor<1>>,
+) -> (M, Vec<String>) {
+    struct R<'a> {
+        path: Vec<String>,
+        values: &'a mut HashMap<String, Tensor<1>>,
+    }
+    impl ModuleMapper for R<'_> {
+        fn enter_module(&mut self, name: &str, _: &str) {
+            self.path.push(name.to_string());
+        }
+        fn exit_module(&mut self, _: &str, _: &str) {
+            self.path.pop();
+        }
+        fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+            let Some(new) = self.values.remove(&self.path.join(".")) else {
+                return param;
+            };
+            let (id, old, mapper) = param.consume();
+            let dims = old.dims();
+            let tracked = old.is_require_grad();
+            let mut t: Tensor<D> = new.to_device(&old.device()).reshape(dims);
+            if tracked {
+                t = t.require_grad();
+            }
+            Param::from_mapped_value(id, t, mapper)
+        }
+    }
+    let mut r = R {
+        path: Vec::new(),
+        values,
+    };
+    let module = module.map(&mut r);
+    let missing = values.keys().cloned().collect();
+    (module, missing)
+}

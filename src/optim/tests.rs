@@ -1,0 +1,216 @@
+use super::clip::clip_global_norm;
+use super::groups::Group;
+use super::newton_schulz::orthogonalize;
+use super::*;
+use burn::module::Param;
+use burn::optim::GradientsParams;
+use burn::prelude::*;
+
+#[derive(Module, Debug)]
+struct Tiny {
+    weight: Param<Tensor<2>>,
+    bias: Param<Tensor<1>>,
+}
+
+fn device() -> Device {
+    Device::flex().autodiff()
+}
+
+fn tiny(d: &Device) -> Tiny {
+    Tiny {
+        weight: Param::from_tensor(Tensor::from_floats(
+            [[1.0, -2.0, 0.5], [0.25, 3.0, -1.0]],
+            d,
+        )),
+        bias: Param::from_tensor(Tensor::from_floats([0.5, -0.5], d)),
+    }
+}
+
+fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+    t.into_data().convert::<f32>().try_into_vec().unwrap()
+}
+
+fn grads(m: &Tiny, gw: [[f32; 3]; 2], gb: Option<[f32; 2]>, d: &Device) -> GradientsParams {
+    let mut g = GradientsParams::new();
+    let inner = d.clone().inner();
+    g.register::<2>(m.weight.id, Tensor::from_floats(gw, &inner));
+    if let Some(gb) = gb {
+        g.register::<1>(m.bias.id, Tensor::from_floats(gb, &inner));
+    }
+    g
+}
+
+fn hyper(lr: f64, momentum: f64, wd: f64) -> Hyper {
+    Hyper {
+        lr: [lr, lr, lr],
+        momentum,
+        weight_decay: wd,
+    }
+}
+
+fn close(a: &[f32], b: &[f64], tol: f64) {
+    assert_eq!(a.len(), b.len());
+    for (x, y) in a.iter().zip(b) {
+        assert!((*x as f64 - y).abs() < tol, "{a:?} vs {b:?}");
+    }
+}
+
+#[test]
+fn sgd_nesterov_matches_pytorch_two_steps() {
+    let d = device();
+    let mut m = tiny(&d);
+    let mut opt = Optimizer::new(Rule::Sgd, &m);
+    let (lr, mu, wd) = (0.1, 0.9, 0.01);
+    let g1 = [[0.1, 0.2, -0.3], [1.0, 0.0, 0.5]];
+    let g2 = [[-0.2, 0.1, 0.0], [0.5, 0.5, -0.5]];
+    let w0: Vec<f64> = vec![1.0, -2.0, 0.5, 0.25, 3.0, -1.0];
+    // PyTorch: d = g + wd·p; buf = mu·buf + d (buf₀ = d); p -= lr·(d + mu·buf).
+    let mut p = w0.clone();
+    let mut buf = vec![0.0; 6];
+    for (step, g) in [g1, g2].iter().enumerate() {
+        let g: Vec<f64> = g.iter().flatten().map(|&v| v as f64).collect();
+        for i in 0..6 {
+            let dd = g[i] + wd * p[i];
+            buf[i] = if step == 0 { dd } else { mu * buf[i] + dd };
+            p[i] -= lr * (dd + mu * buf[i]);
+        }
+    }
+    for g in [g1, g2] {
+        let grads = grads(&m, g, Some([1.0, -1.0]), &d);
+        m = opt.step(m, grads, &hyper(lr, mu, wd));
+    }
+    close(&values(m.weight.val()), &p, 1e-6);
+    // Biases take no weight decay: two steps of g = ±1.
+    let b1 = 0.5 - lr * (1.0 + mu * 1.0);
+    let b2 = b1 - lr * (1.0 + mu * (mu * 1.0 + 1.0));
+    close(&values(m.bias.val()), &[b2, -b2], 1e-6);
+    assert_eq!(opt.state[0].steps, 2);
+}
+
+#[test]
+fn absent_gradient_skips_parameter_and_state() {
+    let d = device();
+    let m = tiny(&d);
+    let mut opt = Optimizer::new(Rule::Sgd, &m);
+    let h = hyper(0.1, 0.9, 0.01);
+    let g = grads(&m, [[1.0; 3]; 2], Some([1.0, 1.0]), &d);
+    let m = opt.step(m, g, &h);
+    let bias_idx = opt.table.iter().position(|p| p.path == "bias").unwrap();
+    let bias_before = values(m.bias.val());
+    let buf_before = values(opt.state[bias_idx].buf.clone().unwrap());
+    // Second step: the bias has no gradient (as the point stems on a batch without positives).
+    let g = grads(&m, [[1.0; 3]; 2], None, &d);
+    let m = opt.step(m, g, &h);
+    assert_eq!(
+        values(m.bias.val()),
+        bias_before,
+        "bias moved without a gradient"
+    );
+    assert_eq!(opt.state[bias_idx].steps, 1);
+    assert_eq!(values(opt.state[bias_idx].buf.clone().unwrap()), buf_before);
+    assert_eq!(opt.state[0].steps, 2);
+}
+
+#[test]
+fn musgd_blends_muon_and_sgd() {
+    let d = device();
+    let m = tiny(&d);
+    let mut opt = Optimizer::new(Rule::MuSgd, &m);
+    let (lr, mu, wd) = (0.05, 0.9, 0.01);
+    let g = [[0.1, 0.2, -0.3], [1.0, 0.0, 0.5]];
+    let m2 = opt.step(m, grads(&tiny(&d), g, None, &d), &hyper(lr, mu, wd));
+    // The helper registered grads under a different Tiny's ids: nothing may change.
+    assert_eq!(opt.state[0].steps, 0);
+    let inner = d.clone().inner();
+    let gt = Tensor::<2>::from_floats(g, &inner);
+    // Expected, from the rule: m = (1−μ)g, u = μm + (1−μ)g, O = NS(uᵀ)ᵀ·√max(1, 3/2) (Burn stores
+    // Linear-style [in, out], so the matrix view is transposed), p₁ = p − η·0.2·O,
+    // g' = g + λp₁, p₂ = p₁ − η·1.0·(g' + μg').
+    let u = gt.clone() * ((1.0 - mu) * mu + (1.0 - mu));
+    let o = orthogonalize(u.transpose(), 5).transpose() * (3.0f64 / 2.0).sqrt();
+    let p0 = Tensor::<2>::from_floats([[1.0, -2.0, 0.5], [0.25, 3.0, -1.0]], &inner);
+    let p1 = p0 - o * (lr * 0.2);
+    let gd = gt + p1.clone() * wd;
+    let p2 = p1 - gd.clone() * (lr * (1.0 + mu));
+    let m3 = opt.step(m2, grads_for(&opt, g, &d), &hyper(lr, mu, wd));
+    let want: Vec<f64> = values(p2).iter().map(|&v| v as f64).collect();
+    close(&values(m3.weight.val()), &want, 1e-5);
+    assert_eq!(opt.table[0].group, Group::Weight);
+}
+
+/// Gradients keyed by the optimizer's own table (weight only).
+fn grads_for(opt: &Optimizer, gw: [[f32; 3]; 2], d: &Device) -> GradientsParams {
+    let mut g = GradientsParams::new();
+    g.register::<2>(opt.table[0].id, Tensor::from_floats(gw, &d.clone().inner()));
+    g
+}
+
+#[test]
+fn adamw_first_step() {
+    let d = device();
+    let m = tiny(&d);
+    let mut opt = Optimizer::new(Rule::AdamW, &m);
+    let (lr, wd) = (0.01, 0.1);
+    let g = [[0.1, 0.2, -0.3], [1.0, 0.0, 0.5]];
+    let m = opt.step(m, grads_for(&opt, g, &d), &hyper(lr, 0.9, wd));
+    // m̂ = g, v̂ = g² → p·(1 − lr·wd) − lr·g / (|g| + eps).
+    let w0 = [1.0, -2.0, 0.5, 0.25, 3.0, -1.0];
+    let want: Vec<f64> = w0
+        .iter()
+        .zip(g.iter().flatten())
+        .map(|(&p, &g)| {
+            let g = g as f64;
+            p * (1.0 - lr * wd) - lr * g / (g.abs() + 1e-8)
+        })
+        .collect();
+    close(&values(m.weight.val()), &want, 1e-5);
+}
+
+#[test]
+fn global_norm_clipping() {
+    let d = device();
+    let m = tiny(&d);
+    let opt = Optimizer::new(Rule::Sgd, &m);
+    let inner = d.clone().inner();
+    let mut g = GradientsParams::new();
+    g.register::<2>(
+        m.weight.id,
+        Tensor::from_floats([[12.0, 0.0, 0.0], [0.0, 0.0, 0.0]], &inner),
+    );
+    g.register::<1>(m.bias.id, Tensor::from_floats([0.0, 16.0], &inner));
+    let norm = clip_global_norm(&mut g, &opt.table, 10.0).unwrap();
+    assert!((values(norm)[0] - 20.0).abs() < 1e-4);
+    let w = values(g.get::<2>(m.weight.id).unwrap());
+    let b = values(g.get::<1>(m.bias.id).unwrap());
+    assert!((w[0] - 6.0).abs() < 1e-4 && (b[1] - 8.0).abs() < 1e-4);
+    // Below the limit nothing changes (up to the 1e-6 guard).
+    let mut small = GradientsParams::new();
+    small.register::<1>(m.bias.id, Tensor::from_floats([3.0, 4.0], &inner));
+    clip_global_norm(&mut small, &opt.table, 10.0);
+    close(
+        &values(small.get::<1>(m.bias.id).unwrap()),
+        &[3.0, 4.0],
+        1e-5,
+    );
+}
+
+#[test]
+fn ema_follows_the_decay_formula() {
+    let d = device();
+    let m = tiny(&d);
+    let mut ema = Ema::new(&m);
+    assert!((ema.next_decay() - 0.9999 * (1.0 - (-1.0f64 / 2000.0).exp())).abs() < 1e-15);
+    let moved = Tiny {
+        weight: m.weight.clone().map(|w| w + 1.0),
+        bias: m.bias.clone(),
+    };
+    let dk = ema.next_decay();
+    ema.update(&moved);
+    let w = values(ema.model.weight.val());
+    let want: Vec<f64> = [1.0, -2.0, 0.5, 0.25, 3.0, -1.0]
+        .iter()
+        .map(|&p| dk * p + (1.0 - dk) * (p + 1.0))
+        .collect();
+    close(&w, &want, 1e-6);
+    assert_eq!(ema.updates, 1);
+}
