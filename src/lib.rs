@@ -3,6 +3,7 @@
 pub mod cli;
 pub mod config;
 pub mod data;
+pub mod eval;
 pub mod loss;
 pub mod model;
 pub mod optim;

@@ -2,9 +2,13 @@
 
 pub mod batch;
 pub mod builtin;
+pub mod coco;
+pub mod error;
+pub mod letterbox;
 
 pub use batch::Batch;
 pub use builtin::BuiltinDataset;
+pub use error::DataError;
 
 /// One labelled object: class, box and (pose) keypoints, in pixels of its image.
 #[derive(Clone, Debug, PartialEq)]

@@ -1,0 +1,187 @@
+//! COCO keypoints datasets: `annotations/person_keypoints_<split>.json` + `images/<split>/`.
+
+use super::error::DataError;
+use super::{Instance, Sample};
+use serde::Deserialize;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+#[derive(Deserialize)]
+struct CocoFile {
+    images: Vec<CocoImage>,
+    annotations: Vec<CocoAnnotation>,
+}
+
+#[derive(Deserialize)]
+struct CocoImage {
+    id: u64,
+    file_name: String,
+}
+
+/// One COCO annotation as the file stores it (original pixel coordinates).
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+pub struct CocoAnnotation {
+    #[serde(default)]
+    pub id: u64,
+    pub image_id: u64,
+    /// `[x, y, w, h]`.
+    pub bbox: [f64; 4],
+    #[serde(default)]
+    pub keypoints: Vec<f64>,
+    #[serde(default)]
+    pub num_keypoints: u32,
+    #[serde(default)]
+    pub iscrowd: u8,
+    #[serde(default)]
+    pub area: f64,
+    #[serde(default)]
+    pub category_id: u64,
+}
+
+/// One image and its annotations.
+#[derive(Clone, Debug)]
+pub struct CocoRecord {
+    pub image_id: u64,
+    pub path: PathBuf,
+    pub annotations: Vec<CocoAnnotation>,
+}
+
+#[derive(Clone, Debug)]
+pub struct CocoDataset {
+    pub json: PathBuf,
+    pub records: Vec<CocoRecord>,
+    pub num_keypoints: usize,
+}
+
+impl CocoDataset {
+    /// Opens `root/annotations/person_keypoints_<split>.json` with images in `root/images/<split>`.
+    /// Every referenced image must exist and every keypoint list must hold `num_keypoints`
+    /// triples; with `skip_bad` such records are dropped and counted instead.
+    pub fn open(
+        root: &Path,
+        split: &str,
+        num_keypoints: usize,
+        skip_bad: bool,
+    ) -> Result<(Self, usize), DataError> {
+        let json = root
+            .join("annotations")
+            .join(format!("person_keypoints_{split}.json"));
+        let images = root.join("images").join(split);
+        Self::from_files(&json, &images, num_keypoints, skip_bad)
+    }
+
+    pub fn from_files(
+        json: &Path,
+        images: &Path,
+        num_keypoints: usize,
+        skip_bad: bool,
+    ) -> Result<(Self, usize), DataError> {
+        let text = std::fs::read_to_string(json).map_err(|source| DataError::Io {
+            path: json.to_path_buf(),
+            source,
+        })?;
+        let file: CocoFile = serde_json::from_str(&text).map_err(|e| DataError::Json {
+            path: json.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        let mut by_image: HashMap<u64, Vec<CocoAnnotation>> = HashMap::new();
+        let mut skipped = 0;
+        for ann in file.annotations {
+            if ann.keypoints.len() != 3 * num_keypoints
+                && !(ann.keypoints.is_empty() && num_keypoints == 0)
+            {
+                let err = DataError::Label {
+                    path: json.to_path_buf(),
+                    record: format!("annotation {}", ann.id),
+                    message: format!(
+                        "{} keypoint values, expected {} ({} keypoints × 3)",
+                        ann.keypoints.len(),
+                        3 * num_keypoints,
+                        num_keypoints
+                    ),
+                };
+                if skip_bad {
+                    eprintln!("warning: {err}; skipped");
+                    skipped += 1;
+                    continue;
+                }
+                return Err(err);
+            }
+            by_image.entry(ann.image_id).or_default().push(ann);
+        }
+        let mut records = Vec::new();
+        let mut images_sorted = file.images;
+        images_sorted.sort_by_key(|i| i.id);
+        for img in images_sorted {
+            let path = images.join(&img.file_name);
+            if !path.is_file() {
+                let err = DataError::MissingImage {
+                    json: json.to_path_buf(),
+                    image_id: img.id,
+                    path,
+                };
+                if skip_bad {
+                    eprintln!("warning: {err}; skipped");
+                    skipped += 1;
+                    continue;
+                }
+                return Err(err);
+            }
+            records.push(CocoRecord {
+                image_id: img.id,
+                path,
+                annotations: by_image.remove(&img.id).unwrap_or_default(),
+            });
+        }
+        Ok((
+            Self {
+                json: json.to_path_buf(),
+                records,
+                num_keypoints,
+            },
+            skipped,
+        ))
+    }
+
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    /// Decoded image `i` with its non-crowd instances, in original pixels.
+    pub fn get(&self, i: usize) -> Result<Sample, DataError> {
+        let rec = &self.records[i];
+        let image = image::open(&rec.path)
+            .map_err(|e| DataError::Image {
+                path: rec.path.clone(),
+                message: e.to_string(),
+            })?
+            .to_rgb8();
+        let instances = rec
+            .annotations
+            .iter()
+            .filter(|a| a.iscrowd == 0 && a.bbox[2] > 0.0 && a.bbox[3] > 0.0)
+            .map(|a| Instance {
+                class: 0,
+                bbox: [
+                    a.bbox[0] as f32,
+                    a.bbox[1] as f32,
+                    (a.bbox[0] + a.bbox[2]) as f32,
+                    (a.bbox[1] + a.bbox[3]) as f32,
+                ],
+                keypoints: a
+                    .keypoints
+                    .chunks(3)
+                    .map(|k| [k[0] as f32, k[1] as f32, k[2] as f32])
+                    .collect(),
+            })
+            .collect();
+        Ok(Sample { image, instances })
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,28 @@
+//! Data errors: each names the file (and line or record) and what was expected.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot decode image {path}: {message}")]
+    Image { path: PathBuf, message: String },
+    #[error("invalid annotation file {path}: {message}")]
+    Json { path: PathBuf, message: String },
+    #[error("{json}: image id {image_id} refers to {path}, which does not exist")]
+    MissingImage {
+        json: PathBuf,
+        image_id: u64,
+        path: PathBuf,
+    },
+    #[error("{path}: {record}: {message}")]
+    Label {
+        path: PathBuf,
+        record: String,
+        message: String,
+    },
+}

@@ -1,0 +1,7 @@
+//! Validation: post-processing and COCO-style box and keypoint (OKS) mAP.
+
+pub mod cocoeval;
+pub mod postprocess;
+
+pub use cocoeval::{DtAnn, GtAnn, IouKind, Summary, evaluate};
+pub use postprocess::{Detection, one2one};
