@@ -7,3 +7,4 @@ pub mod eval;
 pub mod loss;
 pub mod model;
 pub mod optim;
+pub mod train;

@@ -40,15 +40,44 @@ fn info_rejects_bad_flags() {
 }
 
 #[test]
-fn fit_builds_model_and_batch_then_says_it_stops() {
-    let (ok, text) = burnpose(&["fit", "configs/pose_nano.toml", "--device", "cpu"]);
+fn fit_trains_and_writes_run_folder() {
+    let dir = std::env::temp_dir().join(format!("burnpose-cli-fit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("tiny.toml");
+    let runs = dir.join("runs");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[data]\nimgsz = 64\ntrain_images = 4\nval_images = 2\n[train]\nepochs = 2\nbatch = 2\nnbs = 2\n[output]\ndir = {:?}\nname = \"x\"\n",
+            runs.to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let (ok, text) = burnpose(&[
+        "fit",
+        cfg.to_str().unwrap(),
+        "--device",
+        "cpu",
+        "--name",
+        "tiny",
+    ]);
     assert!(ok, "{text}");
     assert!(
-        text.contains("batch: [4, 3, 320, 320]") && text.contains("2100 anchors"),
+        text.contains("epoch 2/2: loss") && text.contains("state hashes"),
         "{text}"
     );
+    let run = runs.join("tiny");
+    let csv = std::fs::read_to_string(run.join("results.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 3, "{csv}");
+    assert!(run.join("last.safetensors").is_file() && run.join("config.toml").is_file());
+    let (ok, text) = burnpose(&[
+        "fit",
+        cfg.to_str().unwrap(),
+        "--resume",
+        run.join("last.safetensors").to_str().unwrap(),
+    ]);
     assert!(
-        text.contains("STOPPING HERE") && text.contains("Nothing was trained"),
+        ok && text.contains("resumed") && text.contains("done: 2 epochs"),
         "{text}"
     );
 }

@@ -1,13 +1,14 @@
-//! `burnpose fit`. The trainer is not built yet: this checks the config, device, model and one
-//! data batch end to end, then says plainly that it stops there.
+//! `burnpose fit`: train from a config (or resume a checkpoint), with a progress bar, a
+//! `results.csv`, and `last`/`best` checkpoints in the run folder.
 
 use super::DeviceArg;
-use crate::config::{Config, DataSource, device};
-use crate::data::{Batch, BuiltinDataset};
+use crate::config::{Config, device};
+use crate::loss::TERMS;
 use crate::model::ParamCount;
-use anyhow::{Context, bail};
+use crate::train::{Trainer, checkpoint, report};
+use anyhow::Context;
+use indicatif::{ProgressBar, ProgressStyle};
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
 pub fn run(
     config_path: &Path,
@@ -15,59 +16,105 @@ pub fn run(
     resume: Option<PathBuf>,
     device_arg: Option<DeviceArg>,
 ) -> anyhow::Result<()> {
-    let mut cfg = Config::load(config_path)?;
+    let mut cfg = match &resume {
+        Some(ckpt) => checkpoint::read_config(ckpt)?,
+        None => Config::load(config_path)?,
+    };
     if let Some(d) = device_arg {
         cfg.device.kind = d.into();
     }
     if let Some(n) = name {
         cfg.output.name = n;
     }
-    if let Some(r) = resume {
-        bail!(
-            "--resume {}: checkpoints are not implemented yet",
-            r.display()
-        );
-    }
     let (device, what) = device::resolve(cfg.device.kind, cfg.device.index)
         .map_err(anyhow::Error::msg)
         .with_context(|| format!("{}: key `device.kind`", config_path.display()))?;
-    let yolo = cfg.model.yolo();
-    println!("config: {}", config_path.display());
-    println!("device: {what}");
-    let t = Instant::now();
-    let model = yolo.init(&device);
+    let run_dir = cfg.output.dir.join(&cfg.output.name);
+    let mut trainer = Trainer::new(cfg, config_path, device)?;
+    if let Some(ckpt) = &resume {
+        checkpoint::load_into(&mut trainer, ckpt)?;
+        println!(
+            "resumed {} at epoch {}, iteration {}",
+            ckpt.display(),
+            trainer.epoch + 1,
+            trainer.ni
+        );
+    }
+    let cfg = trainer.cfg.clone();
     println!(
-        "model: {} with {} parameters, built in {:.2} s",
-        yolo.name(),
-        model.param_count(),
-        t.elapsed().as_secs_f64()
+        "{} ({} parameters) on {what}; {} train / {} val images at {}px, batch {}, {} epochs, optimizer {:?}",
+        cfg.model.yolo().name(),
+        trainer.model.param_count(),
+        trainer.train.len(),
+        trainer.val.len(),
+        cfg.data.imgsz,
+        cfg.train.batch,
+        cfg.train.epochs,
+        trainer.optimizer.rule
     );
-    let batch = match cfg.data.source {
-        DataSource::Builtin => {
-            let ds =
-                BuiltinDataset::new(cfg.data.train_images, cfg.data.imgsz as u32, cfg.train.seed);
-            let n = cfg.train.batch.min(ds.len);
-            Batch::collate((0..n).map(|i| ds.get(i)).collect())
+    println!("run folder: {}", run_dir.display());
+    std::fs::create_dir_all(&run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
+    std::fs::write(run_dir.join("config.toml"), toml::to_string(&cfg)?)?;
+    let mut best = trainer
+        .history
+        .iter()
+        .map(|r| r.fitness())
+        .fold(f64::MIN, f64::max);
+    while !trainer.finished() {
+        let epoch = trainer.epoch;
+        let bar = ProgressBar::new(trainer.batches_per_epoch() as u64);
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{prefix} {bar:25} {pos}/{len} {msg} [{elapsed}<{eta}, {per_sec}]",
+            )
+            .expect("template"),
+        );
+        bar.set_prefix(format!("epoch {}/{}", epoch + 1, cfg.train.epochs));
+        let mut on_step = |b: usize, _nb: usize, items: &[f32; 6]| {
+            let parts: Vec<String> = TERMS
+                .iter()
+                .zip(items)
+                .map(|(t, v)| format!("{t} {v:.3}"))
+                .collect();
+            bar.set_position(b as u64 + 1);
+            bar.set_message(parts.join(" "));
+        };
+        let record = trainer.run_epoch(&mut on_step)?;
+        bar.finish();
+        let total: f64 = record.train_loss.iter().sum();
+        println!(
+            "epoch {}/{}: loss {total:.4} ({}), lr {:.2e} | val box mAP50 {:.4} mAP50-95 {:.4} | pose mAP50 {:.4} mAP50-95 {:.4} | {:.1} s",
+            epoch + 1,
+            cfg.train.epochs,
+            TERMS
+                .iter()
+                .zip(record.train_loss)
+                .map(|(t, v)| format!("{t} {v:.3}"))
+                .collect::<Vec<_>>()
+                .join(" "),
+            record.lr,
+            record.box_map50,
+            record.box_map,
+            record.pose_map50,
+            record.pose_map,
+            record.seconds
+        );
+        report::write_results(&run_dir, &trainer.history)?;
+        checkpoint::save(&trainer, &run_dir.join("last.safetensors"))?;
+        if record.fitness() > best {
+            best = record.fitness();
+            checkpoint::save(&trainer, &run_dir.join("best.safetensors"))?;
         }
-        other => bail!(
-            "{}: data.source = {other:?}: dataset loading is not implemented yet",
-            config_path.display()
-        ),
-    };
-    let persons: usize = batch.samples.iter().map(|s| s.instances.len()).sum();
-    let t = Instant::now();
-    let out = model.forward(batch.images_f32(&device));
-    let anchors = out.one2one.boxes.dims()[2];
-    let s = cfg.data.imgsz;
+    }
+    let h = trainer.state_hashes();
     println!(
-        "batch: [{}, 3, {s}, {s}] images, {persons} labelled persons; forward gives {anchors} anchors ({:.2} s)",
-        batch.samples.len(),
-        t.elapsed().as_secs_f64()
+        "done: {} epochs; results in {}",
+        trainer.epoch,
+        run_dir.join("results.csv").display()
     );
     println!(
-        "fit: STOPPING HERE - the training loop (losses, optimizer, validation, checkpoints) is not \
-         implemented yet. Nothing was trained and nothing was written to {}.",
-        cfg.output.dir.join(&cfg.output.name).display()
+        "state hashes: model {} ema {} optimizer {} scheduler {}",
+        h.model, h.ema, h.optimizer, h.scheduler
     );
     Ok(())
 }

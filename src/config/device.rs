@@ -37,7 +37,8 @@ fn cuda(index: usize) -> Result<(Device, String), String> {
 /// directory is still read first and only these two settings are forced.
 #[cfg(feature = "cuda")]
 fn configure_kernel_cache() {
-    use burn::cubecl::config::{CacheConfig, CubeClRuntimeConfig, RuntimeConfig};
+    use burn::cubecl::config::cache::CacheConfig;
+    use burn::cubecl::config::{CubeClRuntimeConfig, RuntimeConfig};
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         let mut config = CubeClRuntimeConfig::from_current_dir().override_from_env();

@@ -5,7 +5,8 @@ use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::prelude::*;
 use std::collections::HashMap;
 
-/// Every float tensor (as `[numel]`) with its dotted path, in visiting order.
+/// Every float tensor (as `[numel]`) with its dotted path, in visiting order. BatchNorm running
+/// statistics are read as stored: call it on `module.valid()` to include the latest update.
 pub fn float_tensors<M: Module>(module: &M) -> Vec<(String, Tensor<1>)> {
     struct V {
         path: Vec<String>,

@@ -1,0 +1,300 @@
+//! Checkpoints: one safetensors file holding model, EMA, optimizer state and pending gradients
+//! (all FP32), with the config, counters and history as JSON metadata. Written atomically:
+//! a temporary file in the same folder, synced, then renamed over the target.
+
+use super::trainer::{EpochRecord, Trainer};
+use crate::config::Config;
+use crate::optim::Rule;
+use crate::optim::tensors::{float_tensors, replace_float_tensors};
+use burn::optim::GradientsParams;
+use burn::prelude::*;
+use safetensors::tensor::{Dtype, SafeTensors, View};
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("cannot write checkpoint {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot read checkpoint {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid checkpoint {path}: {message}")]
+    Format { path: PathBuf, message: String },
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Meta {
+    format: String,
+    config: String,
+    epoch: usize,
+    ni: usize,
+    last_opt_step: i64,
+    ema_updates: u64,
+    rule: Rule,
+    /// Optimizer step count per parameter path.
+    steps: Vec<(String, u64)>,
+    one2many_weight: f32,
+    history: Vec<EpochRecord>,
+}
+
+const FORMAT: &str = "burnpose-checkpoint-1";
+
+struct F32View {
+    shape: Vec<usize>,
+    bytes: Vec<u8>,
+}
+
+impl View for F32View {
+    fn dtype(&self) -> Dtype {
+        Dtype::F32
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(&self.bytes)
+    }
+    fn data_len(&self) -> usize {
+        self.bytes.len()
+    }
+}
+
+fn view(t: &Tensor<1>) -> F32View {
+    let data = t.clone().into_data().convert::<f32>();
+    F32View {
+        shape: vec![data.num_elements()],
+        bytes: data.as_bytes().to_vec(),
+    }
+}
+
+fn pending_tensor(
+    grads: &GradientsParams,
+    id: burn::module::ParamId,
+    rank: usize,
+) -> Option<Tensor<1>> {
+    fn flat<const D: usize>(t: Tensor<D>) -> Tensor<1> {
+        let n = t.shape().num_elements();
+        t.reshape([n])
+    }
+    match rank {
+        1 => grads.get::<1>(id).map(flat),
+        2 => grads.get::<2>(id).map(flat),
+        3 => grads.get::<3>(id).map(flat),
+        _ => grads.get::<4>(id).map(flat),
+    }
+}
+
+/// Writes the trainer's complete state to `path` atomically.
+pub fn save(trainer: &Trainer, path: &Path) -> Result<(), CheckpointError> {
+    let mut tensors: Vec<(String, F32View)> = Vec::new();
+    // `valid()` merges pending BatchNorm running-stat updates into the values we save.
+    for (p, t) in float_tensors(&trainer.model.valid()) {
+        tensors.push((format!("model.{p}"), view(&t)));
+    }
+    for (p, t) in float_tensors(&trainer.ema.model) {
+        tensors.push((format!("ema.{p}"), view(&t)));
+    }
+    let opt = &trainer.optimizer;
+    for (info, s) in opt.table.iter().zip(&opt.state) {
+        if let Some(b) = &s.buf {
+            tensors.push((format!("optim.{}.buf", info.path), view(b)));
+        }
+        if let Some(b) = &s.second {
+            tensors.push((format!("optim.{}.second", info.path), view(b)));
+        }
+        if let Some(g) = trainer
+            .pending
+            .as_ref()
+            .and_then(|g| pending_tensor(g, info.id, info.dims.len()))
+        {
+            tensors.push((format!("pending.{}", info.path), view(&g)));
+        }
+    }
+    let meta = Meta {
+        format: FORMAT.into(),
+        config: toml::to_string(&trainer.cfg).expect("config serialises"),
+        epoch: trainer.epoch,
+        ni: trainer.ni,
+        last_opt_step: trainer.last_opt_step,
+        ema_updates: trainer.ema.updates,
+        rule: opt.rule,
+        steps: opt
+            .table
+            .iter()
+            .zip(&opt.state)
+            .map(|(i, s)| (i.path.clone(), s.steps))
+            .collect(),
+        one2many_weight: trainer.loss.one2many_weight,
+        history: trainer.history.clone(),
+    };
+    let info = HashMap::from([(
+        "burnpose".to_string(),
+        serde_json::to_string(&meta).expect("meta"),
+    )]);
+    let bytes =
+        safetensors::serialize(tensors, Some(info)).map_err(|e| CheckpointError::Format {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+    write_atomic(path, &bytes).map_err(|source| CheckpointError::Write {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)
+}
+
+/// The config stored in a checkpoint (to rebuild its trainer before [`load_into`]).
+pub fn read_config(path: &Path) -> Result<Config, CheckpointError> {
+    let (meta, _) = read(path)?;
+    toml::from_str(&meta.config).map_err(|e| CheckpointError::Format {
+        path: path.to_path_buf(),
+        message: format!("stored config: {e}"),
+    })
+}
+
+fn read(path: &Path) -> Result<(Meta, Vec<u8>), CheckpointError> {
+    let bytes = std::fs::read(path).map_err(|source| CheckpointError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let bad = |message: String| CheckpointError::Format {
+        path: path.to_path_buf(),
+        message,
+    };
+    let (_, header) = SafeTensors::read_metadata(&bytes).map_err(|e| bad(e.to_string()))?;
+    let json = header
+        .metadata()
+        .as_ref()
+        .and_then(|m| m.get("burnpose"))
+        .ok_or_else(|| bad("no burnpose metadata (not a burnpose checkpoint)".into()))?;
+    let meta: Meta = serde_json::from_str(json).map_err(|e| bad(format!("metadata: {e}")))?;
+    if meta.format != FORMAT {
+        return Err(bad(format!(
+            "format {:?}, expected {FORMAT:?}",
+            meta.format
+        )));
+    }
+    Ok((meta, bytes))
+}
+
+/// Restores a trainer built from the checkpoint's config to the saved state.
+pub fn load_into(trainer: &mut Trainer, path: &Path) -> Result<(), CheckpointError> {
+    let (meta, bytes) = read(path)?;
+    let bad = |message: String| CheckpointError::Format {
+        path: path.to_path_buf(),
+        message,
+    };
+    let st = SafeTensors::deserialize(&bytes).map_err(|e| bad(e.to_string()))?;
+    let inner = trainer.device.clone().inner();
+    let mut groups: HashMap<&str, HashMap<String, Tensor<1>>> = HashMap::new();
+    for (name, t) in st.tensors() {
+        if t.dtype() != Dtype::F32 {
+            return Err(bad(format!(
+                "tensor {name} is {:?}, expected F32",
+                t.dtype()
+            )));
+        }
+        let values: Vec<f32> = t
+            .data()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        let (prefix, rest) = name
+            .split_once('.')
+            .ok_or_else(|| bad(format!("tensor name {name}")))?;
+        let device = if prefix == "model" {
+            &trainer.device
+        } else {
+            &inner
+        };
+        let n = values.len();
+        let tensor = Tensor::<1>::from_data(TensorData::new(values, [n]), device);
+        let key: &str = match prefix {
+            "model" => "model",
+            "ema" => "ema",
+            "optim" => "optim",
+            "pending" => "pending",
+            other => return Err(bad(format!("unknown tensor group {other}"))),
+        };
+        groups
+            .entry(key)
+            .or_default()
+            .insert(rest.to_string(), tensor);
+    }
+    let mut take = |k: &str| groups.remove(k).unwrap_or_default();
+    let (model, missing) = replace_float_tensors(trainer.model.clone(), &mut take("model"));
+    let mut ema_values = take("ema");
+    let (ema, missing_ema) = replace_float_tensors(trainer.ema.model.clone(), &mut ema_values);
+    let model_paths = float_tensors(&trainer.model).len();
+    if !missing.is_empty() || !missing_ema.is_empty() {
+        return Err(bad(format!(
+            "tensors not in this model: {:?}",
+            [missing, missing_ema].concat()
+        )));
+    }
+    let mut optim = take("optim");
+    let mut pending_values = take("pending");
+    let opt = &mut trainer.optimizer;
+    if opt.rule != meta.rule {
+        return Err(bad(format!(
+            "optimizer {:?}, this run resolves to {:?}",
+            meta.rule, opt.rule
+        )));
+    }
+    let steps: HashMap<String, u64> = meta.steps.into_iter().collect();
+    let mut pending = GradientsParams::new();
+    let mut any_pending = false;
+    for (info, s) in opt.table.iter().zip(opt.state.iter_mut()) {
+        s.buf = optim.remove(&format!("{}.buf", info.path));
+        s.second = optim.remove(&format!("{}.second", info.path));
+        s.steps = *steps
+            .get(&info.path)
+            .ok_or_else(|| bad(format!("no step count for {}", info.path)))?;
+        if let Some(g) = pending_values.remove(&info.path) {
+            any_pending = true;
+            let d = &info.dims;
+            match d.len() {
+                1 => pending.register::<1>(info.id, g.reshape([d[0]])),
+                2 => pending.register::<2>(info.id, g.reshape([d[0], d[1]])),
+                3 => pending.register::<3>(info.id, g.reshape([d[0], d[1], d[2]])),
+                _ => pending.register::<4>(info.id, g.reshape([d[0], d[1], d[2], d[3]])),
+            }
+        }
+    }
+    if !optim.is_empty() || !pending_values.is_empty() {
+        return Err(bad(
+            "optimizer state for parameters this model does not have".into(),
+        ));
+    }
+    debug_assert!(model_paths > 0);
+    trainer.model = model;
+    trainer.ema.model = ema;
+    trainer.ema.updates = meta.ema_updates;
+    trainer.epoch = meta.epoch;
+    trainer.ni = meta.ni;
+    trainer.last_opt_step = meta.last_opt_step;
+    trainer.loss.one2many_weight = meta.one2many_weight;
+    trainer.history = meta.history;
+    trainer.pending = any_pending.then_some(pending);
+    Ok(())
+}

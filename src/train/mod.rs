@@ -1,0 +1,9 @@
+//! The native training loop, its validation, checkpoints and run outputs.
+
+pub mod checkpoint;
+pub mod report;
+pub mod source;
+pub mod trainer;
+pub mod validate;
+
+pub use trainer::{EpochRecord, StateHashes, TrainError, Trainer};

@@ -1,0 +1,327 @@
+//! The native training loop. One [`Trainer`] owns everything a resume or a parity test must
+//! see: model, EMA, optimizer, loss weights, schedule position and pending gradients.
+
+use super::source::Source;
+use crate::config::{Config, OptimizerKind, Precision};
+use crate::data::{Batch, DataError, Instance};
+use crate::loss::E2eLoss;
+use crate::model::{Task, Yolo};
+use crate::optim::clip::clip_global_norm;
+use crate::optim::hash::{StateHasher, module_hash};
+use crate::optim::{Ema, Optimizer, Rule, Schedule};
+use burn::optim::GradientsParams;
+use burn::prelude::*;
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use std::path::Path;
+
+/// Why a fit cannot start or go on.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    #[error(transparent)]
+    Data(#[from] DataError),
+    #[error("{0}")]
+    Setup(String),
+}
+
+/// Mean loss items of an epoch and what validation measured.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct EpochRecord {
+    pub epoch: usize,
+    /// Mean of the logged (one-to-one, gain-weighted) items: box, pose, kobj, cls, l1, rle.
+    pub train_loss: [f64; 6],
+    pub lr: f64,
+    pub box_map50: f64,
+    pub box_map: f64,
+    pub pose_map50: f64,
+    pub pose_map: f64,
+    pub seconds: f64,
+}
+
+impl EpochRecord {
+    /// Ultralytics' fitness: pose mAP50-95 + box mAP50-95.
+    pub fn fitness(&self) -> f64 {
+        self.pose_map.max(0.0) + self.box_map.max(0.0)
+    }
+}
+
+pub struct Trainer {
+    pub cfg: Config,
+    pub device: Device,
+    pub model: Yolo,
+    pub ema: Ema<Yolo>,
+    pub optimizer: Optimizer,
+    pub loss: E2eLoss,
+    pub schedule: Schedule,
+    /// Next epoch to run.
+    pub epoch: usize,
+    /// Global iteration (micro-batches done).
+    pub ni: usize,
+    pub last_opt_step: i64,
+    /// Gradients summed since the last optimizer step.
+    pub pending: Option<GradientsParams>,
+    pub history: Vec<EpochRecord>,
+    pub train: Source,
+    pub val: Source,
+    /// Loss items of every step (one-to-one, gain-weighted), for logs and parity.
+    pub step_losses: Vec<[f32; 6]>,
+}
+
+/// The optimizer 'auto' resolves to, with its lr0 and momentum (yolo_spec §4.2).
+pub fn resolve_optimizer(cfg: &Config, n_train: usize) -> (Rule, f64, f64, f64) {
+    let o = &cfg.optim;
+    match o.optimizer {
+        OptimizerKind::Sgd => (Rule::Sgd, o.lr0, o.momentum, o.warmup_bias_lr),
+        OptimizerKind::Musgd => (Rule::MuSgd, o.lr0, o.momentum, o.warmup_bias_lr),
+        OptimizerKind::Auto => {
+            let per_epoch = n_train.div_ceil(cfg.train.batch.max(cfg.train.nbs));
+            if per_epoch * cfg.train.epochs > 10_000 {
+                (Rule::MuSgd, 0.01, 0.9, 0.0)
+            } else {
+                let lr = (0.002 * 5.0 / (4.0 + cfg.model.nc as f64) * 1e6).round() / 1e6;
+                (Rule::AdamW, lr, 0.9, 0.0)
+            }
+        }
+    }
+}
+
+impl Trainer {
+    /// A fresh run: seeded model, EMA, optimizer and schedule.
+    pub fn new(cfg: Config, config_path: &Path, device: Device) -> Result<Self, TrainError> {
+        if cfg.train.precision != Precision::Fp32 {
+            return Err(TrainError::Setup(format!(
+                "{}: train.precision = {:?}: only fp32 training is implemented so far",
+                config_path.display(),
+                cfg.train.precision
+            )));
+        }
+        let (train, val, skipped) = Source::open(&cfg, config_path)?;
+        if skipped > 0 {
+            eprintln!("warning: {skipped} bad records skipped (data.skip_bad = true)");
+        }
+        let batch = cfg.train.batch;
+        if train.len() < batch {
+            return Err(TrainError::Setup(format!(
+                "{}: {} training images but train.batch = {batch}; a batch must be full",
+                config_path.display(),
+                train.len()
+            )));
+        }
+        let device = device.autodiff();
+        device.seed(cfg.train.seed);
+        let model = cfg.model.yolo().init(&device);
+        let ema = Ema::new(&model);
+        let (rule, lr0, momentum, warmup_bias_lr) = resolve_optimizer(&cfg, train.len());
+        let optimizer = Optimizer::new(rule, &model);
+        let nb = train.len() / batch;
+        let o = &cfg.optim;
+        let schedule = Schedule {
+            lr0,
+            lrf: o.lrf,
+            epochs: cfg.train.epochs,
+            cosine: o.cos_lr,
+            momentum,
+            warmup_momentum: o.warmup_momentum,
+            warmup_bias_lr,
+            warmup_iters: Schedule::warmup_iters(o.warmup_epochs, cfg.train.epochs, nb),
+            batch,
+            nbs: cfg.train.nbs,
+            weight_decay: o.weight_decay,
+        };
+        let imgsz = cfg.data.imgsz;
+        let loss = E2eLoss::new(cfg.model.task, cfg.model.kpt_shape[0], [imgsz, imgsz]);
+        Ok(Self {
+            cfg,
+            device,
+            model,
+            ema,
+            optimizer,
+            loss,
+            schedule,
+            epoch: 0,
+            ni: 0,
+            last_opt_step: -1,
+            pending: None,
+            history: Vec::new(),
+            train,
+            val,
+            step_losses: Vec::new(),
+        })
+    }
+
+    pub fn batches_per_epoch(&self) -> usize {
+        self.train.len() / self.cfg.train.batch
+    }
+
+    /// Image order of an epoch: a permutation drawn from (seed, epoch) only, so a resumed run
+    /// sees the same batches.
+    pub fn epoch_order(&self, epoch: usize) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..self.train.len()).collect();
+        let mut rng = StdRng::seed_from_u64(
+            self.cfg
+                .train
+                .seed
+                .wrapping_mul(1_000_003)
+                .wrapping_add(epoch as u64),
+        );
+        order.shuffle(&mut rng);
+        order
+    }
+
+    /// Batch `b` of the current epoch.
+    pub fn batch(&self, b: usize) -> Result<Batch, DataError> {
+        let order = self.epoch_order(self.epoch);
+        let size = self.cfg.data.imgsz as u32;
+        let bs = self.cfg.train.batch;
+        let samples = order[b * bs..(b + 1) * bs]
+            .iter()
+            .map(|&i| self.train.sample(i, size).map(|(s, _)| s))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Batch::collate(samples))
+    }
+
+    /// One micro-batch: forward, assignment, loss, backward, and — when enough micro-batches
+    /// are accumulated — clip, optimizer step and EMA update. Returns the logged loss items.
+    pub fn train_step(&mut self, batch: &Batch) -> [f32; 6] {
+        let labels: Vec<Vec<Instance>> =
+            batch.samples.iter().map(|s| s.instances.clone()).collect();
+        let out = self.model.forward(batch.images_f32(&self.device));
+        let targets = self.loss.targets(&out, &labels);
+        let loss = self
+            .loss
+            .compute(&out, &targets, self.model.head.flow.as_ref());
+        let grads = GradientsParams::from_grads(loss.total.backward(), &self.model);
+        self.accumulate(grads);
+        if self.ni as i64 - self.last_opt_step >= self.schedule.accumulate(self.ni) as i64 {
+            self.optimizer_step();
+            self.last_opt_step = self.ni as i64;
+        }
+        self.ni += 1;
+        let items: Vec<f32> = loss
+            .items
+            .into_data()
+            .convert::<f32>()
+            .try_into_vec()
+            .expect("f32 items");
+        let items = [items[0], items[1], items[2], items[3], items[4], items[5]];
+        self.step_losses.push(items);
+        items
+    }
+
+    fn optimizer_step(&mut self) {
+        let mut grads = self.pending.take().unwrap_or_default();
+        clip_global_norm(&mut grads, &self.optimizer.table, self.cfg.optim.clip_norm);
+        let hyper = self.schedule.hyper(self.epoch, self.ni);
+        let model = self.model.clone();
+        self.model = self.optimizer.step(model, grads, &hyper);
+        self.ema.update(&self.model);
+    }
+
+    /// Sums gradients per parameter; a parameter absent from every micro-batch stays absent.
+    fn accumulate(&mut self, grads: GradientsParams) {
+        let Some(mut pending) = self.pending.take() else {
+            self.pending = Some(grads);
+            return;
+        };
+        let mut grads = grads;
+        for p in &self.optimizer.table {
+            macro_rules! add {
+                ($d:literal) => {
+                    if let Some(g) = grads.remove::<$d>(p.id) {
+                        let sum = match pending.remove::<$d>(p.id) {
+                            Some(old) => old + g,
+                            None => g,
+                        };
+                        pending.register::<$d>(p.id, sum);
+                    }
+                };
+            }
+            match p.dims.len() {
+                1 => add!(1),
+                2 => add!(2),
+                3 => add!(3),
+                _ => add!(4),
+            }
+        }
+        self.pending = Some(pending);
+    }
+
+    /// Trains one epoch, updates the loss weights, validates the EMA and records the epoch.
+    pub fn run_epoch(
+        &mut self,
+        on_step: &mut dyn FnMut(usize, usize, &[f32; 6]),
+    ) -> Result<EpochRecord, TrainError> {
+        let start = std::time::Instant::now();
+        let nb = self.batches_per_epoch();
+        let first = self.ni - self.epoch * nb;
+        let mut sums = [0f64; 6];
+        for b in first..nb {
+            let batch = self.batch(b)?;
+            let items = self.train_step(&batch);
+            for (s, v) in sums.iter_mut().zip(items) {
+                *s += v as f64;
+            }
+            on_step(b, nb, &items);
+        }
+        let lr = self.schedule.hyper(self.epoch, self.ni).lr[0];
+        self.loss.update(self.epoch + 1, self.cfg.train.epochs);
+        let metrics = super::validate::validate(&self.ema.model, &self.val, &self.cfg, &self.loss)?;
+        let record = EpochRecord {
+            epoch: self.epoch,
+            train_loss: sums.map(|s| s / (nb - first).max(1) as f64),
+            lr,
+            box_map50: metrics.box_map50,
+            box_map: metrics.box_map,
+            pose_map50: metrics.pose_map50,
+            pose_map: metrics.pose_map,
+            seconds: start.elapsed().as_secs_f64(),
+        };
+        self.history.push(record.clone());
+        self.epoch += 1;
+        Ok(record)
+    }
+
+    pub fn finished(&self) -> bool {
+        self.epoch >= self.cfg.train.epochs
+    }
+
+    /// Hashes of every piece of training state.
+    pub fn state_hashes(&self) -> StateHashes {
+        let mut sched = StateHasher::new();
+        sched.u64("epoch", self.epoch as u64);
+        sched.u64("ni", self.ni as u64);
+        sched.u64("last_opt_step", self.last_opt_step as u64);
+        sched.f64("one2many_weight", self.loss.one2many_weight as f64);
+        let mut losses = StateHasher::new();
+        for l in &self.step_losses {
+            for v in l {
+                losses.f64("l", *v as f64);
+            }
+        }
+        StateHashes {
+            // `valid()` first merges pending BatchNorm running-stat updates (Burn keeps the
+            // latest one per thread until then).
+            model: module_hash(&self.model.valid()),
+            ema: self.ema.state_hash(),
+            optimizer: self.optimizer.state_hash(),
+            scheduler: sched.finish(),
+            losses: losses.finish(),
+        }
+    }
+
+    pub fn task(&self) -> Task {
+        self.cfg.model.task
+    }
+}
+
+/// Byte hashes of the training state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StateHashes {
+    pub model: String,
+    pub ema: String,
+    pub optimizer: String,
+    pub scheduler: String,
+    /// Every per-step loss vector.
+    pub losses: String,
+}

@@ -1,0 +1,102 @@
+//! Validation of a model on the val source: one-to-one predictions, mapped back to original
+//! image pixels, scored COCO-style (box mAP and, for pose, OKS mAP).
+
+use super::source::{Frame, Source};
+use crate::config::Config;
+use crate::data::{Batch, DataError};
+use crate::eval::{DtAnn, GtAnn, IouKind, evaluate, one2one};
+use crate::loss::E2eLoss;
+use crate::loss::assign::Anchors;
+use crate::model::{Task, Yolo};
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Metrics {
+    pub box_map50: f64,
+    pub box_map: f64,
+    pub pose_map50: f64,
+    pub pose_map: f64,
+}
+
+/// Confidence floor and per-image cap of validation (Ultralytics defaults).
+pub const CONF: f32 = 0.001;
+pub const MAX_DET: usize = 300;
+
+/// Scores `model` (an inference copy, e.g. the EMA) on every image of `val`.
+pub fn validate(
+    model: &Yolo,
+    val: &Source,
+    cfg: &Config,
+    loss: &E2eLoss,
+) -> Result<Metrics, DataError> {
+    let device = model.backbone.l0.conv.weight.val().device();
+    let size = cfg.data.imgsz;
+    let anchors = Anchors::new(size, size);
+    let nk = if cfg.model.task == Task::Pose {
+        cfg.model.kpt_shape[0]
+    } else {
+        0
+    };
+    let mut gts: Vec<GtAnn> = Vec::new();
+    let mut dts: Vec<DtAnn> = Vec::new();
+    let mut ids = Vec::new();
+    let chunk = (2 * cfg.train.batch).max(1);
+    let indices: Vec<usize> = (0..val.len()).collect();
+    for part in indices.chunks(chunk) {
+        let mut samples = Vec::new();
+        let mut frames: Vec<Frame> = Vec::new();
+        for &i in part {
+            let (s, f) = val.sample(i, size as u32)?;
+            samples.push(s);
+            frames.push(f);
+            gts.extend(val.ground_truth(i));
+            ids.push(val.image_id(i));
+        }
+        let batch = Batch::collate(samples);
+        let out = model
+            .head
+            .forward_one2one(&model.features(batch.images_f32(&device)));
+        for (j, dets) in one2one(&out, &anchors, nk, MAX_DET, CONF)
+            .into_iter()
+            .enumerate()
+        {
+            let frame = frames[j];
+            for d in dets {
+                let (x1, y1) = frame.to_original(d.bbox[0], d.bbox[1]);
+                let (x2, y2) = frame.to_original(d.bbox[2], d.bbox[3]);
+                let keypoints = d
+                    .keypoints
+                    .iter()
+                    .flat_map(|k| {
+                        let (x, y) = frame.to_original(k[0], k[1]);
+                        [x, y, k[2] as f64]
+                    })
+                    .collect();
+                dts.push(DtAnn {
+                    image_id: val.image_id(part[j]),
+                    category_id: d.class as u64 + 1,
+                    bbox: [x1, y1, x2 - x1, y2 - y1],
+                    score: d.score as f64,
+                    keypoints,
+                });
+            }
+        }
+    }
+    let sigmas: Vec<f64> = loss.sigmas.iter().map(|&s| s as f64).collect();
+    let boxes = evaluate(&gts, &dts, &ids, IouKind::Bbox, &sigmas);
+    let pose = if nk > 0 {
+        evaluate(&gts, &dts, &ids, IouKind::Keypoints, &sigmas)
+    } else {
+        crate::eval::Summary {
+            map: -1.0,
+            map50: -1.0,
+            map75: -1.0,
+            by_area: vec![],
+        }
+    };
+    Ok(Metrics {
+        box_map50: boxes.map50,
+        box_map: boxes.map,
+        pose_map50: pose.map50,
+        pose_map: pose.map,
+    })
+}

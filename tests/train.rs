@@ -1,0 +1,174 @@
+//! The native loop on the CPU: learning, determinism, resume and the "empty" layout.
+
+use burn::prelude::*;
+use burnpose::config::Config;
+use burnpose::data::Batch;
+use burnpose::train::{Trainer, checkpoint};
+use std::path::Path;
+
+fn config(extra: &str) -> Config {
+    let text = format!(
+        "[data]\nimgsz = 64\ntrain_images = 8\nval_images = 2\n[train]\nbatch = 2\nseed = 5\n{extra}"
+    );
+    Config::parse(&text, Path::new("test.toml")).unwrap()
+}
+
+fn trainer(cfg: &Config) -> Trainer {
+    Trainer::new(cfg.clone(), Path::new("test.toml"), Device::flex()).unwrap()
+}
+
+fn no_log() -> impl FnMut(usize, usize, &[f32; 6]) {
+    |_, _, _| {}
+}
+
+fn scratch(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("burnpose-train-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn loss_falls_on_a_tiny_set() {
+    let cfg = config("epochs = 8\nnbs = 2\n[optim]\nwarmup_epochs = 1.0\n");
+    let mut t = trainer(&cfg);
+    let mut totals = Vec::new();
+    while !t.finished() {
+        let r = t.run_epoch(&mut no_log()).unwrap();
+        totals.push(r.train_loss.iter().sum::<f64>());
+    }
+    let (first, last) = (totals[0], *totals.last().unwrap());
+    assert!(last < 0.6 * first, "loss did not fall: {totals:?}");
+}
+
+#[test]
+fn same_seed_same_state() {
+    let cfg = config("epochs = 2\nnbs = 4\n");
+    let run = || {
+        let mut t = trainer(&cfg);
+        while !t.finished() {
+            t.run_epoch(&mut no_log()).unwrap();
+        }
+        t.state_hashes()
+    };
+    let (a, b) = (run(), run());
+    assert_eq!(a, b);
+    let other = config("epochs = 2\nnbs = 4\n").train.seed + 1;
+    let mut cfg2 = cfg.clone();
+    cfg2.train.seed = other;
+    let mut t = trainer(&cfg2);
+    t.run_epoch(&mut no_log()).unwrap();
+    t.run_epoch(&mut no_log()).unwrap();
+    assert_ne!(t.state_hashes().model, a.model);
+}
+
+#[test]
+fn resume_continues_exactly() {
+    // batch 2, nbs 6: three micro-batches per optimizer step, so gradients are pending at the
+    // epoch boundary (4 micro-batches per epoch) and must survive the checkpoint.
+    let cfg = config("epochs = 2\nnbs = 6\n[optim]\nwarmup_epochs = 0.0\noptimizer = \"musgd\"\n");
+    let mut straight = trainer(&cfg);
+    straight.run_epoch(&mut no_log()).unwrap();
+    straight.run_epoch(&mut no_log()).unwrap();
+
+    let mut first = trainer(&cfg);
+    first.run_epoch(&mut no_log()).unwrap();
+    assert!(
+        first.pending.is_some(),
+        "the test needs pending gradients at the boundary"
+    );
+    let path = scratch("resume").join("last.safetensors");
+    checkpoint::save(&first, &path).unwrap();
+    drop(first);
+    let stored = checkpoint::read_config(&path).unwrap();
+    assert_eq!(stored, cfg);
+    let mut resumed = trainer(&stored);
+    checkpoint::load_into(&mut resumed, &path).unwrap();
+    resumed.run_epoch(&mut no_log()).unwrap();
+
+    let (a, b) = (straight.state_hashes(), resumed.state_hashes());
+    assert_eq!(a.model, b.model);
+    assert_eq!(a.ema, b.ema);
+    assert_eq!(a.optimizer, b.optimizer);
+    assert_eq!(a.scheduler, b.scheduler);
+    assert_eq!(straight.step_losses[4..], resumed.step_losses[..]);
+    let strip = |h: &[burnpose::train::EpochRecord]| {
+        h.iter()
+            .map(|r| (r.epoch, r.train_loss, r.lr, r.box_map, r.pose_map))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(strip(&straight.history), strip(&resumed.history));
+}
+
+#[test]
+fn bad_checkpoint_is_named() {
+    let dir = scratch("bad");
+    let path = dir.join("junk.safetensors");
+    std::fs::write(&path, b"not a checkpoint").unwrap();
+    let e = checkpoint::read_config(&path).unwrap_err().to_string();
+    assert!(e.contains("junk.safetensors"), "{e}");
+    let e = checkpoint::read_config(&dir.join("missing.safetensors"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("missing.safetensors"), "{e}");
+}
+
+/// A batch without any object: the keypoint point stems get no gradient, so the optimizer must
+/// leave them and their state untouched, while other parameters still train (class loss).
+#[test]
+fn empty_batch_skips_point_stems() {
+    let cfg = config("epochs = 1\nnbs = 2\n[optim]\noptimizer = \"sgd\"\nwarmup_epochs = 0.0\n");
+    let mut t = trainer(&cfg);
+    // One ordinary step first, so every parameter has optimizer state to disturb.
+    let normal = t.batch(0).unwrap();
+    t.train_step(&normal);
+    let mut samples = t.batch(1).unwrap().samples;
+    for s in &mut samples {
+        s.instances.clear();
+    }
+    let empty = Batch::collate(samples);
+    let stem = |t: &Trainer| {
+        t.model.head.one2many.pose.as_ref().unwrap().point_stems[0]
+            .cv1
+            .conv
+            .weight
+            .val()
+    };
+    let cls = |t: &Trainer| t.model.head.one2many.classes[0].out.weight.val();
+    let idx = |t: &Trainer, path: &str| {
+        t.optimizer
+            .table
+            .iter()
+            .position(|p| p.path == path)
+            .unwrap()
+    };
+    let stem_path = "head.one2many.pose.point_stems.0.cv1.conv.weight";
+    let (stem_before, cls_before) = (stem(&t).into_data(), cls(&t).into_data());
+    let steps_before = t.optimizer.state[idx(&t, stem_path)].steps;
+    let buf_before = t.optimizer.state[idx(&t, stem_path)]
+        .buf
+        .clone()
+        .unwrap()
+        .into_data();
+    t.train_step(&empty);
+    assert_eq!(
+        stem(&t).into_data(),
+        stem_before,
+        "point stem moved without positives"
+    );
+    assert_eq!(t.optimizer.state[idx(&t, stem_path)].steps, steps_before);
+    assert_eq!(
+        t.optimizer.state[idx(&t, stem_path)]
+            .buf
+            .clone()
+            .unwrap()
+            .into_data(),
+        buf_before
+    );
+    assert_ne!(
+        cls(&t).into_data(),
+        cls_before,
+        "class branch should still train"
+    );
+    let items = t.step_losses.last().unwrap();
+    assert_eq!([items[0], items[1], items[2], items[4], items[5]], [0.0; 5]);
+}
