@@ -172,3 +172,14 @@ fn empty_batch_skips_point_stems() {
     let items = t.step_losses.last().unwrap();
     assert_eq!([items[0], items[1], items[2], items[4], items[5]], [0.0; 5]);
 }
+
+#[test]
+fn nms_validation_path_runs() {
+    let cfg = config("epochs = 1\nnbs = 2\nval_nms = true\n");
+    let mut t = trainer(&cfg);
+    let r = t.run_epoch(&mut no_log()).unwrap();
+    assert!(
+        (0.0..=1.0).contains(&r.box_map) && (0.0..=1.0).contains(&r.pose_map),
+        "{r:?}"
+    );
+}

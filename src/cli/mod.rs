@@ -3,6 +3,7 @@
 mod fit;
 mod info;
 mod smoke;
+mod val;
 
 use crate::config::DeviceKind;
 use clap::{Parser, Subcommand};
@@ -47,8 +48,15 @@ pub enum Command {
         #[arg(long)]
         imgsz: Option<usize>,
     },
-    /// Validate a checkpoint (not available yet).
-    Val { config: PathBuf },
+    /// Box and pose mAP of a checkpoint's EMA on the config's val split.
+    Val {
+        config: PathBuf,
+        /// Checkpoint to evaluate (default: the freshly initialised model).
+        #[arg(long)]
+        checkpoint: Option<PathBuf>,
+        #[arg(long, value_enum)]
+        device: Option<DeviceArg>,
+    },
     /// Run a checkpoint on images (not available yet).
     Predict { config: PathBuf },
     /// Complete-fit benchmark, native vs replay (not available yet).
@@ -104,7 +112,12 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             imgsz,
             steps,
         } => smoke::run(device.into(), batch, imgsz, steps),
-        Command::Val { .. } | Command::Predict { .. } | Command::Bench { .. } => {
+        Command::Val {
+            config,
+            checkpoint,
+            device,
+        } => val::run(&config, checkpoint, device),
+        Command::Predict { .. } | Command::Bench { .. } => {
             anyhow::bail!("this command is planned but not implemented yet (see the open issues)")
         }
     }

@@ -103,6 +103,8 @@ pub struct DataSection {
     pub val_images: usize,
     /// Warn and count bad samples instead of stopping.
     pub skip_bad: bool,
+    /// COCO split validated on: "val2017", or "train2017" to measure fitting of the train split.
+    pub val_split: String,
 }
 
 impl Default for DataSection {
@@ -114,6 +116,7 @@ impl Default for DataSection {
             train_images: 64,
             val_images: 16,
             skip_bad: false,
+            val_split: "val2017".into(),
         }
     }
 }
@@ -138,6 +141,8 @@ pub struct TrainSection {
     pub nbs: usize,
     /// Epochs at the end trained without mosaic.
     pub close_mosaic: usize,
+    /// Validate with the one-to-many copy + NMS instead of the one-to-one (NMS-free) copy.
+    pub val_nms: bool,
 }
 
 impl Default for TrainSection {
@@ -149,6 +154,7 @@ impl Default for TrainSection {
             precision: Precision::Fp32,
             nbs: 64,
             close_mosaic: 10,
+            val_nms: false,
         }
     }
 }

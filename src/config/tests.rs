@@ -14,7 +14,11 @@ fn empty_config_gives_defaults() {
 
 #[test]
 fn shipped_configs_parse() {
-    for name in ["configs/pose_nano.toml", "configs/pose_minicoco.toml"] {
+    for name in [
+        "configs/pose_nano.toml",
+        "configs/pose_minicoco.toml",
+        "configs/minicoco_overfit.toml",
+    ] {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(name);
         Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
     }

@@ -86,3 +86,90 @@ pub fn one2one(
         })
         .collect()
 }
+
+/// IoU of two `[x1, y1, x2, y2]` boxes.
+fn iou(a: &[f32; 4], b: &[f32; 4]) -> f32 {
+    let iw = (a[2].min(b[2]) - a[0].max(b[0])).max(0.0);
+    let ih = (a[3].min(b[3]) - a[1].max(b[1])).max(0.0);
+    let inter = iw * ih;
+    let union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter;
+    if union > 0.0 { inter / union } else { 0.0 }
+}
+
+/// One-to-many post-processing with NMS (Ultralytics' `nms=True` path): candidates whose best
+/// class score exceeds `conf` (at most 30,000, by score), greedy per-class NMS at `iou_thr`,
+/// at most `max_det` kept.
+pub fn one2many_nms(
+    out: &BranchOutput,
+    anchors: &Anchors,
+    nk: usize,
+    max_det: usize,
+    conf: f32,
+    iou_thr: f32,
+) -> Vec<Vec<Detection>> {
+    let a_len = out.scores.dims()[2];
+    // Every anchor decoded, then filtered: reuse the one-to-one decoder with no cut.
+    let all = one2one(out, anchors, nk, a_len, conf);
+    all.into_iter()
+        .map(|mut dets| {
+            dets.truncate(30_000);
+            let mut keep: Vec<Detection> = Vec::new();
+            for d in dets {
+                if keep.len() == max_det {
+                    break;
+                }
+                if keep
+                    .iter()
+                    .all(|k| k.class != d.class || iou(&k.bbox, &d.bbox) <= iou_thr)
+                {
+                    keep.push(d);
+                }
+            }
+            keep
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::prelude::*;
+
+    /// 32×32 input (21 anchors), one class: anchors 0 and 1 predict overlapping boxes.
+    fn output(d: &Device) -> BranchOutput {
+        let mut boxes = vec![0.5f32; 4 * 21];
+        let mut scores = vec![-10.0f32; 21];
+        scores[0] = 2.0; // box [0,0,8,8] at stride 8 around (4,4)
+        scores[1] = 1.0; // around (12,4)
+        scores[16] = 0.0; // P4 anchor (8,8), ltrb 0.5 → [0,0,16,16]
+        // Anchor 1 (centre 1.5 cells): l = 1.5, r = 0 → [0, 0, 12, 8], IoU 64/96 with anchor 0.
+        boxes[1] = 1.5;
+        boxes[2 * 21 + 1] = 0.0;
+        BranchOutput {
+            boxes: Tensor::<1>::from_floats(boxes.as_slice(), d).reshape([1, 4, 21]),
+            scores: Tensor::<1>::from_floats(scores.as_slice(), d).reshape([1, 1, 21]),
+            kpts: None,
+            kpts_sigma: None,
+        }
+    }
+
+    #[test]
+    fn one2one_ranks_and_decodes() {
+        let d = Device::flex();
+        let dets = one2one(&output(&d), &Anchors::new(32, 32), 0, 2, 0.001);
+        assert_eq!(dets[0].len(), 2);
+        assert_eq!(dets[0][0].bbox, [0.0, 0.0, 8.0, 8.0]);
+        assert!((dets[0][0].score - 1.0 / (1.0 + (-2.0f32).exp())).abs() < 1e-6);
+        assert_eq!(dets[0][1].bbox, [0.0, 0.0, 12.0, 8.0]);
+    }
+
+    #[test]
+    fn nms_drops_the_overlapping_lower_score() {
+        let d = Device::flex();
+        let dets = one2many_nms(&output(&d), &Anchors::new(32, 32), 0, 300, 0.01, 0.5);
+        // Anchor 1's [0,0,12,8] overlaps anchor 0's [0,0,8,8] with IoU 64/96 > 0.5: dropped.
+        // The P4 box [0,0,16,16] overlaps anchor 0 with IoU 0.25 and anchor 1 with 0.375: kept.
+        let boxes: Vec<[f32; 4]> = dets[0].iter().map(|d| d.bbox).collect();
+        assert_eq!(boxes, vec![[0.0, 0.0, 8.0, 8.0], [0.0, 0.0, 16.0, 16.0]]);
+    }
+}

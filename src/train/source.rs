@@ -51,7 +51,7 @@ impl Source {
                 };
                 let k = cfg.model.kpt_shape[0];
                 let (train, s1) = CocoDataset::open(&root, "train2017", k, d.skip_bad)?;
-                let (val, s2) = CocoDataset::open(&root, "val2017", k, d.skip_bad)?;
+                let (val, s2) = CocoDataset::open(&root, &d.val_split, k, d.skip_bad)?;
                 Ok((Self::Coco(train), Self::Coco(val), s1 + s2))
             }
             DataSource::Yolo => Err(DataError::Label {

@@ -4,7 +4,7 @@
 use super::source::{Frame, Source};
 use crate::config::Config;
 use crate::data::{Batch, DataError};
-use crate::eval::{DtAnn, GtAnn, IouKind, evaluate, one2one};
+use crate::eval::{DtAnn, GtAnn, IouKind, evaluate, one2many_nms, one2one};
 use crate::loss::E2eLoss;
 use crate::loss::assign::Anchors;
 use crate::model::{Task, Yolo};
@@ -20,6 +20,8 @@ pub struct Metrics {
 /// Confidence floor and per-image cap of validation (Ultralytics defaults).
 pub const CONF: f32 = 0.001;
 pub const MAX_DET: usize = 300;
+/// NMS IoU threshold of the one-to-many path.
+pub const IOU: f32 = 0.7;
 
 /// Scores `model` (an inference copy, e.g. the EMA) on every image of `val`.
 pub fn validate(
@@ -52,13 +54,20 @@ pub fn validate(
             ids.push(val.image_id(i));
         }
         let batch = Batch::collate(samples);
-        let out = model
-            .head
-            .forward_one2one(&model.features(batch.images_f32(&device)));
-        for (j, dets) in one2one(&out, &anchors, nk, MAX_DET, CONF)
-            .into_iter()
-            .enumerate()
-        {
+        let features = model.features(batch.images_f32(&device));
+        let per_image = if cfg.train.val_nms {
+            let out = model.head.one2many.forward(features.into_levels());
+            one2many_nms(&out, &anchors, nk, MAX_DET, CONF, IOU)
+        } else {
+            one2one(
+                &model.head.forward_one2one(&features),
+                &anchors,
+                nk,
+                MAX_DET,
+                CONF,
+            )
+        };
+        for (j, dets) in per_image.into_iter().enumerate() {
             let frame = frames[j];
             for d in dets {
                 let (x1, y1) = frame.to_original(d.bbox[0], d.bbox[1]);
