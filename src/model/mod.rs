@@ -13,6 +13,6 @@ pub mod yolo;
 
 pub use backbone::{Backbone, Features, Neck};
 pub use head::{BranchOutput, Head, HeadOutput, STRIDES};
-pub use params::ParamCount;
+pub use params::{NamedParam, ParamCount, named_params};
 pub use scale::Scale;
 pub use yolo::{Task, Yolo, YoloConfig};

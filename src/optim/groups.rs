@@ -1,8 +1,8 @@
 //! Parameter groups (yolo_spec §4.3): which parameters decay, which use Muon, which get a
 //! boosted learning rate. Decided once from the module tree, by path.
 
-use burn::module::{Module, ModuleVisitor, Param, ParamId};
-use burn::prelude::*;
+use crate::model::params::named_params;
+use burn::module::{Module, ParamId};
 
 /// How a parameter is updated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -34,55 +34,36 @@ impl ParamInfo {
     }
 }
 
-/// Every trainable parameter in visiting order (BN running statistics excluded).
+/// Every trainable parameter in visiting order (BN running statistics excluded), grouped.
 pub fn param_table<M: Module>(module: &M) -> Vec<ParamInfo> {
-    let mut v = TableVisitor::default();
-    module.visit(&mut v);
-    v.params
-}
-
-#[derive(Default)]
-struct TableVisitor {
-    path: Vec<String>,
-    params: Vec<ParamInfo>,
-}
-
-impl ModuleVisitor for TableVisitor {
-    fn enter_module(&mut self, name: &str, _container_type: &str) {
-        self.path.push(name.to_string());
-    }
-
-    fn exit_module(&mut self, _name: &str, _container_type: &str) {
-        self.path.pop();
-    }
-
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-        let leaf = self.path.last().map(String::as_str).unwrap_or("");
-        if matches!(leaf, "running_mean" | "running_var") {
-            return;
-        }
-        let in_norm = self.path.iter().rev().nth(1).is_some_and(|p| p == "bn");
-        let group = match leaf {
-            "bias" | "beta" => Group::Bias,
-            "gamma" if in_norm => Group::Norm,
-            _ if D >= 2 => Group::Weight,
-            _ => Group::Norm,
-        };
-        let class_branch = self.path.iter().any(|p| p == "classes");
-        self.params.push(ParamInfo {
-            id: param.id,
-            path: self.path.join("."),
-            dims: param.lazy_shape().dims::<D>().to_vec(),
-            group,
-            class_branch,
-        });
-    }
+    named_params(module)
+        .into_iter()
+        .map(|p| {
+            let parts: Vec<&str> = p.path.split('.').collect();
+            let leaf = parts.last().copied().unwrap_or("");
+            let in_norm = parts.iter().rev().nth(1).is_some_and(|&m| m == "bn");
+            let group = match leaf {
+                "bias" | "beta" => Group::Bias,
+                "gamma" if in_norm => Group::Norm,
+                _ if p.dims.len() >= 2 => Group::Weight,
+                _ => Group::Norm,
+            };
+            ParamInfo {
+                class_branch: parts.contains(&"classes"),
+                id: p.id,
+                path: p.path,
+                dims: p.dims,
+                group,
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::model::{Scale, Task, YoloConfig};
+    use burn::prelude::*;
 
     #[test]
     fn nano_pose_groups() {
