@@ -29,7 +29,7 @@ pub fn run(
         cfg.model.nc = n;
     }
     let imgsz = imgsz.unwrap_or(cfg.data.imgsz);
-    if imgsz == 0 || imgsz % 32 != 0 {
+    if imgsz == 0 || !imgsz.is_multiple_of(32) {
         bail!("--imgsz must be a positive multiple of 32, got {imgsz}");
     }
     let yolo = cfg.model.yolo();

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 pub fn run(kind: DeviceKind, batch: usize, imgsz: usize, steps: usize) -> anyhow::Result<()> {
     anyhow::ensure!(
-        imgsz % 32 == 0 && imgsz > 0,
+        imgsz.is_multiple_of(32) && imgsz > 0,
         "--imgsz must be a positive multiple of 32"
     );
     let (device, what) = device::resolve(kind, 0).map_err(anyhow::Error::msg)?;

@@ -351,7 +351,7 @@ impl Config {
                 "weight_decay, warmup_epochs and warmup_bias_lr must be >= 0".into(),
             );
         }
-        if !(o.clip_norm > 0.0) {
+        if o.clip_norm.is_nan() || o.clip_norm <= 0.0 {
             return bad(
                 "optim.clip_norm",
                 format!("expected > 0, got {}", o.clip_norm),

@@ -211,10 +211,8 @@ pub fn evaluate(
     let collect = |ts: &[usize], a: usize| {
         let mut v = Vec::new();
         for &t in ts {
-            for r in 0..r_len {
-                for k in 0..cats.len() {
-                    v.push(precision[t][r][k][a]);
-                }
+            for per_recall in &precision[t] {
+                v.extend(per_recall.iter().map(|per_cat| per_cat[a]));
             }
         }
         v
@@ -259,10 +257,11 @@ fn evaluate_image(
                 if gt_taken[t][pos] && !g[gi].iscrowd {
                     continue;
                 }
-                if let Some(mp) = m {
-                    if !ignore[order[mp]] && ignore[gi] {
-                        break;
-                    }
+                if let Some(mp) = m
+                    && !ignore[order[mp]]
+                    && ignore[gi]
+                {
+                    break;
                 }
                 if sim[di][gi] < best {
                     continue;

@@ -32,7 +32,7 @@ pub fn one2one(
     let scores = host(out.scores.clone());
     let kpts = out.kpts.clone().map(host);
     let kch = out.kpts.as_ref().map_or(0, |k| k.dims()[1]);
-    let kd = if nk > 0 { kch / nk } else { 0 };
+    let kd = kch.checked_div(nk).unwrap_or(0);
     let k = max_det.min(a_len);
     (0..b_len)
         .map(|b| {

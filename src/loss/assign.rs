@@ -166,8 +166,8 @@ pub fn assign(
                 .map(|a| if pos[g][a] { align[g][a] } else { 0.0 })
                 .collect();
             let keep = top_indices(&masked, cfg.topk2);
-            for a in 0..a_len {
-                pos[g][a] &= keep.contains(&a);
+            for (a, p) in pos[g].iter_mut().enumerate() {
+                *p &= keep.contains(&a);
             }
         }
     }
@@ -233,15 +233,14 @@ fn candidates(
 
 /// CIoU for boxes; OKS (area = box area · 0.53) for pose objects with a labelled keypoint.
 fn overlap(cfg: &AssignerConfig, pred: &Predicted, a: usize, t: &Target, sigmas: &[f32]) -> f32 {
-    if cfg.pose {
-        if let (Some(gt), Some(pk)) = (t.keypoints, pred.keypoints) {
-            if gt.iter().any(|k| k[2] != 0.0) {
-                let k = gt.len();
-                let [x1, y1, x2, y2] = t.bbox;
-                let area = (x2 - x1) * (y2 - y1) * 0.53;
-                return oks(&pk[a * k..(a + 1) * k], gt, area, sigmas);
-            }
-        }
+    if cfg.pose
+        && let (Some(gt), Some(pk)) = (t.keypoints, pred.keypoints)
+        && gt.iter().any(|k| k[2] != 0.0)
+    {
+        let k = gt.len();
+        let [x1, y1, x2, y2] = t.bbox;
+        let area = (x2 - x1) * (y2 - y1) * 0.53;
+        return oks(&pk[a * k..(a + 1) * k], gt, area, sigmas);
     }
     ciou(t.bbox, pred.boxes[a])
 }

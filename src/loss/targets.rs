@@ -64,7 +64,7 @@ pub fn build_targets(
     let kpts = out.kpts.clone().map(host);
     let kpt_ch = out.kpts.as_ref().map_or(0, |k| k.dims()[1]);
     let nk = if kpts.is_some() { sigmas.len() } else { 0 };
-    let kd = if nk > 0 { kpt_ch / nk } else { 0 };
+    let kd = kpt_ch.checked_div(nk).unwrap_or(0);
     let mut t = BranchTargets {
         batch: b_len,
         anchors: a_len,

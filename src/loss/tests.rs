@@ -194,7 +194,8 @@ fn full_loss_gradient_matches_finite_differences() {
     };
     let grads = loss.compute(&x, &targets, Some(&flow)).total.backward();
     let value = |h: &HeadOutput| scalar(loss.compute(h, &targets, Some(&flow)).total.inner());
-    let tensors: Vec<(&str, fn(&mut HeadOutput) -> &mut Tensor<3>)> = vec![
+    type Pick = fn(&mut HeadOutput) -> &mut Tensor<3>;
+    let tensors: Vec<(&str, Pick)> = vec![
         ("o2m.boxes", |h| &mut h.one2many.boxes),
         ("o2m.scores", |h| &mut h.one2many.scores),
         ("o2m.kpts", |h| h.one2many.kpts.as_mut().unwrap()),

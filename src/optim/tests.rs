@@ -66,7 +66,7 @@ fn sgd_nesterov_matches_pytorch_two_steps() {
     let w0: Vec<f64> = vec![1.0, -2.0, 0.5, 0.25, 3.0, -1.0];
     // PyTorch: d = g + wd·p; buf = mu·buf + d (buf₀ = d); p -= lr·(d + mu·buf).
     let mut p = w0.clone();
-    let mut buf = vec![0.0; 6];
+    let mut buf = [0.0; 6];
     for (step, g) in [g1, g2].iter().enumerate() {
         let g: Vec<f64> = g.iter().flatten().map(|&v| v as f64).collect();
         for i in 0..6 {

@@ -39,7 +39,8 @@ impl Source {
                 let size = d.imgsz as u32;
                 // Val images come from a disjoint seed stream.
                 let train = BuiltinDataset::new(d.train_images, size, cfg.train.seed);
-                let val = BuiltinDataset::new(d.val_images, size, cfg.train.seed ^ 0x5eed_0f_7a1);
+                let val =
+                    BuiltinDataset::new(d.val_images, size, cfg.train.seed ^ 0x0005_eed0_f7a1);
                 Ok((Self::Builtin(train), Self::Builtin(val), 0))
             }
             DataSource::Coco => {
