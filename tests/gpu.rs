@@ -2,7 +2,7 @@
 //! `cargo test --release --features cuda --test gpu -- --ignored`. Without the `cuda` feature this
 //! file compiles to nothing; with it but without a GPU the tests fail (they never pass silently).
 
-#![cfg(feature = "cuda")]
+#![cfg(feature = "cuda-base")]
 
 use burn::prelude::*;
 use burn::tensor::Distribution;

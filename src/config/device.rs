@@ -3,9 +3,6 @@
 use super::DeviceKind;
 use burn::prelude::*;
 
-/// Whether this build has the CUDA backend.
-pub const CUDA_BUILT: bool = cfg!(feature = "cuda");
-
 /// The device a run uses, and a human description of why.
 pub fn resolve(kind: DeviceKind, index: usize) -> Result<(Device, String), String> {
     match kind {
@@ -18,7 +15,7 @@ pub fn resolve(kind: DeviceKind, index: usize) -> Result<(Device, String), Strin
     }
 }
 
-#[cfg(feature = "cuda")]
+#[cfg(feature = "cuda-base")]
 fn cuda(index: usize) -> Result<(Device, String), String> {
     // cudarc panics when the driver library cannot be loaded; that means "no GPU" here.
     let count = std::panic::catch_unwind(cudarc::driver::CudaContext::device_count)
@@ -35,7 +32,7 @@ fn cuda(index: usize) -> Result<(Device, String), String> {
 /// working directory or a `target/` folder), so every run of every checkout reuses them. Must run
 /// before the first CUDA device is created; a `cubecl.toml`/`burn.toml` found from the current
 /// directory is still read first and only these two settings are forced.
-#[cfg(feature = "cuda")]
+#[cfg(feature = "cuda-base")]
 fn configure_kernel_cache() {
     use burn::cubecl::config::cache::CacheConfig;
     use burn::cubecl::config::{CubeClRuntimeConfig, RuntimeConfig};
@@ -48,7 +45,7 @@ fn configure_kernel_cache() {
     });
 }
 
-#[cfg(not(feature = "cuda"))]
+#[cfg(not(feature = "cuda-base"))]
 fn cuda(_index: usize) -> Result<(Device, String), String> {
     Err("this build has no CUDA backend; rebuild with `--features cuda`".into())
 }
