@@ -142,40 +142,25 @@ fn compare(gt_path: &Path, seed: u64) {
     let (gts, images) = load_gt(gt_path);
     let dts = perturbed(&gts, seed);
     let sigmas: Vec<f64> = COCO_SIGMAS.iter().map(|&s| s as f64).collect();
-    let ours = evaluate(&gts, &dts, &images, IouKind::Keypoints, &sigmas);
-    let theirs = hotcoco_stats(gt_path, &dts, IouType::Keypoints, &format!("k{seed}"));
-    let mine = [
-        ours.map,
-        ours.map50,
-        ours.map75,
-        ours.by_area[0],
-        ours.by_area[1],
-    ];
-    for (i, (a, b)) in mine.iter().zip(&theirs).enumerate() {
+    for (kind, theirs_kind, tag) in [
+        (IouKind::Keypoints, IouType::Keypoints, "keypoints"),
+        (IouKind::Bbox, IouType::Bbox, "bbox"),
+    ] {
+        let ours = evaluate(&gts, &dts, &images, kind, &sigmas);
+        let theirs = hotcoco_stats(gt_path, &dts, theirs_kind, &format!("{tag}{seed}"));
+        // hotcoco's stats start with the same AP rows: all, .50, .75, then per area range.
+        let mut mine = vec![ours.map, ours.map50, ours.map75];
+        mine.extend(&ours.by_area);
+        for (i, (a, b)) in mine.iter().zip(&theirs).enumerate() {
+            assert!(
+                (a - b).abs() < 1e-6,
+                "{tag} stat {i}: ours {a} vs hotcoco {b}"
+            );
+        }
         assert!(
-            (a - b).abs() < 1e-6,
-            "keypoints stat {i}: ours {a} vs hotcoco {b}"
-        );
-    }
-    assert!(
-        ours.map > 0.05 && ours.map < 0.95,
-        "test predictions should be neither useless nor perfect: {}",
-        ours.map
-    );
-    let ours = evaluate(&gts, &dts, &images, IouKind::Bbox, &sigmas);
-    let theirs = hotcoco_stats(gt_path, &dts, IouType::Bbox, &format!("b{seed}"));
-    let mine = [
-        ours.map,
-        ours.map50,
-        ours.map75,
-        ours.by_area[0],
-        ours.by_area[1],
-        ours.by_area[2],
-    ];
-    for (i, (a, b)) in mine.iter().zip(&theirs).enumerate() {
-        assert!(
-            (a - b).abs() < 1e-6,
-            "bbox stat {i}: ours {a} vs hotcoco {b}"
+            ours.map > 0.05 && ours.map < 0.95,
+            "{tag}: test predictions should be neither useless nor perfect: {}",
+            ours.map
         );
     }
 }
