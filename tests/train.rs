@@ -119,9 +119,10 @@ fn empty_batch_skips_point_stems() {
     let cfg = config("epochs = 1\nnbs = 2\n[optim]\noptimizer = \"sgd\"\nwarmup_epochs = 0.0\n");
     let mut t = trainer(&cfg);
     // One ordinary step first, so every parameter has optimizer state to disturb.
-    let normal = t.batch(0).unwrap();
+    let order = t.epoch_order(0);
+    let normal = t.batch(&order, 0).unwrap();
     t.train_step(&normal);
-    let mut samples = t.batch(1).unwrap().samples;
+    let mut samples = t.batch(&order, 1).unwrap().samples;
     for s in &mut samples {
         s.instances.clear();
     }

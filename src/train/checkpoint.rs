@@ -206,7 +206,7 @@ pub fn load_into(trainer: &mut Trainer, path: &Path) -> Result<(), CheckpointErr
     };
     let st = SafeTensors::deserialize(&bytes).map_err(|e| bad(e.to_string()))?;
     let inner = trainer.device.clone().inner();
-    let mut groups: HashMap<&str, HashMap<String, Tensor<1>>> = HashMap::new();
+    let mut groups: HashMap<String, HashMap<String, Tensor<1>>> = HashMap::new();
     for (name, t) in st.tensors() {
         if t.dtype() != Dtype::F32 {
             return Err(bad(format!(
@@ -229,15 +229,11 @@ pub fn load_into(trainer: &mut Trainer, path: &Path) -> Result<(), CheckpointErr
         };
         let n = values.len();
         let tensor = Tensor::<1>::from_data(TensorData::new(values, [n]), device);
-        let key: &str = match prefix {
-            "model" => "model",
-            "ema" => "ema",
-            "optim" => "optim",
-            "pending" => "pending",
-            other => return Err(bad(format!("unknown tensor group {other}"))),
-        };
+        if !matches!(prefix, "model" | "ema" | "optim" | "pending") {
+            return Err(bad(format!("unknown tensor group {prefix}")));
+        }
         groups
-            .entry(key)
+            .entry(prefix.to_string())
             .or_default()
             .insert(rest.to_string(), tensor);
     }

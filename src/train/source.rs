@@ -2,9 +2,9 @@
 //! letterboxed at the training size, with ground truth for COCO-style evaluation.
 
 use crate::config::{Config, DataSource};
-use crate::data::coco::CocoDataset;
+use crate::data::coco::{CocoAnnotation, CocoDataset};
 use crate::data::letterbox::letterbox;
-use crate::data::{BuiltinDataset, DataError, Sample};
+use crate::data::{BuiltinDataset, DataError, Instance, Sample};
 use crate::eval::GtAnn;
 use std::path::Path;
 
@@ -77,12 +77,47 @@ impl Source {
 
     /// Image `i` letterboxed to `size`, and its frame.
     pub fn sample(&self, i: usize, size: u32) -> Result<(Sample, Frame), DataError> {
-        let raw = match self {
-            Source::Builtin(b) => b.get(i),
-            Source::Coco(c) => c.get(i)?,
+        let (s, f, _) = self.load(i, size, false)?;
+        Ok((s, f))
+    }
+
+    /// As [`Source::sample`], with the image's ground truth in original pixels, COCO style.
+    pub fn sample_with_truth(
+        &self,
+        i: usize,
+        size: u32,
+    ) -> Result<(Sample, Frame, Vec<GtAnn>), DataError> {
+        self.load(i, size, true)
+    }
+
+    fn load(
+        &self,
+        i: usize,
+        size: u32,
+        truth: bool,
+    ) -> Result<(Sample, Frame, Vec<GtAnn>), DataError> {
+        let image_id = self.image_id(i);
+        let (raw, gts) = match self {
+            Source::Builtin(b) => {
+                let raw = b.get(i);
+                let gts = if truth {
+                    builtin_truth(image_id, &raw.instances)
+                } else {
+                    Vec::new()
+                };
+                (raw, gts)
+            }
+            Source::Coco(c) => {
+                let gts = if truth {
+                    coco_truth(&c.records[i].annotations)
+                } else {
+                    Vec::new()
+                };
+                (c.get(i)?, gts)
+            }
         };
         let (s, scale, pad) = letterbox(raw, size);
-        Ok((s, Frame { scale, pad }))
+        Ok((s, Frame { scale, pad }, gts))
     }
 
     /// Image id used for evaluation.
@@ -92,44 +127,42 @@ impl Source {
             Source::Coco(c) => c.records[i].image_id,
         }
     }
+}
 
-    /// Ground truth of image `i` in original pixels, COCO style.
-    pub fn ground_truth(&self, i: usize) -> Vec<GtAnn> {
-        match self {
-            Source::Builtin(b) => b
-                .get(i)
-                .instances
-                .iter()
-                .map(|inst| {
-                    let [x1, y1, x2, y2] = inst.bbox.map(|v| v as f64);
-                    GtAnn {
-                        image_id: self.image_id(i),
-                        category_id: 1,
-                        bbox: [x1, y1, x2 - x1, y2 - y1],
-                        area: (x2 - x1) * (y2 - y1),
-                        iscrowd: false,
-                        keypoints: inst
-                            .keypoints
-                            .iter()
-                            .flat_map(|k| k.map(|v| v as f64))
-                            .collect(),
-                        num_keypoints: inst.keypoints.iter().filter(|k| k[2] > 0.0).count() as u32,
-                    }
-                })
-                .collect(),
-            Source::Coco(c) => c.records[i]
-                .annotations
-                .iter()
-                .map(|a| GtAnn {
-                    image_id: a.image_id,
-                    category_id: 1,
-                    bbox: a.bbox,
-                    area: a.area,
-                    iscrowd: a.iscrowd == 1,
-                    keypoints: a.keypoints.clone(),
-                    num_keypoints: a.num_keypoints,
-                })
-                .collect(),
-        }
-    }
+/// Built-in labels as COCO ground truth (box area stands in for the segmentation area).
+fn builtin_truth(image_id: u64, instances: &[Instance]) -> Vec<GtAnn> {
+    instances
+        .iter()
+        .map(|inst| {
+            let [x1, y1, x2, y2] = inst.bbox.map(|v| v as f64);
+            GtAnn {
+                image_id,
+                category_id: 1,
+                bbox: [x1, y1, x2 - x1, y2 - y1],
+                area: (x2 - x1) * (y2 - y1),
+                iscrowd: false,
+                keypoints: inst
+                    .keypoints
+                    .iter()
+                    .flat_map(|k| k.map(|v| v as f64))
+                    .collect(),
+                num_keypoints: inst.keypoints.iter().filter(|k| k[2] > 0.0).count() as u32,
+            }
+        })
+        .collect()
+}
+
+fn coco_truth(annotations: &[CocoAnnotation]) -> Vec<GtAnn> {
+    annotations
+        .iter()
+        .map(|a| GtAnn {
+            image_id: a.image_id,
+            category_id: 1,
+            bbox: a.bbox,
+            area: a.area,
+            iscrowd: a.iscrowd == 1,
+            keypoints: a.keypoints.clone(),
+            num_keypoints: a.num_keypoints,
+        })
+        .collect()
 }

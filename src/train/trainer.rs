@@ -169,9 +169,8 @@ impl Trainer {
         order
     }
 
-    /// Batch `b` of the current epoch.
-    pub fn batch(&self, b: usize) -> Result<Batch, DataError> {
-        let order = self.epoch_order(self.epoch);
+    /// Batch `b` of an epoch whose image order is `order` (from [`Trainer::epoch_order`]).
+    pub fn batch(&self, order: &[usize], b: usize) -> Result<Batch, DataError> {
         let size = self.cfg.data.imgsz as u32;
         let bs = self.cfg.train.batch;
         let samples = order[b * bs..(b + 1) * bs]
@@ -256,8 +255,9 @@ impl Trainer {
         let nb = self.batches_per_epoch();
         let first = self.ni - self.epoch * nb;
         let mut sums = [0f64; 6];
+        let order = self.epoch_order(self.epoch);
         for b in first..nb {
-            let batch = self.batch(b)?;
+            let batch = self.batch(&order, b)?;
             let items = self.train_step(&batch);
             for (s, v) in sums.iter_mut().zip(items) {
                 *s += v as f64;

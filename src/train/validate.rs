@@ -47,10 +47,10 @@ pub fn validate(
         let mut samples = Vec::new();
         let mut frames: Vec<Frame> = Vec::new();
         for &i in part {
-            let (s, f) = val.sample(i, size as u32)?;
+            let (s, f, truth) = val.sample_with_truth(i, size as u32)?;
             samples.push(s);
             frames.push(f);
-            gts.extend(val.ground_truth(i));
+            gts.extend(truth);
             ids.push(val.image_id(i));
         }
         let batch = Batch::collate(samples);
