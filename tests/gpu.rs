@@ -2,7 +2,7 @@
 //! `cargo test --release --features cuda --test gpu -- --ignored`. Without the `cuda` feature this
 //! file compiles to nothing; with it but without a GPU the tests fail (they never pass silently).
 
-#![cfg(feature = "cuda-base")]
+#![cfg(feature = "cuda")]
 
 use burn::prelude::*;
 use burn::tensor::Distribution;
@@ -52,7 +52,7 @@ fn cuda_forward_matches_cpu() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn cuda_training_learns() {
-    let text = "[data]\nimgsz = 128\ntrain_images = 8\nval_images = 2\n[train]\nbatch = 4\nnbs = 4\nepochs = 8\nseed = 3\n[optim]\nwarmup_epochs = 1.0\n";
+    let text = "[data]\nimgsz = 128\ntrain_images = 8\nval_images = 2\n[train]\nbatch = 4\nnbs = 4\nepochs = 8\nseed = 3\n[optim]\nwarmup_epochs = 1.0\n[augment]\nmosaic = 0.0\ntranslate = 0.0\nscale = 0.0\nfliplr = 0.0\nhsv_h = 0.0\nhsv_s = 0.0\nhsv_v = 0.0\n";
     let cfg = Config::parse(text, Path::new("gpu.toml")).unwrap();
     let mut t = Trainer::new(cfg, Path::new("gpu.toml"), cuda()).unwrap();
     let mut totals = Vec::new();

@@ -29,7 +29,10 @@ fn scratch(name: &str) -> std::path::PathBuf {
 
 #[test]
 fn loss_falls_on_a_tiny_set() {
-    let cfg = config("epochs = 8\nnbs = 2\n[optim]\nwarmup_epochs = 1.0\n");
+    // Fixed images (no augmentation): this checks that the optimizer fits them.
+    let cfg = config(
+        "epochs = 8\nnbs = 2\n[optim]\nwarmup_epochs = 1.0\n[augment]\nmosaic = 0.0\ntranslate = 0.0\nscale = 0.0\nfliplr = 0.0\nhsv_h = 0.0\nhsv_s = 0.0\nhsv_v = 0.0\n",
+    );
     let mut t = trainer(&cfg);
     let mut totals = Vec::new();
     while !t.finished() {
@@ -183,4 +186,29 @@ fn nms_validation_path_runs() {
         (0.0..=1.0).contains(&r.box_map) && (0.0..=1.0).contains(&r.pose_map),
         "{r:?}"
     );
+}
+
+/// A YOLO-txt dataset (the real coco8-pose images) trains end to end with augmentation on.
+#[test]
+fn yolo_dataset_trains_with_augmentation() {
+    let yaml = Path::new("../shared/data/pose-real/coco8-pose/coco8-pose.yaml");
+    if !yaml.exists() {
+        assert!(
+            std::env::var("CI").is_err(),
+            "{} is missing under CI",
+            yaml.display()
+        );
+        return;
+    }
+    let text = format!(
+        "[data]\nsource = \"yolo\"\npath = \"{}\"\nimgsz = 64\nworkers = 2\n[train]\nbatch = 2\nepochs = 1\nnbs = 2\n",
+        yaml.display()
+    );
+    let cfg = Config::parse(&text, Path::new("yolo.toml")).unwrap();
+    let mut t = trainer(&cfg);
+    assert_eq!(t.batches_per_epoch(), 2);
+    let r = t.run_epoch(&mut no_log()).unwrap();
+    assert!(r.train_loss.iter().all(|v| v.is_finite()), "{r:?}");
+    assert!(r.data_wait >= 0.0 && r.pose_map.is_finite());
+    assert_eq!(t.step_losses.len(), 2);
 }

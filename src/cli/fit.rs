@@ -2,7 +2,7 @@
 //! `results.csv`, and `last`/`best` checkpoints in the run folder.
 
 use super::DeviceArg;
-use crate::config::{Config, device};
+use crate::config::{Config, device, kernels::KernelWatch};
 use crate::loss::TERMS;
 use crate::model::ParamCount;
 use crate::train::{Trainer, checkpoint, report};
@@ -16,6 +16,7 @@ pub fn run(
     resume: Option<PathBuf>,
     device_arg: Option<DeviceArg>,
 ) -> anyhow::Result<()> {
+    let process_start = std::time::Instant::now();
     let mut cfg = match &resume {
         Some(ckpt) => checkpoint::read_config(ckpt)?,
         None => Config::load(config_path)?,
@@ -45,7 +46,7 @@ pub fn run(
         "{} ({} parameters) on {what}; {} train / {} val images at {}px, batch {}, {} epochs, optimizer {:?}",
         cfg.model.yolo().name(),
         trainer.model.param_count(),
-        trainer.train.len(),
+        trainer.loader.source.len(),
         trainer.val.len(),
         cfg.data.imgsz,
         cfg.train.batch,
@@ -60,6 +61,7 @@ pub fn run(
         .iter()
         .map(|r| r.fitness())
         .fold(f64::MIN, f64::max);
+    let mut watch = Some(KernelWatch::start(&work_name(&cfg)));
     while !trainer.finished() {
         let epoch = trainer.epoch;
         let bar = ProgressBar::new(trainer.batches_per_epoch() as u64);
@@ -76,6 +78,16 @@ pub fn run(
                 .zip(items)
                 .map(|(t, v)| format!("{t} {v:.3}"))
                 .collect();
+            if let Some(w) = watch.take() {
+                let kernels = w.finish();
+                // Printed directly: a hidden bar (no terminal) would drop `bar.println`.
+                bar.suspend(|| {
+                    println!(
+                        "first step done {:.1} s after start ({kernels} kernels compiled)",
+                        process_start.elapsed().as_secs_f64()
+                    )
+                });
+            }
             bar.set_position(b as u64 + 1);
             bar.set_message(parts.join(" "));
         };
@@ -83,7 +95,7 @@ pub fn run(
         bar.finish();
         let total: f64 = record.train_loss.iter().sum();
         println!(
-            "epoch {}/{}: loss {total:.4} ({}), lr {:.2e} | val box mAP50 {:.4} mAP50-95 {:.4} | pose mAP50 {:.4} mAP50-95 {:.4} | {:.1} s",
+            "epoch {}/{}: loss {total:.4} ({}), lr {:.2e} | val box mAP50 {:.4} mAP50-95 {:.4} | pose mAP50 {:.4} mAP50-95 {:.4} | {:.1} s (data wait {:.1} s)",
             epoch + 1,
             cfg.train.epochs,
             TERMS
@@ -97,8 +109,15 @@ pub fn run(
             record.box_map,
             record.pose_map50,
             record.pose_map,
-            record.seconds
+            record.seconds,
+            record.data_wait
         );
+        if trainer.skipped_records > 0 {
+            println!(
+                "  ({} bad images/records skipped, data.skip_bad = true)",
+                trainer.skipped_records
+            );
+        }
         report::write_results(&run_dir, &trainer.history)?;
         checkpoint::save(&trainer, &run_dir.join("last.safetensors"))?;
         if record.fitness() > best {
@@ -117,4 +136,14 @@ pub fn run(
         h.model, h.ema, h.optimizer, h.scheduler
     );
     Ok(())
+}
+
+/// What decides the kernels a fit compiles, to remember their count between runs.
+pub fn work_name(cfg: &Config) -> String {
+    format!(
+        "fit-{}-b{}-{}",
+        cfg.model.yolo().name(),
+        cfg.train.batch,
+        cfg.data.imgsz
+    )
 }

@@ -4,6 +4,7 @@ mod fit;
 mod info;
 mod smoke;
 mod val;
+mod warmup;
 
 use crate::config::DeviceKind;
 use clap::{Parser, Subcommand};
@@ -57,6 +58,13 @@ pub enum Command {
         #[arg(long, value_enum)]
         device: Option<DeviceArg>,
     },
+    /// Compile every kernel a fit of the config needs into the per-user kernel cache, ahead of
+    /// the fit (one training step, one optimizer step, one validation; nothing is saved).
+    Warmup {
+        config: PathBuf,
+        #[arg(long, value_enum)]
+        device: Option<DeviceArg>,
+    },
     /// Run a checkpoint on images (not available yet).
     Predict { config: PathBuf },
     /// Complete-fit benchmark, native vs replay (not available yet).
@@ -91,6 +99,23 @@ impl From<DeviceArg> for DeviceKind {
     }
 }
 
+/// The config at `path` with `--device` applied, and the device it resolves to (with its
+/// description).
+fn config_and_device(
+    path: &std::path::Path,
+    device_arg: Option<DeviceArg>,
+) -> anyhow::Result<(crate::config::Config, burn::prelude::Device, String)> {
+    use anyhow::Context;
+    let mut cfg = crate::config::Config::load(path)?;
+    if let Some(d) = device_arg {
+        cfg.device.kind = d.into();
+    }
+    let (device, what) = crate::config::device::resolve(cfg.device.kind, cfg.device.index)
+        .map_err(anyhow::Error::msg)
+        .with_context(|| format!("{}: key `device.kind`", path.display()))?;
+    Ok((cfg, device, what))
+}
+
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Fit {
@@ -117,6 +142,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             checkpoint,
             device,
         } => val::run(&config, checkpoint, device),
+        Command::Warmup { config, device } => warmup::run(&config, device),
         Command::Predict { .. } | Command::Bench { .. } => {
             anyhow::bail!("this command is planned but not implemented yet (see the open issues)")
         }

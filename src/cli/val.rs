@@ -2,9 +2,7 @@
 //! initialised model when no checkpoint is given) on the config's val split.
 
 use super::DeviceArg;
-use crate::config::{Config, device};
 use crate::train::{Trainer, checkpoint, validate};
-use anyhow::Context;
 use std::path::{Path, PathBuf};
 
 pub fn run(
@@ -12,13 +10,7 @@ pub fn run(
     ckpt: Option<PathBuf>,
     device_arg: Option<DeviceArg>,
 ) -> anyhow::Result<()> {
-    let mut cfg = Config::load(config_path)?;
-    if let Some(d) = device_arg {
-        cfg.device.kind = d.into();
-    }
-    let (device, what) = device::resolve(cfg.device.kind, cfg.device.index)
-        .map_err(anyhow::Error::msg)
-        .with_context(|| format!("{}: key `device.kind`", config_path.display()))?;
+    let (cfg, device, what) = super::config_and_device(config_path, device_arg)?;
     let mut trainer = Trainer::new(cfg, config_path, device)?;
     let source = match &ckpt {
         Some(p) => {

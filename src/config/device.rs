@@ -15,7 +15,7 @@ pub fn resolve(kind: DeviceKind, index: usize) -> Result<(Device, String), Strin
     }
 }
 
-#[cfg(feature = "cuda-base")]
+#[cfg(feature = "cuda")]
 fn cuda(index: usize) -> Result<(Device, String), String> {
     // cudarc panics when the driver library cannot be loaded; that means "no GPU" here.
     let count = std::panic::catch_unwind(cudarc::driver::CudaContext::device_count)
@@ -32,20 +32,29 @@ fn cuda(index: usize) -> Result<(Device, String), String> {
 /// working directory or a `target/` folder), so every run of every checkout reuses them. Must run
 /// before the first CUDA device is created; a `cubecl.toml`/`burn.toml` found from the current
 /// directory is still read first and only these two settings are forced.
-#[cfg(feature = "cuda-base")]
+#[cfg(feature = "cuda")]
 fn configure_kernel_cache() {
     use burn::cubecl::config::cache::CacheConfig;
     use burn::cubecl::config::{CubeClRuntimeConfig, RuntimeConfig};
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
+        use burn::cubecl::config::compilation::CompilationLogLevel;
         let mut config = CubeClRuntimeConfig::from_current_dir().override_from_env();
         config.compilation.cache = true;
         config.environment.path = CacheConfig::Global;
+        // One line per compiled kernel into our own file feeds the progress line
+        // (`config::kernels`), unless the user configured compilation logging themselves.
+        let logger = &mut config.compilation.logger;
+        if matches!(logger.level, CompilationLogLevel::Disabled) && logger.file.is_none() {
+            logger.level = CompilationLogLevel::Basic;
+            logger.file = Some(super::kernels::log_path());
+            logger.append = false;
+        }
         CubeClRuntimeConfig::try_set(config);
     });
 }
 
-#[cfg(not(feature = "cuda-base"))]
+#[cfg(not(feature = "cuda"))]
 fn cuda(_index: usize) -> Result<(Device, String), String> {
     Err("this build has no CUDA backend; rebuild with `--features cuda`".into())
 }

@@ -1,6 +1,7 @@
 //! The TOML run configuration: typed sections, unknown keys rejected, values checked once.
 
 pub mod device;
+pub mod kernels;
 
 use crate::model::{Scale, Task, YoloConfig};
 use serde::{Deserialize, Serialize};
@@ -31,6 +32,8 @@ pub struct Config {
     pub model: ModelSection,
     #[serde(default)]
     pub data: DataSection,
+    #[serde(default)]
+    pub augment: crate::data::augment::Augment,
     #[serde(default)]
     pub train: TrainSection,
     #[serde(default)]
@@ -103,6 +106,10 @@ pub struct DataSection {
     pub val_images: usize,
     /// Warn and count bad samples instead of stopping.
     pub skip_bad: bool,
+    /// Prepared-image cache: "ram" keeps decoded, resized images after first use.
+    pub cache: CacheMode,
+    /// Background threads preparing training batches ahead (0: on the training thread).
+    pub workers: usize,
     /// COCO split validated on: "val2017", or "train2017" to measure fitting of the train split.
     pub val_split: String,
 }
@@ -116,9 +123,21 @@ impl Default for DataSection {
             train_images: 64,
             val_images: 16,
             skip_bad: false,
+            cache: CacheMode::Ram,
+            workers: 4,
             val_split: "val2017".into(),
         }
     }
+}
+
+/// Where prepared (decoded, resized) images are kept between epochs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CacheMode {
+    /// Decode every time.
+    None,
+    /// Keep in memory after first use.
+    Ram,
 }
 
 /// Numeric precision of the forward/backward pass (master weights stay FP32).
@@ -312,6 +331,11 @@ impl Config {
                 "data.train_images",
                 "the built-in dataset needs at least one train and one val image".into(),
             );
+        }
+        for (key, v, ok) in self.augment.checks() {
+            if !ok {
+                return bad(key, format!("{v} is out of range (see docs/training.md)"));
+            }
         }
         if t.epochs == 0 {
             return bad("train.epochs", "expected at least 1 epoch, got 0".into());

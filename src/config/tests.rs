@@ -56,6 +56,9 @@ fn bad_values_name_the_key() {
         ("[optim]\nmomentum = 1.5\n", "optim.momentum"),
         ("[model]\nnc = 0\n", "model.nc"),
         ("[data]\nsource = \"coco\"\n", "data.path"),
+        ("[augment]\nmosaic = 1.5\n", "augment.mosaic"),
+        ("[augment]\nscale = 1.0\n", "augment.scale"),
+        ("[augment]\nhsv_v = -0.1\n", "augment.hsv_v"),
     ] {
         let e = parse(text).unwrap_err().to_string();
         assert!(e.contains(key) && e.contains("cfg.toml"), "{text}: {e}");

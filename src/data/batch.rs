@@ -41,3 +41,22 @@ impl Batch {
         Tensor::<4, Int>::from_data(self.images.clone().convert::<i32>(), device).float() / 255.0
     }
 }
+
+impl Batch {
+    /// SHA-256 of the pixels and every label, for determinism checks.
+    pub fn hash(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        h.update(self.images.as_bytes());
+        for s in &self.samples {
+            h.update((s.instances.len() as u64).to_le_bytes());
+            for inst in &s.instances {
+                h.update((inst.class as u64).to_le_bytes());
+                for v in inst.bbox.iter().chain(inst.keypoints.iter().flatten()) {
+                    h.update(v.to_bits().to_le_bytes());
+                }
+            }
+        }
+        format!("{:x}", h.finalize())
+    }
+}

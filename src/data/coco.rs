@@ -55,8 +55,8 @@ pub struct CocoDataset {
 
 impl CocoDataset {
     /// Opens `root/annotations/person_keypoints_<split>.json` with images in `root/images/<split>`.
-    /// Every referenced image must exist and every keypoint list must hold `num_keypoints`
-    /// triples; with `skip_bad` such records are dropped and counted instead.
+    /// Every referenced image must exist with a readable header and every keypoint list must
+    /// hold `num_keypoints` triples; with `skip_bad` such records are dropped and counted instead.
     pub fn open(
         root: &Path,
         split: &str,
@@ -114,12 +114,22 @@ impl CocoDataset {
         images_sorted.sort_by_key(|i| i.id);
         for img in images_sorted {
             let path = images.join(&img.file_name);
-            if !path.is_file() {
-                let err = DataError::MissingImage {
+            let problem = if !path.is_file() {
+                Some(DataError::MissingImage {
                     json: json.to_path_buf(),
                     image_id: img.id,
-                    path,
-                };
+                    path: path.clone(),
+                })
+            } else {
+                // The header only: a body corrupt behind a valid header is found at decode.
+                image::image_dimensions(&path)
+                    .err()
+                    .map(|e| DataError::Image {
+                        path: path.clone(),
+                        message: e.to_string(),
+                    })
+            };
+            if let Some(err) = problem {
                 if skip_bad {
                     eprintln!("warning: {err}; skipped");
                     skipped += 1;

@@ -1,14 +1,23 @@
 //! Datasets and batches. Everything here produces host data; the trainer uploads it.
 
+pub mod affine;
+pub mod augment;
 pub mod batch;
 pub mod builtin;
 pub mod coco;
 pub mod error;
+pub mod hsv;
 pub mod letterbox;
+pub mod loader;
+pub mod mosaic;
+pub mod source;
+pub mod yolo;
 
 pub use batch::Batch;
 pub use builtin::BuiltinDataset;
 pub use error::DataError;
+pub use loader::Loader;
+pub use source::{Frame, Source};
 
 /// One labelled object: class, box and (pose) keypoints, in pixels of its image.
 #[derive(Clone, Debug, PartialEq)]
@@ -18,6 +27,29 @@ pub struct Instance {
     pub bbox: [f32; 4],
     /// `(x, y, v)` per keypoint; v = 0 not labelled, 1 occluded, 2 visible.
     pub keypoints: Vec<[f32; 3]>,
+}
+
+impl Instance {
+    /// Keypoints moved by `f`; unlabelled ones and those landing outside `[0, w] × [0, h]`
+    /// become unlabelled (`[0, 0, 0]`).
+    pub fn moved_keypoints(
+        &self,
+        f: impl Fn(f32, f32) -> [f32; 2],
+        w: f32,
+        h: f32,
+    ) -> Vec<[f32; 3]> {
+        self.keypoints
+            .iter()
+            .map(|k| {
+                let [x, y] = f(k[0], k[1]);
+                if k[2] == 0.0 || x < 0.0 || y < 0.0 || x > w || y > h {
+                    [0.0; 3]
+                } else {
+                    [x, y, k[2]]
+                }
+            })
+            .collect()
+    }
 }
 
 /// An RGB image with its labels.

@@ -2,7 +2,6 @@
 
 pub mod checkpoint;
 pub mod report;
-pub mod source;
 pub mod trainer;
 pub mod validate;
 

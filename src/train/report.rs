@@ -9,15 +9,15 @@ pub fn results_csv(history: &[EpochRecord]) -> String {
     for t in TERMS {
         s += &format!(",train/{t}");
     }
-    s += ",lr,metrics/box_mAP50,metrics/box_mAP50-95,metrics/pose_mAP50,metrics/pose_mAP50-95,seconds\n";
+    s += ",lr,metrics/box_mAP50,metrics/box_mAP50-95,metrics/pose_mAP50,metrics/pose_mAP50-95,seconds,data_wait_s\n";
     for r in history {
         s += &format!("{}", r.epoch + 1);
         for v in r.train_loss {
             s += &format!(",{v:.6}");
         }
         s += &format!(
-            ",{:.6e},{:.5},{:.5},{:.5},{:.5},{:.2}\n",
-            r.lr, r.box_map50, r.box_map, r.pose_map50, r.pose_map, r.seconds
+            ",{:.6e},{:.5},{:.5},{:.5},{:.5},{:.2},{:.2}\n",
+            r.lr, r.box_map50, r.box_map, r.pose_map50, r.pose_map, r.seconds, r.data_wait
         );
     }
     s

@@ -1,9 +1,10 @@
 //! The native training loop. One [`Trainer`] owns everything a resume or a parity test must
 //! see: model, EMA, optimizer, loss weights, schedule position and pending gradients.
 
-use super::source::Source;
 use crate::config::{Config, OptimizerKind, Precision};
-use crate::data::{Batch, DataError, Instance};
+use crate::data::augment::mosaic_active;
+use crate::data::source::Dataset;
+use crate::data::{Batch, COCO_FLIP_IDX, DataError, Instance, Loader, Source};
 use crate::loss::E2eLoss;
 use crate::model::{Task, Yolo};
 use crate::optim::clip::clip_global_norm;
@@ -15,6 +16,7 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use std::path::Path;
+use std::sync::Arc;
 
 /// Why a fit cannot start or go on.
 #[derive(Debug, thiserror::Error)]
@@ -37,6 +39,9 @@ pub struct EpochRecord {
     pub pose_map50: f64,
     pub pose_map: f64,
     pub seconds: f64,
+    /// Seconds the training thread waited for batches (decoding, augmentation).
+    #[serde(default)]
+    pub data_wait: f64,
 }
 
 impl EpochRecord {
@@ -62,10 +67,13 @@ pub struct Trainer {
     /// Gradients summed since the last optimizer step.
     pub pending: Option<GradientsParams>,
     pub history: Vec<EpochRecord>,
-    pub train: Source,
+    /// Training batches (augmented, prefetched) and the validation images.
+    pub loader: Loader,
     pub val: Source,
     /// Loss items of every step (one-to-one, gain-weighted), for logs and parity.
     pub step_losses: Vec<[f32; 6]>,
+    /// Bad images/records dropped when the datasets were opened (`data.skip_bad`).
+    pub skipped_records: usize,
 }
 
 /// The optimizer 'auto' resolves to, with its lr0 and momentum (yolo_spec §4.2).
@@ -101,6 +109,7 @@ impl Trainer {
             eprintln!("warning: {skipped} bad records skipped (data.skip_bad = true)");
         }
         let batch = cfg.train.batch;
+        let flip_idx = flip_idx(&cfg, &train);
         if train.len() < batch {
             return Err(TrainError::Setup(format!(
                 "{}: {} training images but train.batch = {batch}; a batch must be full",
@@ -109,8 +118,14 @@ impl Trainer {
             )));
         }
         let device = device.autodiff();
-        device.seed(cfg.train.seed);
-        let model = cfg.model.yolo().init(&device);
+        let model = {
+            // Burn's device RNG is process-wide: seeding it and drawing the initial weights must
+            // not interleave with another trainer doing the same (parallel tests, several fits).
+            static INIT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+            let _only_me = INIT.lock().unwrap_or_else(|e| e.into_inner());
+            device.seed(cfg.train.seed);
+            cfg.model.yolo().init(&device)
+        };
         let ema = Ema::new(&model);
         let (rule, lr0, momentum, warmup_bias_lr) = resolve_optimizer(&cfg, train.len());
         let optimizer = Optimizer::new(rule, &model);
@@ -132,7 +147,6 @@ impl Trainer {
         let imgsz = cfg.data.imgsz;
         let loss = E2eLoss::new(cfg.model.task, cfg.model.kpt_shape[0], [imgsz, imgsz]);
         Ok(Self {
-            cfg,
             device,
             model,
             ema,
@@ -144,20 +158,36 @@ impl Trainer {
             last_opt_step: -1,
             pending: None,
             history: Vec::new(),
-            train,
+            loader: Loader {
+                source: Arc::new(train),
+                augment: cfg.augment.clone(),
+                flip_idx,
+                batch,
+                seed: cfg.train.seed,
+                workers: cfg.data.workers,
+                depth: 2,
+            },
+            cfg,
             val,
             step_losses: Vec::new(),
+            skipped_records: skipped,
         })
     }
 
     pub fn batches_per_epoch(&self) -> usize {
-        self.train.len() / self.cfg.train.batch
+        self.loader.batches_per_epoch()
+    }
+
+    /// Whether mosaic is on in `epoch` (see [`mosaic_active`]).
+    pub fn mosaic(&self, epoch: usize) -> bool {
+        let t = &self.cfg.train;
+        mosaic_active(epoch, t.epochs, t.close_mosaic)
     }
 
     /// Image order of an epoch: a permutation drawn from (seed, epoch) only, so a resumed run
     /// sees the same batches.
     pub fn epoch_order(&self, epoch: usize) -> Vec<usize> {
-        let mut order: Vec<usize> = (0..self.train.len()).collect();
+        let mut order: Vec<usize> = (0..self.loader.source.len()).collect();
         let mut rng = StdRng::seed_from_u64(
             self.cfg
                 .train
@@ -169,15 +199,11 @@ impl Trainer {
         order
     }
 
-    /// Batch `b` of an epoch whose image order is `order` (from [`Trainer::epoch_order`]).
+    /// Batch `b` of the current epoch whose image order is `order` (from
+    /// [`Trainer::epoch_order`]), made on this thread.
     pub fn batch(&self, order: &[usize], b: usize) -> Result<Batch, DataError> {
-        let size = self.cfg.data.imgsz as u32;
-        let bs = self.cfg.train.batch;
-        let samples = order[b * bs..(b + 1) * bs]
-            .iter()
-            .map(|&i| self.train.sample(i, size).map(|(s, _)| s))
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(Batch::collate(samples))
+        self.loader
+            .batch(self.epoch, order, b, self.mosaic(self.epoch))
     }
 
     /// One micro-batch: forward, assignment, loss, backward, and — when enough micro-batches
@@ -206,6 +232,13 @@ impl Trainer {
         let items = [items[0], items[1], items[2], items[3], items[4], items[5]];
         self.step_losses.push(items);
         items
+    }
+
+    /// An optimizer step (clip, update, EMA) now, whatever the accumulation count says; for
+    /// `burnpose warmup`, which only needs the kernels it runs.
+    pub fn force_optimizer_step(&mut self) {
+        self.optimizer_step();
+        self.last_opt_step = self.ni as i64;
     }
 
     fn optimizer_step(&mut self) {
@@ -256,8 +289,11 @@ impl Trainer {
         let first = self.ni - self.epoch * nb;
         let mut sums = [0f64; 6];
         let order = self.epoch_order(self.epoch);
-        for b in first..nb {
-            let batch = self.batch(&order, b)?;
+        let mut batches =
+            self.loader
+                .prefetch(self.epoch, order, first, nb, self.mosaic(self.epoch));
+        while let Some(batch) = batches.next() {
+            let (b, batch) = (batches.position() - 1, batch?);
             let items = self.train_step(&batch);
             for (s, v) in sums.iter_mut().zip(items) {
                 *s += v as f64;
@@ -276,6 +312,7 @@ impl Trainer {
             pose_map50: metrics.pose_map50,
             pose_map: metrics.pose_map,
             seconds: start.elapsed().as_secs_f64(),
+            data_wait: batches.wait.as_secs_f64(),
         };
         self.history.push(record.clone());
         self.epoch += 1;
@@ -312,6 +349,21 @@ impl Trainer {
 
     pub fn task(&self) -> Task {
         self.cfg.model.task
+    }
+}
+
+/// Keypoint order after a horizontal flip: the YOLO yaml's `flip_idx`, COCO's for 17 keypoints,
+/// nothing to swap for detection; `None` (no flips) for other pose layouts.
+fn flip_idx(cfg: &Config, train: &Source) -> Option<Vec<usize>> {
+    let k = cfg.model.kpt_shape[0];
+    match (&train.dataset, cfg.model.task) {
+        (_, Task::Detect) => Some(Vec::new()),
+        (Dataset::Yolo(y), _) if y.flip_idx.is_some() => y.flip_idx.clone(),
+        _ if k == COCO_FLIP_IDX.len() => Some(COCO_FLIP_IDX.to_vec()),
+        _ => {
+            eprintln!("note: no flip_idx for {k} keypoints; horizontal flips are off");
+            None
+        }
     }
 }
 

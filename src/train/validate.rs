@@ -1,9 +1,8 @@
 //! Validation of a model on the val source: one-to-one predictions, mapped back to original
 //! image pixels, scored COCO-style (box mAP and, for pose, OKS mAP).
 
-use super::source::{Frame, Source};
 use crate::config::Config;
-use crate::data::{Batch, DataError};
+use crate::data::{Batch, DataError, Frame, Source};
 use crate::eval::{DtAnn, GtAnn, IouKind, evaluate, one2many_nms, one2one};
 use crate::loss::E2eLoss;
 use crate::loss::assign::Anchors;
@@ -47,7 +46,7 @@ pub fn validate(
         let mut samples = Vec::new();
         let mut frames: Vec<Frame> = Vec::new();
         for &i in part {
-            let (s, f, truth) = val.sample_with_truth(i, size as u32)?;
+            let (s, f, truth) = val.sample_with_truth(i)?;
             samples.push(s);
             frames.push(f);
             gts.extend(truth);

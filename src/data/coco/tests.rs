@@ -73,10 +73,19 @@ fn corrupt_image_and_json_are_named() {
     std::fs::write(dir.join("img/a.png"), b"not a png").unwrap();
     write_image(&dir.join("img/b.png"));
     std::fs::write(dir.join("ann.json"), JSON).unwrap();
-    let (ds, _) =
-        CocoDataset::from_files(&dir.join("ann.json"), &dir.join("img"), 2, false).unwrap();
-    let e = ds.get(0).unwrap_err().to_string();
+    let e = CocoDataset::from_files(&dir.join("ann.json"), &dir.join("img"), 2, false)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("a.png"), "{e}");
+    let (ds, skipped) =
+        CocoDataset::from_files(&dir.join("ann.json"), &dir.join("img"), 2, true).unwrap();
+    assert_eq!((ds.len(), skipped), (1, 1));
+    // A valid header with a broken body is found when decoded.
+    let mut bytes = std::fs::read(dir.join("img/b.png")).unwrap();
+    bytes.truncate(bytes.len() / 2);
+    std::fs::write(dir.join("img/b.png"), bytes).unwrap();
+    let e = ds.get(0).unwrap_err().to_string();
+    assert!(e.contains("b.png"), "{e}");
     std::fs::write(dir.join("bad.json"), "{\"images\": [").unwrap();
     let e = CocoDataset::from_files(&dir.join("bad.json"), &dir.join("img"), 2, false)
         .unwrap_err()

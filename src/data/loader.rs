@@ -1,0 +1,147 @@
+//! Training batches: fixed shape (`batch` full images of `size × size`; the last partial batch
+//! of an epoch is dropped), augmented, and prepared ahead on background threads while the
+//! device trains. Which thread makes a batch never changes its bytes.
+
+use super::augment::{Augment, sample_rng, train_sample};
+use super::source::Source;
+use super::{Batch, DataError};
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Makes the batches of an epoch from a shared source.
+#[derive(Clone, Debug)]
+pub struct Loader {
+    pub source: Arc<Source>,
+    pub augment: Augment,
+    /// Keypoint order after a horizontal flip; `None` disables flips (a pose dataset without it).
+    pub flip_idx: Option<Vec<usize>>,
+    pub batch: usize,
+    pub seed: u64,
+    /// Background threads; 0 makes batches on the caller's thread when asked.
+    pub workers: usize,
+    /// Batches each worker may hold ready.
+    pub depth: usize,
+}
+
+impl Loader {
+    pub fn batches_per_epoch(&self) -> usize {
+        self.source.len() / self.batch
+    }
+
+    /// Batch `b` of an epoch whose image order is `order`.
+    pub fn batch(
+        &self,
+        epoch: usize,
+        order: &[usize],
+        b: usize,
+        mosaic: bool,
+    ) -> Result<Batch, DataError> {
+        let samples = (b * self.batch..(b + 1) * self.batch)
+            .map(|pos| {
+                let mut rng = sample_rng(self.seed, epoch, pos);
+                train_sample(
+                    &self.source,
+                    &self.augment,
+                    self.flip_idx.as_deref(),
+                    order[pos],
+                    mosaic,
+                    &mut rng,
+                )
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Batch::collate(samples))
+    }
+
+    /// Batches `first..end` of an epoch, in order, made ahead by the workers.
+    pub fn prefetch(
+        &self,
+        epoch: usize,
+        order: Vec<usize>,
+        first: usize,
+        end: usize,
+        mosaic: bool,
+    ) -> Prefetch {
+        let order = Arc::new(order);
+        let n = self.workers;
+        let mut receivers = Vec::new();
+        let mut handles = Vec::new();
+        for w in 0..n {
+            let (tx, rx): (SyncSender<_>, Receiver<_>) = sync_channel(self.depth.max(1));
+            let (loader, order) = (self.clone(), order.clone());
+            handles.push(std::thread::spawn(move || {
+                for b in (first + w..end).step_by(n) {
+                    if tx.send(loader.batch(epoch, &order, b, mosaic)).is_err() {
+                        return;
+                    }
+                }
+            }));
+            receivers.push(rx);
+        }
+        Prefetch {
+            loader: self.clone(),
+            epoch,
+            order,
+            mosaic,
+            receivers,
+            handles,
+            first,
+            next: first,
+            end,
+            wait: Duration::ZERO,
+        }
+    }
+}
+
+/// The batches of an epoch in order. `wait` is how long the consumer blocked on them.
+pub struct Prefetch {
+    loader: Loader,
+    epoch: usize,
+    order: Arc<Vec<usize>>,
+    mosaic: bool,
+    receivers: Vec<Receiver<Result<Batch, DataError>>>,
+    handles: Vec<JoinHandle<()>>,
+    first: usize,
+    next: usize,
+    end: usize,
+    pub wait: Duration,
+}
+
+impl Prefetch {
+    /// Index of the next batch it will yield.
+    pub fn position(&self) -> usize {
+        self.next
+    }
+}
+
+impl Iterator for Prefetch {
+    type Item = Result<Batch, DataError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.next >= self.end {
+            return None;
+        }
+        let b = self.next;
+        self.next += 1;
+        let start = Instant::now();
+        let out = if self.receivers.is_empty() {
+            self.loader.batch(self.epoch, &self.order, b, self.mosaic)
+        } else {
+            let rx = &self.receivers[(b - self.first) % self.receivers.len()];
+            rx.recv().expect("a prefetch worker died (it panicked)")
+        };
+        self.wait += start.elapsed();
+        Some(out)
+    }
+}
+
+impl Drop for Prefetch {
+    fn drop(&mut self) {
+        // Closing the channels first unblocks workers waiting to send.
+        self.receivers.clear();
+        for h in self.handles.drain(..) {
+            let _ = h.join();
+        }
+    }
+}

@@ -1,0 +1,261 @@
+//! Where a fit's images come from: the built-in dataset, a COCO keypoints or a YOLO txt dataset,
+//! prepared once (decoded and resized) and served letterboxed or augmented at the training size,
+//! with ground truth for COCO-style evaluation.
+
+use super::coco::{CocoAnnotation, CocoDataset};
+use super::letterbox::letterbox;
+use super::yolo::YoloDataset;
+use super::{BuiltinDataset, DataError, Instance, Sample};
+use crate::config::{CacheMode, Config, DataSource};
+use crate::eval::GtAnn;
+use image::imageops::FilterType;
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+
+/// Maps network-input pixels back to the original image: `x = (x' − pad) / scale`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Frame {
+    pub scale: f32,
+    pub pad: [f32; 2],
+}
+
+impl Frame {
+    pub fn to_original(&self, x: f32, y: f32) -> (f64, f64) {
+        (
+            ((x - self.pad[0]) / self.scale) as f64,
+            ((y - self.pad[1]) / self.scale) as f64,
+        )
+    }
+}
+
+/// The images a source reads.
+#[derive(Clone, Debug)]
+pub enum Dataset {
+    Builtin(BuiltinDataset),
+    Coco(CocoDataset),
+    Yolo(YoloDataset),
+}
+
+/// A dataset served at one training size, with the prepared-image cache: decoded images resized
+/// so the long side is `size` (aspect kept), kept in RAM after first use so later epochs decode
+/// nothing. Thread-safe: prefetch workers share one `Source`.
+#[derive(Debug)]
+pub struct Source {
+    pub dataset: Dataset,
+    pub size: u32,
+    cache: Option<Vec<OnceLock<Arc<Prepared>>>>,
+}
+
+/// A decoded image resized to the source's long side, its labels in those pixels, and the
+/// factor from original pixels.
+#[derive(Debug)]
+pub struct Prepared {
+    pub sample: Sample,
+    pub scale: f32,
+    /// Width and height of the decoded original.
+    pub original: (u32, u32),
+}
+
+impl Source {
+    pub fn new(dataset: Dataset, size: u32, cache: CacheMode) -> Self {
+        let len = match &dataset {
+            Dataset::Builtin(b) => b.len,
+            Dataset::Coco(c) => c.len(),
+            Dataset::Yolo(y) => y.len(),
+        };
+        let cache = (cache == CacheMode::Ram).then(|| (0..len).map(|_| OnceLock::new()).collect());
+        Self {
+            dataset,
+            size,
+            cache,
+        }
+    }
+
+    /// Train and val sources of a config, and how many bad records were skipped.
+    pub fn open(cfg: &Config, config_path: &Path) -> Result<(Self, Self, usize), DataError> {
+        let d = &cfg.data;
+        let size = d.imgsz as u32;
+        let k = cfg.model.kpt_shape[0];
+        let root = || {
+            let root = d.path.clone().unwrap_or_default();
+            if root.is_relative() && !root.exists() {
+                config_path.parent().unwrap_or(Path::new(".")).join(root)
+            } else {
+                root
+            }
+        };
+        let (train, val, skipped) = match d.source {
+            DataSource::Builtin => {
+                // Val images come from a disjoint seed stream.
+                let train = BuiltinDataset::new(d.train_images, size, cfg.train.seed);
+                let val =
+                    BuiltinDataset::new(d.val_images, size, cfg.train.seed ^ 0x0005_eed0_f7a1);
+                (Dataset::Builtin(train), Dataset::Builtin(val), 0)
+            }
+            DataSource::Coco => {
+                let root = root();
+                let (train, s1) = CocoDataset::open(&root, "train2017", k, d.skip_bad)?;
+                let (val, s2) = CocoDataset::open(&root, &d.val_split, k, d.skip_bad)?;
+                (Dataset::Coco(train), Dataset::Coco(val), s1 + s2)
+            }
+            DataSource::Yolo => {
+                let (train, val, skipped) =
+                    YoloDataset::open_pair(&root(), cfg.model.kpt_shape, d.skip_bad)?;
+                (Dataset::Yolo(train), Dataset::Yolo(val), skipped)
+            }
+        };
+        Ok((
+            Self::new(train, size, d.cache),
+            Self::new(val, size, d.cache),
+            skipped,
+        ))
+    }
+
+    pub fn len(&self) -> usize {
+        match &self.dataset {
+            Dataset::Builtin(b) => b.len,
+            Dataset::Coco(c) => c.len(),
+            Dataset::Yolo(y) => y.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Image `i` decoded and resized (long side = `size`), from the cache when it is on.
+    pub fn prepared(&self, i: usize) -> Result<Arc<Prepared>, DataError> {
+        let Some(cache) = &self.cache else {
+            return self.prepare(i).map(Arc::new);
+        };
+        if let Some(p) = cache[i].get() {
+            return Ok(p.clone());
+        }
+        let p = Arc::new(self.prepare(i)?);
+        // Another thread may have filled it meanwhile; both results are identical.
+        Ok(cache[i].get_or_init(|| p).clone())
+    }
+
+    fn prepare(&self, i: usize) -> Result<Prepared, DataError> {
+        let raw = match &self.dataset {
+            Dataset::Builtin(b) => b.get(i),
+            Dataset::Coco(c) => c.get(i)?,
+            Dataset::Yolo(y) => y.get(i)?,
+        };
+        let original = raw.image.dimensions();
+        let (sample, scale) = resize_long_side(raw, self.size);
+        Ok(Prepared {
+            sample,
+            scale,
+            original,
+        })
+    }
+
+    /// Image `i` letterboxed to the square `size`, and its frame.
+    pub fn sample(&self, i: usize) -> Result<(Sample, Frame), DataError> {
+        let (s, f, _) = self.load(i, false)?;
+        Ok((s, f))
+    }
+
+    /// As [`Source::sample`], with the image's ground truth in original pixels, COCO style.
+    pub fn sample_with_truth(&self, i: usize) -> Result<(Sample, Frame, Vec<GtAnn>), DataError> {
+        self.load(i, true)
+    }
+
+    fn load(&self, i: usize, truth: bool) -> Result<(Sample, Frame, Vec<GtAnn>), DataError> {
+        let image_id = self.image_id(i);
+        let prepared = self.prepared(i)?;
+        let gts = match (&self.dataset, truth) {
+            (_, false) => Vec::new(),
+            (Dataset::Builtin(b), true) => builtin_truth(image_id, &b.get(i).instances),
+            (Dataset::Coco(c), true) => coco_truth(&c.records[i].annotations),
+            (Dataset::Yolo(y), true) => builtin_truth(image_id, &y.instances(i, prepared.original)),
+        };
+        let (s, scale, pad) = letterbox(prepared.sample.clone(), self.size);
+        let frame = Frame {
+            scale: prepared.scale * scale,
+            pad,
+        };
+        Ok((s, frame, gts))
+    }
+
+    /// Image id used for evaluation.
+    pub fn image_id(&self, i: usize) -> u64 {
+        match &self.dataset {
+            Dataset::Coco(c) => c.records[i].image_id,
+            _ => i as u64 + 1,
+        }
+    }
+}
+
+/// Resizes so the long side is `size` (bilinear, aspect kept); labels follow.
+pub fn resize_long_side(sample: Sample, size: u32) -> (Sample, f32) {
+    let (w, h) = sample.image.dimensions();
+    let scale = size as f32 / w.max(h) as f32;
+    if w.max(h) == size {
+        return (sample, 1.0);
+    }
+    let (nw, nh) = (
+        ((w as f32 * scale).round() as u32).max(1),
+        ((h as f32 * scale).round() as u32).max(1),
+    );
+    let image = image::imageops::resize(&sample.image, nw, nh, FilterType::Triangle);
+    let instances = sample
+        .instances
+        .into_iter()
+        .map(|i| Instance {
+            class: i.class,
+            bbox: i.bbox.map(|v| v * scale),
+            keypoints: i
+                .keypoints
+                .iter()
+                .map(|k| {
+                    if k[2] == 0.0 {
+                        [0.0; 3]
+                    } else {
+                        [k[0] * scale, k[1] * scale, k[2]]
+                    }
+                })
+                .collect(),
+        })
+        .collect();
+    (Sample { image, instances }, scale)
+}
+
+/// Built-in labels as COCO ground truth (box area stands in for the segmentation area).
+fn builtin_truth(image_id: u64, instances: &[Instance]) -> Vec<GtAnn> {
+    instances
+        .iter()
+        .map(|inst| {
+            let [x1, y1, x2, y2] = inst.bbox.map(|v| v as f64);
+            GtAnn {
+                image_id,
+                category_id: 1,
+                bbox: [x1, y1, x2 - x1, y2 - y1],
+                area: (x2 - x1) * (y2 - y1),
+                iscrowd: false,
+                keypoints: inst
+                    .keypoints
+                    .iter()
+                    .flat_map(|k| k.map(|v| v as f64))
+                    .collect(),
+                num_keypoints: inst.keypoints.iter().filter(|k| k[2] > 0.0).count() as u32,
+            }
+        })
+        .collect()
+}
+
+fn coco_truth(annotations: &[CocoAnnotation]) -> Vec<GtAnn> {
+    annotations
+        .iter()
+        .map(|a| GtAnn {
+            image_id: a.image_id,
+            category_id: 1,
+            bbox: a.bbox,
+            area: a.area,
+            iscrowd: a.iscrowd == 1,
+            keypoints: a.keypoints.clone(),
+            num_keypoints: a.num_keypoints,
+        })
+        .collect()
+}

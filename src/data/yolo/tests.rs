@@ -1,0 +1,141 @@
+use super::*;
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("burnpose-yolo-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    for sub in ["images/train", "images/val", "labels/train", "labels/val"] {
+        std::fs::create_dir_all(dir.join(sub)).unwrap();
+    }
+    dir
+}
+
+const YAML: &str = "path: .\ntrain: images/train\nval: images/val\nkpt_shape: [2, 3]\nflip_idx: [1, 0]\nnames:\n  0: person\n";
+
+fn dataset(name: &str, label: &str) -> PathBuf {
+    let dir = scratch(name);
+    std::fs::write(dir.join("data.yaml"), YAML).unwrap();
+    for split in ["train", "val"] {
+        image::RgbImage::from_pixel(10, 20, image::Rgb([9, 9, 9]))
+            .save(dir.join(format!("images/{split}/a.png")))
+            .unwrap();
+        std::fs::write(dir.join(format!("labels/{split}/a.txt")), label).unwrap();
+    }
+    dir
+}
+
+fn open(dir: &Path, skip_bad: bool) -> Result<(YoloDataset, YoloDataset, usize), DataError> {
+    YoloDataset::open_pair(&dir.join("data.yaml"), [2, 3], skip_bad)
+}
+
+#[test]
+fn reads_rows_into_pixels() {
+    let dir = dataset(
+        "ok",
+        "0 0.5 0.5 0.2 0.4 0.5 0.25 2 0 0 0\n0 0.5 0.5 0.2 0.4 0.5 0.25 2 0 0 0\n",
+    );
+    let (train, val, skipped) = open(&dir, false).unwrap();
+    assert_eq!((train.len(), val.len(), skipped), (1, 1, 0));
+    assert_eq!(train.flip_idx, Some(vec![1, 0]));
+    let s = train.get(0).unwrap();
+    assert_eq!(s.instances.len(), 1, "duplicate rows are dropped");
+    let inst = &s.instances[0];
+    assert_eq!(inst.bbox, [4.0, 6.0, 6.0, 14.0]);
+    assert_eq!(inst.keypoints, vec![[5.0, 5.0, 2.0], [0.0, 0.0, 0.0]]);
+}
+
+#[test]
+fn wrong_field_count_names_file_and_line() {
+    let dir = dataset(
+        "fields",
+        "0 0.5 0.5 0.2 0.4 0.5 0.25 2 0 0 0\n0 0.5 0.5 0.2 0.4 1 1\n",
+    );
+    let err = open(&dir, false).unwrap_err().to_string();
+    assert!(
+        err.contains("labels/train/a.txt") && err.contains("line 2"),
+        "{err}"
+    );
+    assert!(err.contains("7 fields, expected 11"), "{err}");
+    let (train, _, skipped) = open(&dir, true).unwrap();
+    assert_eq!(
+        (train.len(), skipped),
+        (0, 2),
+        "skip_bad drops both splits' images"
+    );
+}
+
+#[test]
+fn bad_values_are_errors() {
+    for (name, row, what) in [
+        ("class", "0.5 0.5 0.5 0.2 0.4 0.5 0.25 2 0 0 0", "class 0.5"),
+        (
+            "box",
+            "0 1.5 0.5 0.2 0.4 0.5 0.25 2 0 0 0",
+            "not normalised",
+        ),
+        ("nan", "0 nan 0.5 0.2 0.4 0.5 0.25 2 0 0 0", "finite"),
+    ] {
+        let dir = dataset(name, row);
+        let err = open(&dir, false).unwrap_err().to_string();
+        assert!(err.contains("a.txt: line 1") && err.contains(what), "{err}");
+    }
+}
+
+#[test]
+fn kpt_shape_must_match_the_model() {
+    let dir = dataset("shape", "");
+    let err = YoloDataset::open_pair(&dir.join("data.yaml"), [17, 3], false)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("data.yaml") && err.contains("kpt_shape"),
+        "{err}"
+    );
+}
+
+#[test]
+fn corrupt_image_is_named_or_skipped() {
+    let dir = dataset("corrupt", "");
+    std::fs::write(dir.join("images/train/b.jpg"), b"not a jpeg").unwrap();
+    let err = open(&dir, false).unwrap_err().to_string();
+    assert!(err.contains("images/train/b.jpg"), "{err}");
+    let (train, _, skipped) = open(&dir, true).unwrap();
+    assert_eq!((train.len(), skipped), (1, 1));
+}
+
+#[test]
+fn missing_label_file_is_a_background_image() {
+    let dir = dataset("background", "");
+    std::fs::remove_file(dir.join("labels/train/a.txt")).unwrap();
+    let (train, _, _) = open(&dir, false).unwrap();
+    assert!(train.get(0).unwrap().instances.is_empty());
+}
+
+#[test]
+fn label_path_swaps_the_last_images_folder() {
+    assert_eq!(
+        label_path(Path::new("/d/images/x/images/train/a.jpg")),
+        PathBuf::from("/d/images/x/labels/train/a.txt")
+    );
+}
+
+#[test]
+fn coco8_pose_real_data() {
+    let yaml = Path::new("../shared/data/pose-real/coco8-pose/coco8-pose.yaml");
+    if !yaml.exists() {
+        assert!(
+            std::env::var("CI").is_err(),
+            "{} is missing under CI",
+            yaml.display()
+        );
+        return;
+    }
+    let (train, val, skipped) = YoloDataset::open_pair(yaml, [17, 3], false).unwrap();
+    assert_eq!((train.len(), val.len(), skipped), (4, 4, 0));
+    let s = train.get(0).unwrap();
+    assert!(!s.instances.is_empty());
+    for inst in &s.instances {
+        assert_eq!(inst.keypoints.len(), 17);
+        let (w, h) = s.image.dimensions();
+        assert!(inst.bbox[2] <= w as f32 + 1.0 && inst.bbox[3] <= h as f32 + 1.0);
+    }
+}
