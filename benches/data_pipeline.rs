@@ -1,7 +1,8 @@
 //! Data-pipeline throughput (images/s) at 640 px with mosaic, with and without the
-//! prepared-image cache: `cargo bench --bench data_pipeline [-- WORKERS [EPOCHS]]`.
+//! prepared-image cache: `cargo bench --bench data_pipeline [-- WORKERS [EPOCHS [REPEAT]]]`.
 //! Uses the 30 real COCO train images of ../shared/data (JPEG decoding included); each epoch
-//! is timed separately so the cache's first (filling) and later epochs show apart.
+//! is timed separately so the cache's first (filling) and later epochs show apart. An epoch visits
+//! every image REPEAT times (default 4), so that there are enough batches to keep many workers busy.
 
 use burnpose::config::CacheMode;
 use burnpose::data::Loader;
@@ -19,11 +20,12 @@ fn main() {
         .collect();
     let workers: usize = args.first().and_then(|a| a.parse().ok()).unwrap_or(2);
     let epochs: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(3);
+    let repeat: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(4);
     let root = Path::new("../shared/data/pose-real/pose_minicoco");
     let (coco, _) = CocoDataset::open(root, "train2017", 17, false)
         .unwrap_or_else(|e| panic!("{e} (the bench needs ../shared/data)"));
     let n = coco.len();
-    println!("{n} COCO images, 640 px, mosaic on, batch 4, {workers} workers");
+    println!("{n} COCO images × {repeat} per epoch, 640 px, mosaic on, batch 4, {workers} workers");
     println!("| cache | epoch | images/s | ms per batch |");
     println!("|---|---|---|---|");
     for mode in [CacheMode::None, CacheMode::Ram] {
@@ -37,9 +39,9 @@ fn main() {
             workers,
             depth: 2,
         };
-        let nb = loader.batches_per_epoch();
+        let nb = n * repeat / loader.batch;
         for epoch in 0..epochs {
-            let order: Vec<usize> = (0..n).collect();
+            let order: Vec<usize> = (0..n * repeat).map(|i| i % n).collect();
             let t = Instant::now();
             let mut images = 0;
             for batch in loader.prefetch(epoch, order, 0, nb, true) {
