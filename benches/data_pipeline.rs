@@ -36,6 +36,8 @@ fn main() {
             flip_idx: Some(burnpose::data::COCO_FLIP_IDX.to_vec()),
             batch: 4,
             seed: 0,
+            rank: 0,
+            world: 1,
             workers,
             depth: 2,
         };

@@ -17,8 +17,13 @@ pub struct Loader {
     pub augment: Augment,
     /// Keypoint order after a horizontal flip; `None` disables flips (a pose dataset without it).
     pub flip_idx: Option<Vec<usize>>,
+    /// Global batch: the images of one step over all ranks.
     pub batch: usize,
     pub seed: u64,
+    /// Data-parallel rank and number of ranks: rank `r` makes the `r`-th of `world` equal slices
+    /// of every global batch (docs/multigpu.md).
+    pub rank: usize,
+    pub world: usize,
     /// Background threads; 0 makes batches on the caller's thread when asked.
     pub workers: usize,
     /// Batches each worker may hold ready.
@@ -30,7 +35,8 @@ impl Loader {
         self.source.len() / self.batch
     }
 
-    /// Batch `b` of an epoch whose image order is `order`.
+    /// This rank's share of global batch `b` of an epoch whose image order is `order`: the
+    /// same samples, bit for bit, that a single device would put at those positions.
     pub fn batch(
         &self,
         epoch: usize,
@@ -38,7 +44,9 @@ impl Loader {
         b: usize,
         mosaic: bool,
     ) -> Result<Batch, DataError> {
-        let samples = (b * self.batch..(b + 1) * self.batch)
+        let local = self.batch / self.world;
+        let first = b * self.batch + self.rank * local;
+        let samples = (first..first + local)
             .map(|pos| {
                 let mut rng = sample_rng(self.seed, epoch, pos);
                 train_sample(

@@ -1,6 +1,7 @@
 //! The native training loop, its validation, checkpoints and run outputs.
 
 pub mod checkpoint;
+pub mod dist;
 pub mod report;
 pub mod trainer;
 pub mod validate;

@@ -1,6 +1,7 @@
 //! The native training loop. One [`Trainer`] owns everything a resume or a parity test must
 //! see: model, EMA, optimizer, loss weights, schedule position and pending gradients.
 
+use super::dist::{Collective, all_reduce_grads, broadcast_buffers};
 use crate::config::{Config, OptimizerKind, Precision};
 use crate::data::augment::mosaic_active;
 use crate::data::source::Dataset;
@@ -74,6 +75,8 @@ pub struct Trainer {
     pub step_losses: Vec<[f32; 6]>,
     /// Bad images/records dropped when the datasets were opened (`data.skip_bad`).
     pub skipped_records: usize,
+    /// Data-parallel group this trainer is one rank of (`None`: single device).
+    pub collective: Option<Arc<dyn Collective>>,
 }
 
 /// The optimizer 'auto' resolves to, with its lr0 and momentum (yolo_spec §4.2).
@@ -120,11 +123,15 @@ impl Trainer {
         let device = device.autodiff();
         let model = {
             // Burn's device RNG is process-wide: seeding it and drawing the initial weights must
-            // not interleave with another trainer doing the same (parallel tests, several fits).
+            // not interleave with another trainer doing the same (parallel tests, data-parallel
+            // ranks as threads). Burn initialises parameters lazily, on first use, so every one
+            // is touched here, inside the lock.
             static INIT: std::sync::Mutex<()> = std::sync::Mutex::new(());
             let _only_me = INIT.lock().unwrap_or_else(|e| e.into_inner());
             device.seed(cfg.train.seed);
-            cfg.model.yolo().init(&device)
+            let model = cfg.model.yolo().init(&device);
+            crate::optim::tensors::float_tensors(&model);
+            model
         };
         let ema = Ema::new(&model);
         let (rule, lr0, momentum, warmup_bias_lr) = resolve_optimizer(&cfg, train.len());
@@ -164,6 +171,8 @@ impl Trainer {
                 flip_idx,
                 batch,
                 seed: cfg.train.seed,
+                rank: 0,
+                world: 1,
                 workers: cfg.data.workers,
                 depth: 2,
             },
@@ -171,7 +180,25 @@ impl Trainer {
             val,
             step_losses: Vec::new(),
             skipped_records: skipped,
+            collective: None,
         })
+    }
+
+    /// Makes this trainer one rank of a data-parallel group: it trains on its slice of every
+    /// global batch (`train.batch` must divide by the world size), averages gradients with the
+    /// other ranks and takes BatchNorm statistics from rank 0 (docs/multigpu.md).
+    pub fn join(mut self, collective: Arc<dyn Collective>) -> Result<Self, TrainError> {
+        let world = collective.world();
+        if !self.cfg.train.batch.is_multiple_of(world) {
+            return Err(TrainError::Setup(format!(
+                "train.batch = {} does not split over {world} ranks",
+                self.cfg.train.batch
+            )));
+        }
+        self.loader.rank = collective.rank();
+        self.loader.world = world;
+        self.collective = Some(collective);
+        Ok(self)
     }
 
     pub fn batches_per_epoch(&self) -> usize {
@@ -216,7 +243,12 @@ impl Trainer {
         let loss = self
             .loss
             .compute(&out, &targets, self.model.head.flow.as_ref());
-        let grads = GradientsParams::from_grads(loss.total.backward(), &self.model);
+        let mut grads = GradientsParams::from_grads(loss.total.backward(), &self.model);
+        if let Some(c) = &self.collective {
+            grads = all_reduce_grads(c.as_ref(), grads, &self.optimizer.table, &self.device);
+            // Before the optimizer step, so the EMA copies rank 0's statistics too.
+            self.model = broadcast_buffers(c.as_ref(), self.model.clone(), &self.device);
+        }
         self.accumulate(grads);
         if self.ni as i64 - self.last_opt_step >= self.schedule.accumulate(self.ni) as i64 {
             self.optimizer_step();

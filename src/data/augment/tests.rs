@@ -22,6 +22,8 @@ fn loader(source: Arc<Source>, workers: usize) -> Loader {
         flip_idx: Some(COCO_FLIP_IDX.to_vec()),
         batch: 3,
         seed: 11,
+        rank: 0,
+        world: 1,
         workers,
         depth: 2,
     }
