@@ -3,7 +3,7 @@
 
 use super::letterbox::PAD;
 use super::{Instance, Sample};
-use image::{Rgb, RgbImage};
+use image::RgbImage;
 
 /// `x' = m[0]·x + m[1]·y + m[2]`, `y' = m[3]·x + m[4]·y + m[5]`.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -63,23 +63,45 @@ fn warp_image(src: &RgbImage, m: Affine, size: u32) -> RgbImage {
         let i = 3 * (y * w + x) as usize;
         [raw[i] as f32, raw[i + 1] as f32, raw[i + 2] as f32]
     };
-    RgbImage::from_fn(size, size, |x, y| {
-        let [sx, sy] = inv.apply(x as f32, y as f32);
-        let (x0, y0) = (sx.floor(), sy.floor());
-        let (fx, fy) = (sx - x0, sy - y0);
-        let (x0, y0) = (x0 as i64, y0 as i64);
-        let (p00, p10, p01, p11) = (
-            pixel(x0, y0),
-            pixel(x0 + 1, y0),
-            pixel(x0, y0 + 1),
-            pixel(x0 + 1, y0 + 1),
-        );
-        Rgb(std::array::from_fn(|c| {
-            let top = p00[c] + (p10[c] - p00[c]) * fx;
-            let bottom = p01[c] + (p11[c] - p01[c]) * fx;
-            (top + (bottom - top) * fy).round().clamp(0.0, 255.0) as u8
-        }))
-    })
+    let mut out = vec![PAD; 3 * (size as usize).pow(2)];
+    for (y, row) in out.chunks_exact_mut(3 * size as usize).enumerate() {
+        for (x, px) in row.chunks_exact_mut(3).enumerate() {
+            let [sx, sy] = inv.apply(x as f32, y as f32);
+            let (x0, y0) = (fast_floor(sx), fast_floor(sy));
+            let (fx, fy) = (sx - x0, sy - y0);
+            let (x0, y0) = (x0 as i64, y0 as i64);
+            // All four neighbours outside: the border value, exactly as the blend would give.
+            if x0 < -1 || y0 < -1 || x0 >= w || y0 >= h {
+                continue;
+            }
+            let (p00, p10, p01, p11) = if x0 >= 0 && y0 >= 0 && x0 + 1 < w && y0 + 1 < h {
+                let i = 3 * (y0 * w + x0) as usize;
+                let j = i + 3 * w as usize;
+                let at = |k: usize| [raw[k] as f32, raw[k + 1] as f32, raw[k + 2] as f32];
+                (at(i), at(i + 3), at(j), at(j + 3))
+            } else {
+                (
+                    pixel(x0, y0),
+                    pixel(x0 + 1, y0),
+                    pixel(x0, y0 + 1),
+                    pixel(x0 + 1, y0 + 1),
+                )
+            };
+            for c in 0..3 {
+                let top = p00[c] + (p10[c] - p00[c]) * fx;
+                let bottom = p01[c] + (p11[c] - p01[c]) * fx;
+                // + 0.5 and truncate: rounding without a libm call (x86-64 has no SSE4.1 round).
+                px[c] = ((top + (bottom - top) * fy).clamp(0.0, 255.0) + 0.5) as u8;
+            }
+        }
+    }
+    RgbImage::from_raw(size, size, out).expect("size × size × 3 bytes")
+}
+
+/// `x.floor()` without a libm call; exact for the coordinate range of an image.
+fn fast_floor(x: f32) -> f32 {
+    let t = x as i32 as f32;
+    if t > x { t - 1.0 } else { t }
 }
 
 fn warp_instance(inst: &Instance, m: Affine, scale: f32, size: f32) -> Option<Instance> {
@@ -115,6 +137,7 @@ fn warp_instance(inst: &Instance, m: Affine, scale: f32, size: f32) -> Option<In
 #[cfg(test)]
 mod tests {
     use super::*;
+    use image::Rgb;
 
     fn person(bbox: [f32; 4], kpts: Vec<[f32; 3]>) -> Instance {
         Instance {

@@ -23,43 +23,50 @@ impl HsvTables {
     }
 
     pub fn apply(&self, image: &mut RgbImage) {
-        for p in image.pixels_mut() {
-            let [h, s, v] = rgb_to_hsv(p.0);
-            p.0 = hsv_to_rgb([
+        for p in image.chunks_exact_mut(3) {
+            let [h, s, v] = rgb_to_hsv([p[0], p[1], p[2]]);
+            p.copy_from_slice(&hsv_to_rgb([
                 self.hue[h as usize],
                 self.sat[s as usize],
                 self.val[v as usize],
-            ]);
+            ]));
         }
     }
 }
 
+/// `1 / n` for n in 0..256 (0 for 0): the conversion multiplies instead of dividing.
+static RECIPROCAL: std::sync::LazyLock<[f32; 256]> =
+    std::sync::LazyLock::new(|| std::array::from_fn(|n| if n == 0 { 0.0 } else { 1.0 / n as f32 }));
+
 /// OpenCV `COLOR_RGB2HSV` for 8-bit images.
 pub fn rgb_to_hsv([r, g, b]: [u8; 3]) -> [u8; 3] {
+    let (max, min) = (r.max(g).max(b), r.min(g).min(b));
+    let (inv_v, inv_diff) = (RECIPROCAL[max as usize], RECIPROCAL[(max - min) as usize]);
     let (r, g, b) = (r as f32, g as f32, b as f32);
-    let v = r.max(g).max(b);
-    let diff = v - r.min(g).min(b);
-    let s = if v > 0.0 { 255.0 * diff / v } else { 0.0 };
+    let v = max as f32;
+    let diff = v - min as f32;
+    let s = 255.0 * diff * inv_v;
     let mut h = if diff == 0.0 {
         0.0
     } else if v == r {
-        60.0 * (g - b) / diff
+        60.0 * (g - b) * inv_diff
     } else if v == g {
-        120.0 + 60.0 * (b - r) / diff
+        120.0 + 60.0 * (b - r) * inv_diff
     } else {
-        240.0 + 60.0 * (r - g) / diff
+        240.0 + 60.0 * (r - g) * inv_diff
     };
     if h < 0.0 {
         h += 360.0
     }
-    let h = (h / 2.0).round() as u32 % 180;
-    [h as u8, s.round() as u8, v as u8]
+    // + 0.5 and truncate: rounding of non-negative values without a libm call.
+    let h = (h * 0.5 + 0.5) as u32 % 180;
+    [h as u8, (s + 0.5) as u8, v as u8]
 }
 
 /// OpenCV `COLOR_HSV2RGB` for 8-bit images.
 pub fn hsv_to_rgb([h, s, v]: [u8; 3]) -> [u8; 3] {
-    let (h, s, v) = (h as f32 * 2.0 / 60.0, s as f32 / 255.0, v as f32);
-    let sector = h.floor();
+    let (h, s, v) = (h as f32 * (1.0 / 30.0), s as f32 * (1.0 / 255.0), v as f32);
+    let sector = h as u32 as f32; // h >= 0: truncation is floor
     let f = h - sector;
     let (p, q, t) = (v * (1.0 - s), v * (1.0 - s * f), v * (1.0 - s * (1.0 - f)));
     let (r, g, b) = match sector as u32 % 6 {
@@ -70,7 +77,7 @@ pub fn hsv_to_rgb([h, s, v]: [u8; 3]) -> [u8; 3] {
         4 => (t, p, v),
         _ => (v, p, q),
     };
-    [r, g, b].map(|c| c.round().clamp(0.0, 255.0) as u8)
+    [r, g, b].map(|c| (c.clamp(0.0, 255.0) + 0.5) as u8)
 }
 
 #[cfg(test)]
