@@ -66,3 +66,33 @@ fn cuda_training_learns() {
         "loss did not fall on CUDA: {totals:?}"
     );
 }
+
+/// Our CubeCL HSV kernel (kernels/hsv.rs) against the CPU reference on the same batch.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn hsv_kernel_matches_cpu_reference() {
+    use burnpose::data::device_hsv::{on_cuda, on_host};
+    let gpu = cuda();
+    let cpu = Device::flex();
+    cpu.seed(7);
+    let images = Tensor::<4>::random([4, 3, 96, 128], Distribution::Uniform(0.0, 256.0), &cpu)
+        .floor()
+        .clamp(0.0, 255.0);
+    let gains = [
+        [0.01, 0.5, -0.3],
+        [-0.015, -0.7, 0.4],
+        [0.0, 0.0, 0.0],
+        [0.007, 0.2, 0.1],
+    ];
+    let want = values(on_host(images.clone(), &gains).reshape([4, 3, 96 * 128]));
+    let got = on_cuda(images.to_device(&gpu), &gains).expect("the CUDA kernel path");
+    let got = values(got.reshape([4, 3, 96 * 128]));
+    let off: Vec<f32> = want.iter().zip(&got).map(|(a, b)| (a - b).abs()).collect();
+    let worst = off.iter().fold(0.0f32, |a, b| a.max(*b));
+    let exact = off.iter().filter(|d| **d == 0.0).count() as f64 / off.len() as f64;
+    assert!(worst <= 1.0, "worst difference {worst} levels");
+    assert!(
+        exact >= 0.999,
+        "only {exact} of values equal the CPU reference"
+    );
+}

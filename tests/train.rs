@@ -212,3 +212,20 @@ fn yolo_dataset_trains_with_augmentation() {
     assert!(r.data_wait >= 0.0 && r.pose_map.is_finite());
     assert_eq!(t.step_losses.len(), 2);
 }
+
+/// Deferring HSV to the device changes nothing on the CPU, where the device path is the same
+/// reference the loader uses: equal state hashes and losses.
+#[test]
+fn device_hsv_equals_loader_hsv_on_cpu() {
+    let run = |device_hsv: bool| {
+        let cfg = config(&format!(
+            "epochs = 1\nnbs = 2\n[augment]\nhsv_device = {device_hsv}\n"
+        ));
+        let mut t = trainer(&cfg);
+        let order = t.epoch_order(0);
+        assert_eq!(t.batch(&order, 0).unwrap().hsv_gains.is_some(), device_hsv);
+        t.run_epoch(&mut no_log()).unwrap();
+        t.state_hashes()
+    };
+    assert_eq!(run(false), run(true));
+}

@@ -30,6 +30,9 @@ pub struct Augment {
     pub hsv_h: f64,
     pub hsv_s: f64,
     pub hsv_v: f64,
+    /// Apply the HSV jitter to the uploaded batch on its device (our CUDA kernel) instead of in the
+    /// loader; the gains are drawn in the loader either way, so batches stay deterministic.
+    pub hsv_device: bool,
 }
 
 impl Default for Augment {
@@ -43,6 +46,7 @@ impl Default for Augment {
             hsv_h: 0.015,
             hsv_s: 0.7,
             hsv_v: 0.4,
+            hsv_device: false,
         }
     }
 }
@@ -59,6 +63,7 @@ impl Augment {
             hsv_h: 0.0,
             hsv_s: 0.0,
             hsv_v: 0.0,
+            hsv_device: false,
         }
     }
 
@@ -105,7 +110,8 @@ pub fn sample_rng(seed: u64, epoch: usize, position: usize) -> StdRng {
     StdRng::seed_from_u64(mix)
 }
 
-/// Training sample for image `i` of `source`: square, `source.size` pixels, labels in them.
+/// Training sample for image `i` of `source`: square, `source.size` pixels, labels in them; and
+/// the HSV gains left for the device to apply when `aug.hsv_device` is set.
 pub fn train_sample(
     source: &Source,
     aug: &Augment,
@@ -113,7 +119,7 @@ pub fn train_sample(
     i: usize,
     mosaic: bool,
     rng: &mut StdRng,
-) -> Result<Sample, DataError> {
+) -> Result<(Sample, Option<[f32; 3]>), DataError> {
     let s = source.size;
     let sf = s as f32;
     let use_mosaic = mosaic && aug.mosaic > 0.0 && rng.random::<f64>() < aug.mosaic;
@@ -139,10 +145,15 @@ pub fn train_sample(
         (boxed, sf / 2.0)
     };
     let mut out = affine(&base, aug, centre, sf, rng);
+    let mut deferred = None;
     if aug.hsv_h > 0.0 || aug.hsv_s > 0.0 || aug.hsv_v > 0.0 {
         let gains = [aug.hsv_h, aug.hsv_s, aug.hsv_v];
         let r = gains.map(|g| (rng.random_range(-1.0..1.0) * g) as f32);
-        HsvTables::new(r).apply(&mut out.image);
+        if aug.hsv_device {
+            deferred = Some(r);
+        } else {
+            HsvTables::new(r).apply(&mut out.image);
+        }
     }
     if let Some(flip_idx) = flip_idx
         && aug.fliplr > 0.0
@@ -150,7 +161,7 @@ pub fn train_sample(
     {
         flip_horizontal(&mut out, flip_idx);
     }
-    Ok(out)
+    Ok((out, deferred))
 }
 
 fn affine(base: &Sample, aug: &Augment, centre: f32, size: f32, rng: &mut StdRng) -> Sample {

@@ -8,6 +8,8 @@ use burn::prelude::*;
 pub struct Batch {
     pub images: TensorData,
     pub samples: Vec<Sample>,
+    /// Per-image HSV gains still to apply on the device (`augment.hsv_device`).
+    pub hsv_gains: Option<Vec<[f32; 3]>>,
 }
 
 impl Batch {
@@ -33,12 +35,18 @@ impl Batch {
         Self {
             images: TensorData::new(bytes, shape),
             samples,
+            hsv_gains: None,
         }
     }
 
-    /// Images on `device` as floats in [0, 1].
+    /// Images on `device` as floats in [0, 1], with any deferred HSV jitter applied there.
     pub fn images_f32(&self, device: &Device) -> Tensor<4> {
-        Tensor::<4, Int>::from_data(self.images.clone().convert::<i32>(), device).float() / 255.0
+        let x = Tensor::<4, Int>::from_data(self.images.clone().convert::<i32>(), device).float();
+        let x = match &self.hsv_gains {
+            Some(gains) => super::device_hsv::hsv_jitter(x, gains),
+            None => x,
+        };
+        x / 255.0
     }
 }
 
@@ -48,6 +56,9 @@ impl Batch {
         use sha2::{Digest, Sha256};
         let mut h = Sha256::new();
         h.update(self.images.as_bytes());
+        for g in self.hsv_gains.iter().flatten().flatten() {
+            h.update(g.to_bits().to_le_bytes());
+        }
         for s in &self.samples {
             h.update((s.instances.len() as u64).to_le_bytes());
             for inst in &s.instances {

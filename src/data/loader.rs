@@ -46,7 +46,7 @@ impl Loader {
     ) -> Result<Batch, DataError> {
         let local = self.batch / self.world;
         let first = b * self.batch + self.rank * local;
-        let samples = (first..first + local)
+        let made = (first..first + local)
             .map(|pos| {
                 let mut rng = sample_rng(self.seed, epoch, pos);
                 train_sample(
@@ -59,7 +59,10 @@ impl Loader {
                 )
             })
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Batch::collate(samples))
+        let gains: Option<Vec<[f32; 3]>> = made.iter().map(|(_, g)| *g).collect();
+        let mut batch = Batch::collate(made.into_iter().map(|(s, _)| s).collect());
+        batch.hsv_gains = gains;
+        Ok(batch)
     }
 
     /// Batches `first..end` of an epoch, in order, made ahead by the workers.

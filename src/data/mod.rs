@@ -5,6 +5,7 @@ pub mod augment;
 pub mod batch;
 pub mod builtin;
 pub mod coco;
+pub mod device_hsv;
 pub mod error;
 pub mod hsv;
 pub mod letterbox;

@@ -81,7 +81,7 @@ fn dropping_a_prefetch_early_stops_its_workers() {
 fn no_augmentation_is_the_letterboxed_image() {
     let src = builtin(2, 64);
     let mut rng = sample_rng(0, 0, 0);
-    let s = train_sample(&src, &Augment::none(), None, 1, true, &mut rng).unwrap();
+    let (s, _) = train_sample(&src, &Augment::none(), None, 1, true, &mut rng).unwrap();
     let (want, _) = src.sample(1).unwrap();
     assert_eq!(s.image, want.image);
     assert_eq!(s.instances, want.instances);
@@ -97,7 +97,7 @@ fn labels_stay_in_frame() {
     let mut seen = 0;
     for pos in 0..40 {
         let mut rng = sample_rng(3, 0, pos);
-        let s = train_sample(
+        let (s, _) = train_sample(
             &src,
             &aug,
             Some(&COCO_FLIP_IDX),
@@ -186,7 +186,7 @@ fn image_and_labels_move_together() {
     let mut checked = 0;
     for pos in 0..60 {
         let mut rng = sample_rng(9, 1, pos);
-        let s = train_sample(&src, &aug, Some(&[0, 1]), 0, pos % 3 != 0, &mut rng).unwrap();
+        let (s, _) = train_sample(&src, &aug, Some(&[0, 1]), 0, pos % 3 != 0, &mut rng).unwrap();
         for inst in &s.instances {
             let k = inst.keypoints[0];
             if k[2] == 0.0 {
