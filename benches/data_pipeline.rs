@@ -38,6 +38,7 @@ fn main() {
             seed: 0,
             rank: 0,
             world: 1,
+            wrap_last: false,
             workers,
             depth: 2,
         };

@@ -110,6 +110,9 @@ pub struct DataSection {
     pub cache: CacheMode,
     /// Background threads preparing training batches ahead (0: on the training thread).
     pub workers: usize,
+    /// The last partial batch of an epoch: "drop" it, or "wrap" (fill it with the first images
+    /// of the epoch's order, so every image is seen and every batch stays full).
+    pub last_batch: LastBatch,
     /// COCO split validated on: "val2017", or "train2017" to measure fitting of the train split.
     pub val_split: String,
 }
@@ -125,9 +128,18 @@ impl Default for DataSection {
             skip_bad: false,
             cache: CacheMode::Ram,
             workers: 4,
+            last_batch: LastBatch::Drop,
             val_split: "val2017".into(),
         }
     }
+}
+
+/// What happens to an epoch's last partial batch (batches always hold `train.batch` images).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LastBatch {
+    Drop,
+    Wrap,
 }
 
 /// Where prepared (decoded, resized) images are kept between epochs.

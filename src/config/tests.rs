@@ -57,6 +57,7 @@ fn bad_values_name_the_key() {
         ("[model]\nnc = 0\n", "model.nc"),
         ("[data]\nsource = \"coco\"\n", "data.path"),
         ("[augment]\nmosaic = 1.5\n", "augment.mosaic"),
+        ("[data]\nlast_batch = \"pad\"\n", "last_batch"),
         ("[augment]\nscale = 1.0\n", "augment.scale"),
         ("[augment]\nhsv_v = -0.1\n", "augment.hsv_v"),
     ] {

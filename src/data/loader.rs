@@ -10,6 +10,15 @@ use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+/// Full batches in an epoch of `n` images: the last partial one dropped or wrapped.
+pub fn batches_per_epoch(n: usize, batch: usize, wrap_last: bool) -> usize {
+    if wrap_last {
+        n.div_ceil(batch)
+    } else {
+        n / batch
+    }
+}
+
 /// Makes the batches of an epoch from a shared source.
 #[derive(Clone, Debug)]
 pub struct Loader {
@@ -24,6 +33,8 @@ pub struct Loader {
     /// of every global batch (docs/multigpu.md).
     pub rank: usize,
     pub world: usize,
+    /// Fill the last partial batch with the first images of the order instead of dropping it.
+    pub wrap_last: bool,
     /// Background threads; 0 makes batches on the caller's thread when asked.
     pub workers: usize,
     /// Batches each worker may hold ready.
@@ -32,7 +43,7 @@ pub struct Loader {
 
 impl Loader {
     pub fn batches_per_epoch(&self) -> usize {
-        self.source.len() / self.batch
+        batches_per_epoch(self.source.len(), self.batch, self.wrap_last)
     }
 
     /// This rank's share of global batch `b` of an epoch whose image order is `order`: the
@@ -53,7 +64,7 @@ impl Loader {
                     &self.source,
                     &self.augment,
                     self.flip_idx.as_deref(),
-                    order[pos],
+                    order[pos % order.len()],
                     mosaic,
                     &mut rng,
                 )

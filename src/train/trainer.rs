@@ -2,8 +2,9 @@
 //! see: model, EMA, optimizer, loss weights, schedule position and pending gradients.
 
 use super::dist::{Collective, all_reduce_grads, broadcast_buffers};
-use crate::config::{Config, OptimizerKind, Precision};
+use crate::config::{Config, LastBatch, OptimizerKind, Precision};
 use crate::data::augment::mosaic_active;
+use crate::data::loader::batches_per_epoch;
 use crate::data::source::Dataset;
 use crate::data::{Batch, COCO_FLIP_IDX, DataError, Instance, Loader, Source};
 use crate::loss::E2eLoss;
@@ -136,7 +137,8 @@ impl Trainer {
         let ema = Ema::new(&model);
         let (rule, lr0, momentum, warmup_bias_lr) = resolve_optimizer(&cfg, train.len());
         let optimizer = Optimizer::new(rule, &model);
-        let nb = train.len() / batch;
+        let wrap_last = cfg.data.last_batch == LastBatch::Wrap;
+        let nb = batches_per_epoch(train.len(), batch, wrap_last);
         let o = &cfg.optim;
         let schedule = Schedule {
             lr0,
@@ -173,6 +175,7 @@ impl Trainer {
                 seed: cfg.train.seed,
                 rank: 0,
                 world: 1,
+                wrap_last,
                 workers: cfg.data.workers,
                 depth: 2,
             },

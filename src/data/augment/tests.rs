@@ -24,6 +24,7 @@ fn loader(source: Arc<Source>, workers: usize) -> Loader {
         seed: 11,
         rank: 0,
         world: 1,
+        wrap_last: false,
         workers,
         depth: 2,
     }
@@ -210,4 +211,22 @@ fn image_and_labels_move_together() {
         }
     }
     assert!(checked > 40, "only {checked} keypoints checked");
+}
+
+#[test]
+fn wrapped_last_batch_takes_the_first_images() {
+    let mut l = loader(builtin(10, 32), 0);
+    l.augment = Augment::none();
+    l.batch = 4;
+    assert_eq!(l.batches_per_epoch(), 2, "dropped by default");
+    l.wrap_last = true;
+    assert_eq!(l.batches_per_epoch(), 3);
+    let order: Vec<usize> = (0..10).rev().collect();
+    let last = l.batch(0, &order, 2, false).unwrap();
+    let want: Vec<_> = [order[8], order[9], order[0], order[1]]
+        .iter()
+        .map(|&i| l.source.sample(i).unwrap().0.image)
+        .collect();
+    let got: Vec<_> = last.samples.iter().map(|s| s.image.clone()).collect();
+    assert_eq!(got, want);
 }

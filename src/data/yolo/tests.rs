@@ -139,3 +139,31 @@ fn coco8_pose_real_data() {
         assert!(inst.bbox[2] <= w as f32 + 1.0 && inst.bbox[3] <= h as f32 + 1.0);
     }
 }
+
+#[test]
+fn detection_labels_have_five_fields() {
+    let dir = scratch("detect");
+    std::fs::write(
+        dir.join("data.yaml"),
+        "train: images/train\nval: images/val\nnames: [a, b]\n",
+    )
+    .unwrap();
+    for split in ["train", "val"] {
+        image::RgbImage::new(10, 10)
+            .save(dir.join(format!("images/{split}/a.png")))
+            .unwrap();
+        std::fs::write(
+            dir.join(format!("labels/{split}/a.txt")),
+            "1 0.5 0.5 0.2 0.4\n",
+        )
+        .unwrap();
+    }
+    let (train, _, _) = YoloDataset::open_pair(&dir.join("data.yaml"), [0, 0], false).unwrap();
+    let s = train.get(0).unwrap();
+    assert_eq!(s.instances[0].class, 1);
+    assert!(s.instances[0].keypoints.is_empty());
+    let err = YoloDataset::open_pair(&dir.join("data.yaml"), [17, 3], false)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("kpt_shape"), "{err}");
+}
