@@ -198,14 +198,7 @@ pub fn flip_horizontal(sample: &mut Sample, flip_idx: &[usize]) {
     for inst in &mut sample.instances {
         let [x1, y1, x2, y2] = inst.bbox;
         inst.bbox = [w - x2, y1, w - x1, y2];
-        let mirrored: Vec<[f32; 3]> = inst
-            .keypoints
-            .iter()
-            .map(|k| match k[2] {
-                0.0 => [0.0; 3],
-                v => [w - k[0], k[1], v],
-            })
-            .collect();
+        let mirrored = inst.mapped_keypoints(|x, y| [w - x, y]);
         inst.keypoints = flip_idx.iter().map(|&j| mirrored[j]).collect();
     }
 }

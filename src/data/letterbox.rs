@@ -9,43 +9,24 @@ pub const PAD: u8 = 114;
 
 /// The letterboxed sample and the transform `x' = x·scale + pad`.
 pub fn letterbox(sample: Sample, size: u32) -> (Sample, f32, [f32; 2]) {
-    let (w, h) = sample.image.dimensions();
-    let scale = size as f32 / w.max(h) as f32;
-    let (nw, nh) = (
-        ((w as f32 * scale).round() as u32).max(1),
-        ((h as f32 * scale).round() as u32).max(1),
-    );
-    let resized = if (nw, nh) == (w, h) {
-        sample.image
-    } else {
-        resize(&sample.image, nw, nh, FilterType::Triangle)
-    };
+    let (resized, scale) = resize_long_side(sample, size);
+    let (nw, nh) = resized.image.dimensions();
     let (px, py) = ((size - nw) / 2, (size - nh) / 2);
     let mut canvas = RgbImage::from_pixel(size, size, Rgb([PAD; 3]));
-    image::imageops::replace(&mut canvas, &resized, px as i64, py as i64);
+    image::imageops::replace(&mut canvas, &resized.image, px as i64, py as i64);
     let pad = [px as f32, py as f32];
-    let instances = sample
+    let instances = resized
         .instances
-        .into_iter()
+        .iter()
         .map(|i| Instance {
             class: i.class,
             bbox: [
-                i.bbox[0] * scale + pad[0],
-                i.bbox[1] * scale + pad[1],
-                i.bbox[2] * scale + pad[0],
-                i.bbox[3] * scale + pad[1],
+                i.bbox[0] + pad[0],
+                i.bbox[1] + pad[1],
+                i.bbox[2] + pad[0],
+                i.bbox[3] + pad[1],
             ],
-            keypoints: i
-                .keypoints
-                .iter()
-                .map(|k| {
-                    if k[2] == 0.0 {
-                        [0.0, 0.0, 0.0]
-                    } else {
-                        [k[0] * scale + pad[0], k[1] * scale + pad[1], k[2]]
-                    }
-                })
-                .collect(),
+            keypoints: i.mapped_keypoints(|x, y| [x + pad[0], y + pad[1]]),
         })
         .collect();
     (
@@ -56,6 +37,30 @@ pub fn letterbox(sample: Sample, size: u32) -> (Sample, f32, [f32; 2]) {
         scale,
         pad,
     )
+}
+
+/// Resizes so the long side is `size` (bilinear, aspect kept); labels follow.
+pub fn resize_long_side(sample: Sample, size: u32) -> (Sample, f32) {
+    let (w, h) = sample.image.dimensions();
+    if w.max(h) == size {
+        return (sample, 1.0);
+    }
+    let scale = size as f32 / w.max(h) as f32;
+    let (nw, nh) = (
+        ((w as f32 * scale).round() as u32).max(1),
+        ((h as f32 * scale).round() as u32).max(1),
+    );
+    let image = resize(&sample.image, nw, nh, FilterType::Triangle);
+    let instances = sample
+        .instances
+        .iter()
+        .map(|i| Instance {
+            class: i.class,
+            bbox: i.bbox.map(|v| v * scale),
+            keypoints: i.mapped_keypoints(|x, y| [x * scale, y * scale]),
+        })
+        .collect();
+    (Sample { image, instances }, scale)
 }
 
 #[cfg(test)]

@@ -31,22 +31,35 @@ pub struct Instance {
 }
 
 impl Instance {
-    /// Keypoints moved by `f`; unlabelled ones and those landing outside `[0, w] × [0, h]`
-    /// become unlabelled (`[0, 0, 0]`).
+    /// Labelled keypoints moved by `f`; unlabelled ones stay `[0, 0, 0]`.
+    pub fn mapped_keypoints(&self, f: impl Fn(f32, f32) -> [f32; 2]) -> Vec<[f32; 3]> {
+        self.keypoints
+            .iter()
+            .map(|k| {
+                if k[2] == 0.0 {
+                    return [0.0; 3];
+                }
+                let [x, y] = f(k[0], k[1]);
+                [x, y, k[2]]
+            })
+            .collect()
+    }
+
+    /// As [`Instance::mapped_keypoints`], and those landing outside `[0, w] × [0, h]` become
+    /// unlabelled too.
     pub fn moved_keypoints(
         &self,
         f: impl Fn(f32, f32) -> [f32; 2],
         w: f32,
         h: f32,
     ) -> Vec<[f32; 3]> {
-        self.keypoints
-            .iter()
+        self.mapped_keypoints(f)
+            .into_iter()
             .map(|k| {
-                let [x, y] = f(k[0], k[1]);
-                if k[2] == 0.0 || x < 0.0 || y < 0.0 || x > w || y > h {
+                if k[0] < 0.0 || k[1] < 0.0 || k[0] > w || k[1] > h {
                     [0.0; 3]
                 } else {
-                    [x, y, k[2]]
+                    k
                 }
             })
             .collect()

@@ -3,12 +3,11 @@
 //! with ground truth for COCO-style evaluation.
 
 use super::coco::{CocoAnnotation, CocoDataset};
-use super::letterbox::letterbox;
+use super::letterbox::{letterbox, resize_long_side};
 use super::yolo::YoloDataset;
 use super::{BuiltinDataset, DataError, Instance, Sample};
 use crate::config::{CacheMode, Config, DataSource};
 use crate::eval::GtAnn;
-use image::imageops::FilterType;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
@@ -167,7 +166,21 @@ impl Source {
         let prepared = self.prepared(i)?;
         let gts = match (&self.dataset, truth) {
             (_, false) => Vec::new(),
-            (Dataset::Builtin(b), true) => builtin_truth(image_id, &b.get(i).instances),
+            // From the sample already prepared, not a second rendering of the image.
+            (Dataset::Builtin(_), true) => {
+                let s = prepared.scale;
+                let original: Vec<Instance> = prepared
+                    .sample
+                    .instances
+                    .iter()
+                    .map(|inst| Instance {
+                        class: inst.class,
+                        bbox: inst.bbox.map(|v| v / s),
+                        keypoints: inst.mapped_keypoints(|x, y| [x / s, y / s]),
+                    })
+                    .collect();
+                builtin_truth(image_id, &original)
+            }
             (Dataset::Coco(c), true) => coco_truth(&c.records[i].annotations),
             (Dataset::Yolo(y), true) => builtin_truth(image_id, &y.instances(i, prepared.original)),
         };
@@ -186,40 +199,6 @@ impl Source {
             _ => i as u64 + 1,
         }
     }
-}
-
-/// Resizes so the long side is `size` (bilinear, aspect kept); labels follow.
-pub fn resize_long_side(sample: Sample, size: u32) -> (Sample, f32) {
-    let (w, h) = sample.image.dimensions();
-    let scale = size as f32 / w.max(h) as f32;
-    if w.max(h) == size {
-        return (sample, 1.0);
-    }
-    let (nw, nh) = (
-        ((w as f32 * scale).round() as u32).max(1),
-        ((h as f32 * scale).round() as u32).max(1),
-    );
-    let image = image::imageops::resize(&sample.image, nw, nh, FilterType::Triangle);
-    let instances = sample
-        .instances
-        .into_iter()
-        .map(|i| Instance {
-            class: i.class,
-            bbox: i.bbox.map(|v| v * scale),
-            keypoints: i
-                .keypoints
-                .iter()
-                .map(|k| {
-                    if k[2] == 0.0 {
-                        [0.0; 3]
-                    } else {
-                        [k[0] * scale, k[1] * scale, k[2]]
-                    }
-                })
-                .collect(),
-        })
-        .collect();
-    (Sample { image, instances }, scale)
 }
 
 /// Built-in labels as COCO ground truth (box area stands in for the segmentation area).
