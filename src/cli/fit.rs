@@ -2,7 +2,7 @@
 //! `results.csv`, and `last`/`best` checkpoints in the run folder.
 
 use super::DeviceArg;
-use crate::config::{Config, device, kernels::KernelWatch};
+use crate::config::{Config, kernels::KernelWatch};
 use crate::loss::TERMS;
 use crate::model::ParamCount;
 use crate::train::{Trainer, checkpoint, report};
@@ -21,15 +21,10 @@ pub fn run(
         Some(ckpt) => checkpoint::read_config(ckpt)?,
         None => Config::load(config_path)?,
     };
-    if let Some(d) = device_arg {
-        cfg.device.kind = d.into();
-    }
     if let Some(n) = name {
         cfg.output.name = n;
     }
-    let (device, what) = device::resolve(cfg.device.kind, cfg.device.index)
-        .map_err(anyhow::Error::msg)
-        .with_context(|| format!("{}: key `device.kind`", config_path.display()))?;
+    let (device, what) = super::device_for(&mut cfg, config_path, device_arg)?;
     let run_dir = cfg.output.dir.join(&cfg.output.name);
     let mut trainer = Trainer::new(cfg, config_path, device)?;
     if let Some(ckpt) = &resume {

@@ -105,15 +105,24 @@ fn config_and_device(
     path: &std::path::Path,
     device_arg: Option<DeviceArg>,
 ) -> anyhow::Result<(crate::config::Config, burn::prelude::Device, String)> {
-    use anyhow::Context;
     let mut cfg = crate::config::Config::load(path)?;
+    let (device, what) = device_for(&mut cfg, path, device_arg)?;
+    Ok((cfg, device, what))
+}
+
+/// Applies `--device` to `cfg` and resolves its device; errors name `path` and the key.
+fn device_for(
+    cfg: &mut crate::config::Config,
+    path: &std::path::Path,
+    device_arg: Option<DeviceArg>,
+) -> anyhow::Result<(burn::prelude::Device, String)> {
+    use anyhow::Context;
     if let Some(d) = device_arg {
         cfg.device.kind = d.into();
     }
-    let (device, what) = crate::config::device::resolve(cfg.device.kind, cfg.device.index)
+    crate::config::device::resolve(cfg.device.kind, cfg.device.index)
         .map_err(anyhow::Error::msg)
-        .with_context(|| format!("{}: key `device.kind`", path.display()))?;
-    Ok((cfg, device, what))
+        .with_context(|| format!("{}: key `device.kind`", path.display()))
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<()> {

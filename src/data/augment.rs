@@ -144,7 +144,7 @@ pub fn train_sample(
         let (boxed, _, _) = letterbox(source.prepared(i)?.sample.clone(), s);
         (boxed, sf / 2.0)
     };
-    let mut out = affine(&base, aug, centre, sf, rng);
+    let mut out = affine(base, aug, centre, sf, rng);
     let mut deferred = None;
     if aug.hsv_h > 0.0 || aug.hsv_s > 0.0 || aug.hsv_v > 0.0 {
         let gains = [aug.hsv_h, aug.hsv_s, aug.hsv_v];
@@ -164,9 +164,9 @@ pub fn train_sample(
     Ok((out, deferred))
 }
 
-fn affine(base: &Sample, aug: &Augment, centre: f32, size: f32, rng: &mut StdRng) -> Sample {
+fn affine(base: Sample, aug: &Augment, centre: f32, size: f32, rng: &mut StdRng) -> Sample {
     if aug.degrees == 0.0 && aug.scale == 0.0 && aug.translate == 0.0 && centre == size / 2.0 {
-        return base.clone();
+        return base;
     }
     let deg = if aug.degrees > 0.0 {
         rng.random_range(-aug.degrees..=aug.degrees) as f32
@@ -188,7 +188,7 @@ fn affine(base: &Sample, aug: &Augment, centre: f32, size: f32, rng: &mut StdRng
     };
     let to = [shift(), shift()];
     let m = Affine::new([centre, centre], deg, scale, to);
-    warp(base, m, scale, size as u32)
+    warp(&base, m, scale, size as u32)
 }
 
 /// Mirrors image and labels left–right and swaps left/right keypoints by `flip_idx`.
