@@ -5,6 +5,7 @@
 use super::trainer::{EpochRecord, Trainer};
 use crate::config::Config;
 use crate::optim::Rule;
+use crate::optim::grads::{get_flat, put_flat};
 use crate::optim::tensors::{float_tensors, replace_float_tensors};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
@@ -75,23 +76,6 @@ fn view(t: &Tensor<1>) -> F32View {
     }
 }
 
-fn pending_tensor(
-    grads: &GradientsParams,
-    id: burn::module::ParamId,
-    rank: usize,
-) -> Option<Tensor<1>> {
-    fn flat<const D: usize>(t: Tensor<D>) -> Tensor<1> {
-        let n = t.shape().num_elements();
-        t.reshape([n])
-    }
-    match rank {
-        1 => grads.get::<1>(id).map(flat),
-        2 => grads.get::<2>(id).map(flat),
-        3 => grads.get::<3>(id).map(flat),
-        _ => grads.get::<4>(id).map(flat),
-    }
-}
-
 /// Writes the trainer's complete state to `path` atomically.
 pub fn save(trainer: &Trainer, path: &Path) -> Result<(), CheckpointError> {
     let mut tensors: Vec<(String, F32View)> = Vec::new();
@@ -110,11 +94,7 @@ pub fn save(trainer: &Trainer, path: &Path) -> Result<(), CheckpointError> {
         if let Some(b) = &s.second {
             tensors.push((format!("optim.{}.second", info.path), view(b)));
         }
-        if let Some(g) = trainer
-            .pending
-            .as_ref()
-            .and_then(|g| pending_tensor(g, info.id, info.dims.len()))
-        {
+        if let Some(g) = trainer.pending.as_ref().and_then(|g| get_flat(g, info)) {
             tensors.push((format!("pending.{}", info.path), view(&g)));
         }
     }
@@ -267,13 +247,7 @@ pub fn load_into(trainer: &mut Trainer, path: &Path) -> Result<(), CheckpointErr
             .ok_or_else(|| bad(format!("no step count for {}", info.path)))?;
         if let Some(g) = pending_values.remove(&info.path) {
             any_pending = true;
-            let d = &info.dims;
-            match d.len() {
-                1 => pending.register::<1>(info.id, g.reshape([d[0]])),
-                2 => pending.register::<2>(info.id, g.reshape([d[0], d[1]])),
-                3 => pending.register::<3>(info.id, g.reshape([d[0], d[1], d[2]])),
-                _ => pending.register::<4>(info.id, g.reshape([d[0], d[1], d[2], d[3]])),
-            }
+            put_flat(&mut pending, info, g);
         }
     }
     if !optim.is_empty() || !pending_values.is_empty() {

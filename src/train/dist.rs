@@ -5,6 +5,7 @@
 //! is what the CPU tests use; an NCCL collective for GPUs plugs in behind the same trait.
 
 use crate::model::Yolo;
+use crate::optim::grads::{put_flat, take_flat};
 use crate::optim::groups::ParamInfo;
 use crate::optim::tensors::{float_tensors, replace_float_tensors};
 use burn::optim::GradientsParams;
@@ -105,26 +106,10 @@ pub fn all_reduce_grads(
     let mut flat = vec![0f32; table.len() + total];
     let mut offset = table.len();
     for (i, p) in table.iter().enumerate() {
-        macro_rules! take {
-            ($d:literal) => {
-                grads.remove::<$d>(p.id).map(|g| {
-                    g.reshape([sizes[i]])
-                        .into_data()
-                        .convert::<f32>()
-                        .try_into_vec::<f32>()
-                        .expect("f32 gradient")
-                })
-            };
-        }
-        let values = match p.dims.len() {
-            1 => take!(1),
-            2 => take!(2),
-            3 => take!(3),
-            _ => take!(4),
-        };
-        if let Some(v) = values {
+        if let Some(g) = take_flat(&mut grads, p) {
+            let v = g.into_data().convert::<f32>().try_into_vec::<f32>();
             flat[i] = 1.0;
-            flat[offset..offset + sizes[i]].copy_from_slice(&v);
+            flat[offset..offset + sizes[i]].copy_from_slice(&v.expect("f32 gradient"));
         }
         offset += sizes[i];
     }
@@ -138,18 +123,7 @@ pub fn all_reduce_grads(
             continue;
         }
         let t = Tensor::<1>::from_data(TensorData::new(values.to_vec(), [sizes[i]]), device);
-        macro_rules! put {
-            ($d:literal) => {{
-                let dims: [usize; $d] = p.dims.clone().try_into().expect("rank");
-                out.register::<$d>(p.id, t.reshape(dims));
-            }};
-        }
-        match p.dims.len() {
-            1 => put!(1),
-            2 => put!(2),
-            3 => put!(3),
-            _ => put!(4),
-        }
+        put_flat(&mut out, p, t);
     }
     out
 }

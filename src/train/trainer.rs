@@ -10,6 +10,7 @@ use crate::data::{Batch, COCO_FLIP_IDX, DataError, Instance, Loader, Source};
 use crate::loss::E2eLoss;
 use crate::model::{Task, Yolo};
 use crate::optim::clip::clip_global_norm;
+use crate::optim::grads::{put_flat, take_flat};
 use crate::optim::hash::{StateHasher, module_hash};
 use crate::optim::{Ema, Optimizer, Rule, Schedule};
 use burn::optim::GradientsParams;
@@ -293,22 +294,12 @@ impl Trainer {
         };
         let mut grads = grads;
         for p in &self.optimizer.table {
-            macro_rules! add {
-                ($d:literal) => {
-                    if let Some(g) = grads.remove::<$d>(p.id) {
-                        let sum = match pending.remove::<$d>(p.id) {
-                            Some(old) => old + g,
-                            None => g,
-                        };
-                        pending.register::<$d>(p.id, sum);
-                    }
+            if let Some(g) = take_flat(&mut grads, p) {
+                let sum = match take_flat(&mut pending, p) {
+                    Some(old) => old + g,
+                    None => g,
                 };
-            }
-            match p.dims.len() {
-                1 => add!(1),
-                2 => add!(2),
-                3 => add!(3),
-                _ => add!(4),
+                put_flat(&mut pending, p, sum);
             }
         }
         self.pending = Some(pending);
