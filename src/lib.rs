@@ -1,5 +1,6 @@
 //! burnpose: a YOLO-style pose (and detection) trainer on Burn.
 
+pub mod capture;
 pub mod cli;
 pub mod config;
 pub mod data;

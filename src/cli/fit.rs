@@ -5,7 +5,7 @@ use super::DeviceArg;
 use crate::config::{Config, kernels::KernelWatch};
 use crate::loss::TERMS;
 use crate::model::ParamCount;
-use crate::train::{Trainer, checkpoint, report};
+use crate::train::{Trainer, checkpoint, plot, report};
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::{Path, PathBuf};
@@ -114,6 +114,8 @@ pub fn run(
             );
         }
         report::write_results(&run_dir, &trainer.history)?;
+        plot::write_plot(&run_dir, &trainer.history)
+            .with_context(|| format!("writing {}", run_dir.join("results.png").display()))?;
         checkpoint::save(&trainer, &run_dir.join("last.safetensors"))?;
         if record.fitness() > best {
             best = record.fitness();
@@ -127,9 +129,15 @@ pub fn run(
         run_dir.join("results.csv").display()
     );
     println!(
-        "state hashes: model {} ema {} optimizer {} scheduler {}",
-        h.model, h.ema, h.optimizer, h.scheduler
+        "state hashes: model {} ema {} optimizer {} scheduler {} scaler {}",
+        h.model, h.ema, h.optimizer, h.scheduler, h.scaler
     );
+    if let Some(s) = &trainer.scaler {
+        println!(
+            "fp16 loss scale {} ({} optimizer steps skipped for inf/NaN gradients)",
+            s.scale, s.skipped
+        );
+    }
     Ok(())
 }
 

@@ -3,6 +3,7 @@
 mod fit;
 mod info;
 mod smoke;
+mod step_bench;
 mod val;
 mod warmup;
 
@@ -69,6 +70,27 @@ pub enum Command {
     Predict { config: PathBuf },
     /// Complete-fit benchmark, native vs replay (not available yet).
     Bench { config: PathBuf },
+    /// Post-warm-up training step time of a config (native or replayed feature stage).
+    BenchStep {
+        config: PathBuf,
+        #[arg(long, value_enum)]
+        device: Option<DeviceArg>,
+        /// Override `model.capture_network`.
+        #[arg(long)]
+        replay: Option<bool>,
+        /// Override `train.precision` (fp32, fp16, bf16).
+        #[arg(long)]
+        precision: Option<String>,
+        /// Override `train.batch` (and `train.nbs`, so every step is an optimizer step).
+        #[arg(long)]
+        batch: Option<usize>,
+        /// Steps run before timing starts.
+        #[arg(long, default_value_t = 64)]
+        skip: usize,
+        /// Timed steps.
+        #[arg(long, default_value_t = 64)]
+        steps: usize,
+    },
     /// Time forward+backward passes of the full model on random images (device check).
     Smoke {
         #[arg(long, value_enum, default_value = "auto")]
@@ -146,6 +168,34 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             imgsz,
             steps,
         } => smoke::run(device.into(), batch, imgsz, steps),
+        Command::BenchStep {
+            config,
+            device,
+            replay,
+            precision,
+            batch,
+            skip,
+            steps,
+        } => {
+            let precision = precision
+                .map(|p| {
+                    toml::Value::String(p.clone()).try_into().map_err(|_| {
+                        anyhow::anyhow!("--precision {p}: expected fp32, fp16 or bf16")
+                    })
+                })
+                .transpose()?;
+            step_bench::run(
+                &config,
+                step_bench::Options {
+                    device,
+                    replay,
+                    precision,
+                    batch,
+                    skip,
+                    steps,
+                },
+            )
+        }
         Command::Val {
             config,
             checkpoint,

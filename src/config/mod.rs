@@ -161,6 +161,17 @@ pub enum Precision {
     Bf16,
 }
 
+impl Precision {
+    /// The dtype convolutions and attention matmuls run in (`None`: FP32); see `model::precision`.
+    pub fn compute_dtype(self) -> Option<burn::tensor::FloatDType> {
+        match self {
+            Precision::Fp32 => None,
+            Precision::Fp16 => Some(burn::tensor::FloatDType::F16),
+            Precision::Bf16 => Some(burn::tensor::FloatDType::BF16),
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TrainSection {

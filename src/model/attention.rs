@@ -1,6 +1,7 @@
 //! Position-sensitive attention of YOLO26: Attention, PSABlock, C2PSA (`ultralytics/nn/modules/block.py`).
 
 use super::conv::{ConvBn, ConvBnConfig};
+use super::precision::matmul;
 use burn::prelude::*;
 use burn::tensor::activation::softmax;
 
@@ -63,8 +64,8 @@ impl Attention {
         let k = qkv.clone().narrow(2, self.key_dim, self.key_dim);
         let v = qkv.narrow(2, 2 * self.key_dim, self.head_dim);
         let scale = (self.key_dim as f64).powf(-0.5);
-        let attn = softmax(q.swap_dims(2, 3).matmul(k) * scale, 3);
-        let out = v.clone().matmul(attn.swap_dims(2, 3)).reshape([b, c, h, w]);
+        let attn = softmax(matmul(q.swap_dims(2, 3), k) * scale, 3);
+        let out = matmul(v.clone(), attn.swap_dims(2, 3)).reshape([b, c, h, w]);
         let y = out + self.pe.forward(v.reshape([b, c, h, w]));
         self.proj.forward(y)
     }

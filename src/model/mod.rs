@@ -7,6 +7,7 @@ pub mod conv;
 pub mod flow;
 pub mod head;
 pub mod params;
+pub mod precision;
 pub mod scale;
 pub mod summary;
 pub mod yolo;

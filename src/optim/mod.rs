@@ -8,11 +8,13 @@ pub mod groups;
 pub mod hash;
 pub mod newton_schulz;
 pub mod optimizer;
+pub mod scaler;
 pub mod schedule;
 pub mod tensors;
 
 pub use ema::Ema;
 pub use optimizer::{Hyper, Optimizer, Rule};
+pub use scaler::LossScaler;
 pub use schedule::Schedule;
 
 #[cfg(test)]

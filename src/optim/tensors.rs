@@ -58,6 +58,11 @@ pub fn replace_float_tensors<M: Module>(
             let dims = old.dims();
             let tracked = old.is_require_grad();
             let mut t: Tensor<D> = new.to_device(&old.device()).reshape(dims);
+            // `to_device` treats the autodiff and the inner device as equal and keeps `new` as
+            // it is; an autodiff module needs autodiff tensors.
+            if old.is_autodiff() {
+                t = t.autodiff();
+            }
             if tracked {
                 t = t.require_grad();
             }

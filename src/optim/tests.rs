@@ -214,3 +214,33 @@ fn ema_follows_the_decay_formula() {
     close(&w, &want, 1e-6);
     assert_eq!(ema.updates, 1);
 }
+
+#[test]
+fn loss_scaler_unscales_skips_on_overflow_and_grows() {
+    let d = device();
+    let m = tiny(&d);
+    let table = Optimizer::new(Rule::Sgd, &m).table;
+    let mut s = LossScaler {
+        scale: 4.0,
+        growth_interval: 2,
+        ..LossScaler::default()
+    };
+    let mut g = grads(&m, [[4.0, -8.0, 2.0], [0.0, 1.0, -1.0]], None, &d);
+    assert!(s.unscale(&mut g, &table));
+    let w = grads::get_flat(&g, &table[0]).unwrap();
+    close(&values(w), &[1.0, -2.0, 0.5, 0.0, 0.25, -0.25], 1e-12);
+    // The absent bias stays absent.
+    assert!(grads::get_flat(&g, &table[1]).is_none());
+    let h0 = s.state_hash();
+    s.update(true);
+    assert_eq!((s.scale, s.growth_tracker), (4.0, 1));
+    assert_ne!(s.state_hash(), h0);
+    s.update(true);
+    assert_eq!((s.scale, s.growth_tracker), (8.0, 0));
+    for bad in [f32::INFINITY, f32::NAN] {
+        let mut g = grads(&m, [[1.0, bad, 0.0], [0.0; 3]], Some([1.0, 1.0]), &d);
+        assert!(!s.unscale(&mut g, &table), "{bad} must be found");
+    }
+    s.update(false);
+    assert_eq!((s.scale, s.growth_tracker, s.skipped), (4.0, 0, 1));
+}

@@ -4,9 +4,9 @@
 
 use super::trainer::{EpochRecord, Trainer};
 use crate::config::Config;
-use crate::optim::Rule;
 use crate::optim::grads::{get_flat, put_flat};
 use crate::optim::tensors::{float_tensors, replace_float_tensors};
+use crate::optim::{LossScaler, Rule};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 use safetensors::tensor::{Dtype, SafeTensors, View};
@@ -44,6 +44,9 @@ struct Meta {
     steps: Vec<(String, u64)>,
     one2many_weight: f32,
     history: Vec<EpochRecord>,
+    /// FP16 loss scaler state.
+    #[serde(default)]
+    scaler: Option<LossScaler>,
 }
 
 const FORMAT: &str = "burnpose-checkpoint-1";
@@ -114,6 +117,7 @@ pub fn save(trainer: &Trainer, path: &Path) -> Result<(), CheckpointError> {
             .collect(),
         one2many_weight: trainer.loss.one2many_weight,
         history: trainer.history.clone(),
+        scaler: trainer.scaler.clone(),
     };
     let info = HashMap::from([(
         "burnpose".to_string(),
@@ -236,6 +240,11 @@ pub fn load_into(trainer: &mut Trainer, path: &Path) -> Result<(), CheckpointErr
             meta.rule, opt.rule
         )));
     }
+    if trainer.scaler.is_some() != meta.scaler.is_some() {
+        return Err(bad(
+            "FP16 loss-scaler state does not match train.precision".into()
+        ));
+    }
     let steps: HashMap<String, u64> = meta.steps.into_iter().collect();
     let mut pending = GradientsParams::new();
     let mut any_pending = false;
@@ -263,6 +272,7 @@ pub fn load_into(trainer: &mut Trainer, path: &Path) -> Result<(), CheckpointErr
     trainer.last_opt_step = meta.last_opt_step;
     trainer.loss.one2many_weight = meta.one2many_weight;
     trainer.history = meta.history;
+    trainer.scaler = meta.scaler;
     trainer.pending = any_pending.then_some(pending);
     Ok(())
 }

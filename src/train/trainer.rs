@@ -2,17 +2,21 @@
 //! see: model, EMA, optimizer, loss weights, schedule position and pending gradients.
 
 use super::dist::{Collective, all_reduce_grads, broadcast_buffers};
+use crate::capture::FeatureStage;
+use crate::capture::eligibility::{self, Setup};
+use crate::capture::stage::merge;
 use crate::config::{Config, LastBatch, OptimizerKind, Precision};
 use crate::data::augment::mosaic_active;
 use crate::data::loader::batches_per_epoch;
 use crate::data::source::Dataset;
 use crate::data::{Batch, COCO_FLIP_IDX, DataError, Instance, Loader, Source};
 use crate::loss::E2eLoss;
+use crate::model::precision::autocast;
 use crate::model::{Task, Yolo};
 use crate::optim::clip::clip_global_norm;
 use crate::optim::grads::{put_flat, take_flat};
 use crate::optim::hash::{StateHasher, module_hash};
-use crate::optim::{Ema, Optimizer, Rule, Schedule};
+use crate::optim::{Ema, LossScaler, Optimizer, Rule, Schedule};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 use rand::SeedableRng;
@@ -79,6 +83,12 @@ pub struct Trainer {
     pub skipped_records: usize,
     /// Data-parallel group this trainer is one rank of (`None`: single device).
     pub collective: Option<Arc<dyn Collective>>,
+    /// Dynamic loss scaling; present exactly when training in FP16.
+    pub scaler: Option<LossScaler>,
+    /// Backbone + neck: native or replayed from CUDA graphs (`model.capture_network`).
+    pub stage: FeatureStage,
+    /// Why the feature stage is native (`None` while replaying).
+    pub replay_off: Option<String>,
 }
 
 /// The optimizer 'auto' resolves to, with its lr0 and momentum (yolo_spec §4.2).
@@ -102,13 +112,6 @@ pub fn resolve_optimizer(cfg: &Config, n_train: usize) -> (Rule, f64, f64, f64) 
 impl Trainer {
     /// A fresh run: seeded model, EMA, optimizer and schedule.
     pub fn new(cfg: Config, config_path: &Path, device: Device) -> Result<Self, TrainError> {
-        if cfg.train.precision != Precision::Fp32 {
-            return Err(TrainError::Setup(format!(
-                "{}: train.precision = {:?}: only fp32 training is implemented so far",
-                config_path.display(),
-                cfg.train.precision
-            )));
-        }
         let (train, val, skipped) = Source::open(&cfg, config_path)?;
         if skipped > 0 {
             eprintln!("warning: {skipped} bad records skipped (data.skip_bad = true)");
@@ -156,6 +159,8 @@ impl Trainer {
         };
         let imgsz = cfg.data.imgsz;
         let loss = E2eLoss::new(cfg.model.task, cfg.model.kpt_shape[0], [imgsz, imgsz]);
+        let scaler = (cfg.train.precision == Precision::Fp16).then(LossScaler::default);
+        let (stage, replay_off) = choose_stage(&cfg, &model, &device, false);
         Ok(Self {
             device,
             model,
@@ -185,6 +190,9 @@ impl Trainer {
             step_losses: Vec::new(),
             skipped_records: skipped,
             collective: None,
+            scaler,
+            stage,
+            replay_off,
         })
     }
 
@@ -198,6 +206,10 @@ impl Trainer {
                 "train.batch = {} does not split over {world} ranks",
                 self.cfg.train.batch
             )));
+        }
+        if self.stage.is_replay() {
+            let (stage, why) = choose_stage(&self.cfg, &self.model, &self.device, true);
+            (self.stage, self.replay_off) = (stage, why);
         }
         self.loader.rank = collective.rank();
         self.loader.world = world;
@@ -242,12 +254,24 @@ impl Trainer {
     pub fn train_step(&mut self, batch: &Batch) -> [f32; 6] {
         let labels: Vec<Vec<Instance>> =
             batch.samples.iter().map(|s| s.instances.clone()).collect();
-        let out = self.model.forward(batch.images_f32(&self.device));
+        let (out, features) = {
+            let _reduced = autocast(self.cfg.train.precision.compute_dtype());
+            let images = batch.images_f32(&self.device);
+            let features = self.stage.forward(&mut self.model, images);
+            (self.model.head.forward(&features.leaves), features)
+        };
         let targets = self.loss.targets(&out, &labels);
         let loss = self
             .loss
             .compute(&out, &targets, self.model.head.flow.as_ref());
-        let mut grads = GradientsParams::from_grads(loss.total.backward(), &self.model);
+        let total = match &self.scaler {
+            Some(s) => s.scale_loss(loss.total),
+            None => loss.total,
+        };
+        let head_grads = total.backward();
+        let stage_grads = self.stage.backward(&self.model, features, &head_grads);
+        let mut grads = GradientsParams::from_grads(head_grads, &self.model);
+        merge(&mut grads, stage_grads, &self.optimizer.table);
         if let Some(c) = &self.collective {
             grads = all_reduce_grads(c.as_ref(), grads, &self.optimizer.table, &self.device);
             // Before the optimizer step, so the EMA copies rank 0's statistics too.
@@ -279,10 +303,22 @@ impl Trainer {
 
     fn optimizer_step(&mut self) {
         let mut grads = self.pending.take().unwrap_or_default();
-        clip_global_norm(&mut grads, &self.optimizer.table, self.cfg.optim.clip_norm);
-        let hyper = self.schedule.hyper(self.epoch, self.ni);
-        let model = self.model.clone();
-        self.model = self.optimizer.step(model, grads, &hyper);
+        let table = &self.optimizer.table;
+        let finite = self
+            .scaler
+            .as_ref()
+            .is_none_or(|s| s.unscale(&mut grads, table));
+        if let Some(s) = &mut self.scaler {
+            s.update(finite);
+        }
+        // A skipped FP16 step leaves parameters and optimizer state as they are; the EMA still
+        // updates, as in Ultralytics' `optimizer_step`.
+        if finite {
+            clip_global_norm(&mut grads, table, self.cfg.optim.clip_norm);
+            let hyper = self.schedule.hyper(self.epoch, self.ni);
+            let model = self.model.clone();
+            self.model = self.optimizer.step(model, grads, &hyper);
+        }
         self.ema.update(&self.model);
     }
 
@@ -369,6 +405,10 @@ impl Trainer {
             ema: self.ema.state_hash(),
             optimizer: self.optimizer.state_hash(),
             scheduler: sched.finish(),
+            scaler: self
+                .scaler
+                .as_ref()
+                .map_or_else(|| "none".into(), LossScaler::state_hash),
             losses: losses.finish(),
         }
     }
@@ -376,6 +416,48 @@ impl Trainer {
     pub fn task(&self) -> Task {
         self.cfg.model.task
     }
+}
+
+/// The feature stage a fit uses, and why it is native when it is. A refusal of a requested
+/// replay is logged here, once.
+fn choose_stage(
+    cfg: &Config,
+    model: &Yolo,
+    device: &Device,
+    multi_device: bool,
+) -> (FeatureStage, Option<String>) {
+    let enabled = cfg.model.capture_network;
+    let reference = enabled.then(|| cfg.model.yolo().init(&Device::flex()));
+    let verdict = match &reference {
+        None => Err("model.capture_network = false".to_string()),
+        Some(reference) => eligibility::check(&Setup {
+            enabled,
+            device,
+            multi_device,
+            task: cfg.model.task,
+            model,
+            reference,
+        }),
+    };
+    match verdict {
+        Ok(()) => (replay_stage(device), None),
+        Err(why) => {
+            if enabled {
+                eprintln!("feature replay off: {why}; the backbone and neck run natively");
+            }
+            (FeatureStage::Native, Some(why))
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn replay_stage(device: &Device) -> FeatureStage {
+    FeatureStage::Replay(Box::new(crate::capture::recorder::Recorder::new(device)))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn replay_stage(_device: &Device) -> FeatureStage {
+    unreachable!("eligibility refuses replay without the CUDA backend")
 }
 
 /// Keypoint order after a horizontal flip: the YOLO yaml's `flip_idx`, COCO's for 17 keypoints,
@@ -400,6 +482,8 @@ pub struct StateHashes {
     pub ema: String,
     pub optimizer: String,
     pub scheduler: String,
+    /// FP16 loss scaler ("none" in FP32/BF16).
+    pub scaler: String,
     /// Every per-step loss vector.
     pub losses: String,
 }

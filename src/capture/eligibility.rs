@@ -1,0 +1,170 @@
+//! Whether a fit may replay its feature stage, decided before anything is recorded. Every "no"
+//! carries the reason, which the trainer logs once and keeps (`Trainer::replay_off`).
+
+use crate::model::{Task, Yolo};
+use crate::optim::groups::param_table;
+use burn::prelude::*;
+
+/// What eligibility looks at.
+#[derive(Clone, Copy)]
+pub struct Setup<'a> {
+    pub enabled: bool,
+    pub device: &'a Device,
+    pub multi_device: bool,
+    pub task: Task,
+    pub model: &'a Yolo,
+    /// A freshly built model of the configured type: the head certificate.
+    pub reference: &'a Yolo,
+}
+
+/// `Ok` when the feature stage may be recorded; otherwise why not. The device is checked last so
+/// that every other rule can be tested on the CPU.
+pub fn check(s: &Setup) -> Result<(), String> {
+    if !s.enabled {
+        return Err("model.capture_network = false".into());
+    }
+    if s.multi_device {
+        return Err("data-parallel training (multi-device) replays per rank untested".into());
+    }
+    if s.task != Task::Pose {
+        return Err("detection models are not recorded yet".into());
+    }
+    let frozen: Vec<String> = frozen_params(s.model)
+        .into_iter()
+        .filter(|p| p.starts_with("backbone.") || p.starts_with("neck."))
+        .collect();
+    if !frozen.is_empty() {
+        return Err(format!("frozen feature layers: {}", frozen.join(", ")));
+    }
+    let (got, want) = (head_certificate(s.model), head_certificate(s.reference));
+    if got != want {
+        let diff = got
+            .iter()
+            .zip(&want)
+            .find(|(a, b)| a != b)
+            .map(|(a, b)| format!("{a} instead of {b}"))
+            .unwrap_or_else(|| format!("{} head tensors instead of {}", got.len(), want.len()));
+        return Err(format!("the head is not the registered pose head: {diff}"));
+    }
+    if !cfg!(feature = "cuda") {
+        return Err("this build has no CUDA backend".into());
+    }
+    if !is_cuda(s.device) {
+        return Err(format!("device {:?} is not CUDA", s.device));
+    }
+    Ok(())
+}
+
+fn is_cuda(device: &Device) -> bool {
+    format!("{:?}", device.clone().inner())
+        .to_lowercase()
+        .contains("cuda")
+}
+
+/// The head's topology: every tensor's path and shape, in order.
+pub fn head_certificate(model: &Yolo) -> Vec<String> {
+    param_table(model)
+        .into_iter()
+        .filter(|p| p.path.starts_with("head."))
+        .map(|p| format!("{} {:?}", p.path, p.dims))
+        .collect()
+}
+
+/// Parameters (not BN running statistics) that do not require gradients.
+pub fn frozen_params(model: &Yolo) -> Vec<String> {
+    use burn::module::{Module, ModuleVisitor, Param};
+    #[derive(Default)]
+    struct V {
+        path: Vec<String>,
+        frozen: Vec<String>,
+    }
+    impl ModuleVisitor for V {
+        fn enter_module(&mut self, name: &str, _: &str) {
+            self.path.push(name.to_string());
+        }
+        fn exit_module(&mut self, _: &str, _: &str) {
+            self.path.pop();
+        }
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            let stat = matches!(
+                self.path.last().map(String::as_str),
+                Some("running_mean" | "running_var")
+            );
+            if !stat && !param.val().is_require_grad() {
+                self.frozen.push(self.path.join("."));
+            }
+        }
+    }
+    let mut v = V::default();
+    model.visit(&mut v);
+    v.frozen
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Scale, YoloConfig};
+
+    fn pose(nc: usize, kpts: usize) -> Yolo {
+        YoloConfig::new(Scale::N, Task::Pose)
+            .with_nc(nc)
+            .with_kpt_shape([kpts, 3])
+            .init(&Device::flex().autodiff())
+    }
+
+    #[test]
+    fn every_fallback_names_its_reason() {
+        let device = Device::flex().autodiff();
+        let model = pose(1, 17);
+        let reference = pose(1, 17);
+        let ok = Setup {
+            enabled: true,
+            device: &device,
+            multi_device: false,
+            task: Task::Pose,
+            model: &model,
+            reference: &reference,
+        };
+        let why = |s: Setup| check(&s).unwrap_err();
+        assert!(
+            why(Setup {
+                enabled: false,
+                ..ok
+            })
+            .contains("capture_network = false")
+        );
+        assert!(
+            why(Setup {
+                multi_device: true,
+                ..ok
+            })
+            .contains("multi-device")
+        );
+        assert!(
+            why(Setup {
+                task: Task::Detect,
+                ..ok
+            })
+            .contains("detection")
+        );
+        let other = pose(1, 5);
+        let e = why(Setup {
+            model: &other,
+            ..ok
+        });
+        assert!(
+            e.contains("registered pose head") && e.contains("instead of"),
+            "{e}"
+        );
+        let mut frozen = pose(1, 17);
+        frozen.backbone.l2 = frozen.backbone.l2.clone().no_grad();
+        let e = why(Setup {
+            model: &frozen,
+            ..ok
+        });
+        assert!(e.contains("frozen") && e.contains("backbone.l2."), "{e}");
+        // Everything else is fine; the CPU device is what refuses.
+        let e = why(ok);
+        assert!(e.contains("CUDA"), "{e}");
+    }
+}

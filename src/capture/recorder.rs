@@ -1,0 +1,252 @@
+//! `Recorder`: the backbone + neck of the pose model recorded into two CUDA graphs on the first
+//! training step and replayed on every later one (docs/capture.md).
+//!
+//! The graphs run on a private copy of the backbone and neck whose tensors are static buffers.
+//! Before each forward replay the trainer's current parameters and BatchNorm running statistics
+//! are copied into them (so the graph always sees the new weights, and warm-up or recording runs
+//! never touch the trainer's state); after it the updated running statistics are copied back.
+
+use super::copy::{copy_into, duplicate};
+use super::stage::{leaves_of, seeded_root};
+use crate::model::Yolo;
+use crate::model::backbone::Features;
+use crate::optim::grads::{get_flat, put_flat};
+use crate::optim::groups::{ParamInfo, param_table};
+use crate::optim::tensors::{float_tensors, replace_float_tensors};
+use burn::backend::{Backend, BackendTensor, Dispatch, DispatchTensor, DispatchTensorKind};
+use burn::optim::GradientsParams;
+use burn::prelude::*;
+use burn_cubecl::tensor::CubeTensor;
+use std::collections::HashMap;
+
+type Graph = burn::backend::BackendGraph<Dispatch>;
+
+/// Eager forward + seeded backward runs before each recording: they settle every allocation the
+/// recorded launches will reuse (burn_capture.md §2.5).
+const WARMUPS: usize = 3;
+
+/// Why recording failed; the trainer then stays native and says so.
+#[derive(Debug, thiserror::Error)]
+#[error("feature replay: {0}")]
+pub struct RecordError(pub String);
+
+pub struct Recorder {
+    device: Device,
+    state: Option<Recorded>,
+    control: Control,
+}
+
+/// Deliberately broken variants, kept so that the parity tests can show they catch them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Control {
+    /// The real recorder.
+    None,
+    /// Records on the trainer's own modules instead of a private copy, so the warm-up and
+    /// recording runs update the trainer's BatchNorm statistics (no rollback).
+    SkipRollback,
+}
+
+/// Everything the two graphs read or write, kept alive for as long as they exist.
+struct Recorded {
+    forward: Graph,
+    backward: Graph,
+    /// The private backbone + neck: never read again, but the graphs read its buffers.
+    _net: Yolo,
+    input: Tensor<4>,
+    /// `(path, static buffer)` of every parameter and of the running statistics the recorded
+    /// forward reads.
+    sources: Vec<(String, Tensor<1>)>,
+    /// `(path, buffer)` of the running statistics the recorded forward writes.
+    updated: Vec<(String, Tensor<1>)>,
+    features: [Tensor<4>; 3],
+    seeds: [Tensor<4>; 3],
+    /// Parameter gradients the recorded backward writes, with the trainer's parameter entry.
+    grads: Vec<(ParamInfo, Tensor<1>)>,
+}
+
+fn cube<const D: usize>(t: Tensor<D>) -> CubeTensor {
+    match t.inner().into_dispatch().kind {
+        DispatchTensorKind::Cube(BackendTensor::Float(c)) => c,
+        _ => panic!("feature replay: tensor is not a CUDA float tensor"),
+    }
+}
+
+fn from_cube<const D: usize>(c: CubeTensor) -> Tensor<D> {
+    Tensor::from_dispatch(DispatchTensor {
+        kind: DispatchTensorKind::Cube(BackendTensor::Float(c)),
+        autodiff: Default::default(),
+    })
+}
+
+fn write<const D: usize>(src: Tensor<D>, dst: &Tensor<D>) {
+    copy_into(cube(src), &cube(dst.clone()));
+}
+
+fn copy_of<const D: usize>(t: Tensor<D>) -> Tensor<D> {
+    from_cube(duplicate(cube(t)))
+}
+
+fn is_running_stat(path: &str) -> bool {
+    path.ends_with("running_mean") || path.ends_with("running_var")
+}
+
+fn is_feature_stage(path: &str) -> bool {
+    path.starts_with("backbone.") || path.starts_with("neck.")
+}
+
+impl Recorder {
+    /// A recorder for `device` (the autodiff CUDA device); it records on the first forward.
+    pub fn new(device: &Device) -> Self {
+        Self::with_control(device, Control::None)
+    }
+
+    /// A recorder with a negative control switched on (tests only).
+    pub fn with_control(device: &Device, control: Control) -> Self {
+        Self {
+            device: device.clone(),
+            state: None,
+            control,
+        }
+    }
+
+    pub fn forward(&mut self, model: &mut Yolo, images: Tensor<4>) -> Features {
+        if self.state.is_none() {
+            match record(model, images.clone(), &self.device, self.control) {
+                Ok(r) => self.state = Some(r),
+                Err(e) => panic!("{e}"),
+            }
+        }
+        let r = self.state.as_ref().expect("recorded");
+        let current: HashMap<String, Tensor<1>> =
+            float_tensors(&model.valid()).into_iter().collect();
+        for (path, buffer) in &r.sources {
+            write(current[path].clone(), buffer);
+        }
+        write(images, &r.input);
+        replay(&self.device, &r.forward);
+        let mut stats: HashMap<String, Tensor<1>> = r
+            .updated
+            .iter()
+            .map(|(p, t)| (p.clone(), Tensor::from_inner(copy_of(t.clone()))))
+            .collect();
+        let (updated, missing) = replace_float_tensors(model.clone(), &mut stats);
+        assert!(
+            missing.is_empty(),
+            "running statistics not in the model: {missing:?}"
+        );
+        *model = updated;
+        let [p3, p4, p5] = r.features.clone();
+        leaves_of(&Features { p3, p4, p5 })
+    }
+
+    pub fn backward(&mut self, seeds: [Tensor<4>; 3]) -> GradientsParams {
+        let r = self.state.as_ref().expect("forward before backward");
+        for (s, buffer) in seeds.into_iter().zip(&r.seeds) {
+            write(s, buffer);
+        }
+        replay(&self.device, &r.backward);
+        let mut out = GradientsParams::new();
+        for (p, g) in &r.grads {
+            put_flat(&mut out, p, copy_of(g.clone()));
+        }
+        out
+    }
+}
+
+fn replay(device: &Device, graph: &Graph) {
+    let inner = device.clone().inner();
+    // Safety: every buffer the graphs touch is owned by `Recorded` and lives as long as the
+    // graphs; refreshes and reads are issued from this (the capturing) thread.
+    unsafe { Dispatch::graph_replay(inner.as_dispatch(), graph) }
+        .unwrap_or_else(|e| panic!("feature replay: graph replay failed: {e:?}"));
+}
+
+fn record(
+    model: &Yolo,
+    images: Tensor<4>,
+    device: &Device,
+    control: Control,
+) -> Result<Recorded, RecordError> {
+    let err = |what: &str, e: &dyn std::fmt::Debug| RecordError(format!("{what}: {e:?}"));
+    let inner = device.clone().inner();
+    let dispatch = inner.as_dispatch();
+    // A private copy with its own buffers and its own BatchNorm state (`valid()` detaches the
+    // running statistics, which a plain clone would share), and the same parameter ids, so its
+    // gradients key like the trainer's.
+    let net = if control == Control::SkipRollback {
+        model.clone()
+    } else {
+        let net = model.valid().train();
+        let mut copies: HashMap<String, Tensor<1>> = float_tensors(&net.valid())
+            .into_iter()
+            .filter(|(p, _)| is_feature_stage(p))
+            .map(|(p, t)| (p, copy_of(t)))
+            .collect();
+        replace_float_tensors(net, &mut copies).0
+    };
+    let input = copy_of(images.inner());
+    let run = |net: &Yolo| net.features(Tensor::from_inner(input.clone()));
+    let shapes = run(&net).levels().map(|t| t.dims());
+    let seeds: [Tensor<4>; 3] = shapes.map(|s| Tensor::zeros(s, &inner));
+    let stage_tensors = |net: &Yolo, keep: fn(&str) -> bool| -> Vec<(String, Tensor<1>)> {
+        float_tensors(&net.valid())
+            .into_iter()
+            .filter(|(p, _)| is_feature_stage(p) && keep(p))
+            .collect()
+    };
+
+    Dispatch::graph_prepare(dispatch).map_err(|e| err("prepare", &e))?;
+    for _ in 0..WARMUPS {
+        let f = run(&net);
+        let grads = seeded_root(&f, &seeds).backward();
+        inner.sync().map_err(|e| err("warm-up sync", &e))?;
+        drop((f, grads));
+    }
+    // What the recorded forward reads. `valid()` also merges the warm-ups' pending running-stat
+    // updates now, outside the window.
+    let sources = stage_tensors(&net, |_| true);
+    inner.sync().map_err(|e| err("sync", &e))?;
+
+    Dispatch::graph_start_capture(dispatch).map_err(|e| err("start forward capture", &e))?;
+    let taped = run(&net);
+    // Merging the new running statistics inside the window records that step too, so these
+    // are buffers every replay rewrites.
+    let updated = stage_tensors(&net, is_running_stat);
+    let forward = Dispatch::graph_stop_capture(dispatch).map_err(|e| err("forward capture", &e))?;
+
+    Dispatch::graph_prepare(dispatch).map_err(|e| err("prepare backward", &e))?;
+    // The forward graph now holds its pages; the backward needs room outside them. One more
+    // eager forward + backward (on a twin with its own autodiff leaves, so the recorded tape's
+    // parameter leaves stay unconsumed) makes the pool grow by what the backward allocates.
+    {
+        let twin = net.valid().train();
+        let f = run(&twin);
+        let grads = seeded_root(&f, &seeds).backward();
+        inner.sync().map_err(|e| err("backward warm-up sync", &e))?;
+        drop((f, grads, twin));
+    }
+    Dispatch::graph_start_capture(dispatch).map_err(|e| err("start backward capture", &e))?;
+    let all = GradientsParams::from_grads(seeded_root(&taped, &seeds).backward(), &net);
+    let grads: Vec<(ParamInfo, Tensor<1>)> = param_table(&net)
+        .into_iter()
+        .filter(|p| is_feature_stage(&p.path))
+        .filter_map(|p| get_flat(&all, &p).map(|g| (p, g)))
+        .collect();
+    let backward =
+        Dispatch::graph_stop_capture(dispatch).map_err(|e| err("backward capture", &e))?;
+    drop(all);
+    inner.sync().map_err(|e| err("sync after capture", &e))?;
+
+    let features = taped.into_levels().map(|t| t.inner());
+    Ok(Recorded {
+        forward,
+        backward,
+        _net: net,
+        input,
+        sources,
+        updated,
+        features,
+        seeds,
+        grads,
+    })
+}

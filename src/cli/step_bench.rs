@@ -1,0 +1,81 @@
+//! `burnpose bench-step`: post-warm-up training step time of a config, native or replayed
+//! feature stage, with the device synchronised at both ends of every timed step, and the memory
+//! pool's peak use. One process measures one variant; run them alternately (benches/gpu/).
+
+use super::DeviceArg;
+use crate::config::Precision;
+use crate::train::Trainer;
+use std::path::Path;
+use std::time::Instant;
+
+pub struct Options {
+    pub device: Option<DeviceArg>,
+    pub replay: Option<bool>,
+    pub precision: Option<Precision>,
+    pub batch: Option<usize>,
+    pub skip: usize,
+    pub steps: usize,
+}
+
+pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
+    let (mut cfg, device, what) = super::config_and_device(config_path, o.device)?;
+    if let Some(r) = o.replay {
+        cfg.model.capture_network = r;
+    }
+    if let Some(p) = o.precision {
+        cfg.train.precision = p;
+    }
+    if let Some(b) = o.batch {
+        cfg.train.batch = b;
+        cfg.train.nbs = b;
+    }
+    let mut t = Trainer::new(cfg, config_path, device.clone())?;
+    let order = t.epoch_order(0);
+    let nb = t.batches_per_epoch();
+    let sync = || {
+        device
+            .sync()
+            .map_err(|e| anyhow::anyhow!("device sync failed: {e:?}"))
+    };
+    let (mut times, mut peak_use, mut peak_reserved) = (Vec::new(), 0u64, 0u64);
+    for i in 0..o.skip + o.steps {
+        // Batches are made outside the timed region; the loader is benchmarked on its own.
+        let batch = t.batch(&order, i % nb)?;
+        sync()?;
+        let start = Instant::now();
+        t.train_step(&batch);
+        sync()?;
+        if i >= o.skip {
+            times.push(start.elapsed().as_secs_f64() * 1e3);
+        }
+        if let Some(u) = device.memory_pool_usage() {
+            peak_use = peak_use.max(u.bytes_in_use);
+            peak_reserved = peak_reserved.max(u.bytes_reserved);
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    let q = |f: f64| times[((times.len() - 1) as f64 * f).round() as usize];
+    let h = t.state_hashes();
+    println!(
+        "bench-step {what} replay={} precision={:?} batch={} steps={} skip={}: median {:.2} ms (min {:.2}, p10 {:.2}, p90 {:.2}, max {:.2}); peak in use {:.0} MiB, reserved {:.0} MiB; hashes model {} optimizer {} losses {}",
+        t.stage.is_replay(),
+        t.cfg.train.precision,
+        t.cfg.train.batch,
+        o.steps,
+        o.skip,
+        q(0.5),
+        q(0.0),
+        q(0.1),
+        q(0.9),
+        q(1.0),
+        peak_use as f64 / 1048576.0,
+        peak_reserved as f64 / 1048576.0,
+        h.model,
+        h.optimizer,
+        h.losses
+    );
+    if let Some(why) = &t.replay_off {
+        println!("feature stage native: {why}");
+    }
+    Ok(())
+}

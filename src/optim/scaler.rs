@@ -1,0 +1,87 @@
+//! Dynamic loss scaling for FP16 training (`torch.amp.GradScaler` with its defaults): the loss is
+//! multiplied by `scale` before backward so small FP16 gradients do not flush to zero; before the
+//! optimizer step the gradients are unscaled and, if any is inf/NaN, the step is skipped and the
+//! scale halved; after `growth_interval` clean steps in a row it doubles.
+
+use super::grads::{put_flat, take_flat};
+use super::groups::ParamInfo;
+use super::hash::StateHasher;
+use burn::optim::GradientsParams;
+use burn::prelude::*;
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LossScaler {
+    /// Kept as f32, as PyTorch keeps it, so the unscale factor is the same number.
+    pub scale: f32,
+    pub growth_factor: f32,
+    pub backoff_factor: f32,
+    pub growth_interval: u64,
+    /// Clean steps since the last change of scale.
+    pub growth_tracker: u64,
+    /// Optimizer steps skipped for inf/NaN gradients (reported, not part of PyTorch's state).
+    pub skipped: u64,
+}
+
+impl Default for LossScaler {
+    fn default() -> Self {
+        Self {
+            scale: 65536.0,
+            growth_factor: 2.0,
+            backoff_factor: 0.5,
+            growth_interval: 2000,
+            growth_tracker: 0,
+            skipped: 0,
+        }
+    }
+}
+
+impl LossScaler {
+    /// The loss to call `backward` on.
+    pub fn scale_loss(&self, loss: Tensor<1>) -> Tensor<1> {
+        loss * self.scale
+    }
+
+    /// Divides every gradient by the scale in place. Returns `true` when all of them are
+    /// finite (the step may proceed). One host read per call.
+    pub fn unscale(&self, grads: &mut GradientsParams, table: &[ParamInfo]) -> bool {
+        let inv = (1.0f64 / self.scale as f64) as f32;
+        let mut sums = Vec::new();
+        for p in table {
+            if let Some(g) = take_flat(grads, p) {
+                let g = g * inv;
+                sums.push(g.clone().abs().sum());
+                put_flat(grads, p, g);
+            }
+        }
+        if sums.is_empty() {
+            return true;
+        }
+        // inf and NaN survive a sum of absolute values; no finite set of gradients gets there.
+        let total: f32 = Tensor::cat(sums, 0).sum().into_scalar::<f32>();
+        total.is_finite()
+    }
+
+    /// Records the outcome of a step: back off after inf/NaN, grow after a clean streak.
+    pub fn update(&mut self, finite: bool) {
+        if finite {
+            self.growth_tracker += 1;
+            if self.growth_tracker == self.growth_interval {
+                self.scale *= self.growth_factor;
+                self.growth_tracker = 0;
+            }
+        } else {
+            self.scale *= self.backoff_factor;
+            self.growth_tracker = 0;
+            self.skipped += 1;
+        }
+    }
+
+    pub fn state_hash(&self) -> String {
+        let mut h = StateHasher::new();
+        h.f64("scale", self.scale as f64);
+        h.u64("growth_tracker", self.growth_tracker);
+        h.u64("skipped", self.skipped);
+        h.finish()
+    }
+}
