@@ -70,6 +70,8 @@ fn fit_trains_and_writes_run_folder() {
     let csv = std::fs::read_to_string(run.join("results.csv")).unwrap();
     assert_eq!(csv.lines().count(), 3, "{csv}");
     assert!(run.join("last.safetensors").is_file() && run.join("config.toml").is_file());
+    let png = image::open(run.join("results.png")).expect("results.png decodes");
+    assert!(png.width() > 0 && png.height() > 0);
     let (ok, text) = burnpose(&[
         "fit",
         cfg.to_str().unwrap(),
@@ -96,4 +98,49 @@ fn fit_with_bad_config_names_file_and_key() {
     );
     let (ok, text) = burnpose(&["fit", "configs/does_not_exist.toml"]);
     assert!(!ok && text.contains("does_not_exist.toml"), "{text}");
+}
+
+/// `bench` runs fresh fit processes for both arms and writes the comparison. On the CPU the replay
+/// arm falls back to native, which the table must say; both arms then compute the same thing, so
+/// their hashes must match.
+#[test]
+fn bench_runs_pairs_and_writes_tables() {
+    let dir = std::env::temp_dir().join(format!("burnpose-cli-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("tiny.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[data]\nimgsz = 64\ntrain_images = 4\nval_images = 2\n[train]\nepochs = 1\nbatch = 2\nnbs = 2\n[output]\ndir = {:?}\n",
+            dir.join("runs").to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let out = dir.join("bench");
+    let (ok, text) = burnpose(&[
+        "bench",
+        cfg.to_str().unwrap(),
+        "--pairs",
+        "1",
+        "--skip",
+        "1",
+        "--device",
+        "cpu",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(ok, "{text}");
+    let md = std::fs::read_to_string(out.join("bench.md")).unwrap();
+    assert!(md.contains("| complete fit (s) |"), "{md}");
+    assert!(md.contains("pair 1: equal"), "{md}");
+    assert!(
+        md.contains("replay arm ran natively") && md.contains("CUDA"),
+        "{md}"
+    );
+    let csv = std::fs::read_to_string(out.join("bench.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 3, "{csv}");
+    // Two steps per fit, one skipped: the step column is filled.
+    let row: Vec<&str> = csv.lines().nth(1).unwrap().split(',').collect();
+    assert!(row[5].parse::<f64>().unwrap() > 0.0, "{csv}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

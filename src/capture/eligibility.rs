@@ -72,32 +72,13 @@ pub fn head_certificate(model: &Yolo) -> Vec<String> {
 
 /// Parameters (not BN running statistics) that do not require gradients.
 pub fn frozen_params(model: &Yolo) -> Vec<String> {
-    use burn::module::{Module, ModuleVisitor, Param};
-    #[derive(Default)]
-    struct V {
-        path: Vec<String>,
-        frozen: Vec<String>,
-    }
-    impl ModuleVisitor for V {
-        fn enter_module(&mut self, name: &str, _: &str) {
-            self.path.push(name.to_string());
-        }
-        fn exit_module(&mut self, _: &str, _: &str) {
-            self.path.pop();
-        }
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            let stat = matches!(
-                self.path.last().map(String::as_str),
-                Some("running_mean" | "running_var")
-            );
-            if !stat && !param.val().is_require_grad() {
-                self.frozen.push(self.path.join("."));
-            }
-        }
-    }
-    let mut v = V::default();
-    model.visit(&mut v);
-    v.frozen
+    crate::optim::tensors::visit_floats(model)
+        .into_iter()
+        .filter(|(path, _, tracked)| {
+            !tracked && !path.ends_with("running_mean") && !path.ends_with("running_var")
+        })
+        .map(|(path, _, _)| path)
+        .collect()
 }
 
 #[cfg(test)]

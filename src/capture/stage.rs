@@ -6,6 +6,7 @@
 
 use crate::model::Yolo;
 use crate::model::backbone::Features;
+use crate::optim::reduce::sum_all;
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::Gradients;
@@ -98,9 +99,9 @@ pub fn seeded_root(features: &Features, seeds: &[Tensor<4>; 3]) -> Tensor<1> {
         .levels()
         .into_iter()
         .zip(seeds)
-        .map(|(f, s)| (f.clone() * Tensor::from_inner(s.clone())).sum())
+        .map(|(f, s)| sum_all(f.clone() * Tensor::from_inner(s.clone())))
         .collect();
-    Tensor::cat(terms, 0).sum()
+    sum_all(Tensor::cat(terms, 0))
 }
 
 /// Moves every gradient of `from` into `into` (the two cover different parameters).

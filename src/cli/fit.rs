@@ -10,12 +10,26 @@ use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::{Path, PathBuf};
 
-pub fn run(
-    config_path: &Path,
-    name: Option<String>,
-    resume: Option<PathBuf>,
-    device_arg: Option<DeviceArg>,
-) -> anyhow::Result<()> {
+/// What `fit` takes besides the config.
+#[derive(Default)]
+pub struct FitOptions {
+    pub name: Option<String>,
+    pub resume: Option<PathBuf>,
+    pub device: Option<DeviceArg>,
+    /// Override `model.capture_network`.
+    pub replay: Option<bool>,
+    /// Write a benchmark report (JSON, `bench::FitReport`) here; also times every step.
+    pub report: Option<PathBuf>,
+}
+
+pub fn run(config_path: &Path, o: FitOptions) -> anyhow::Result<()> {
+    let FitOptions {
+        name,
+        resume,
+        device: device_arg,
+        replay,
+        report: report_path,
+    } = o;
     let process_start = std::time::Instant::now();
     let mut cfg = match &resume {
         Some(ckpt) => checkpoint::read_config(ckpt)?,
@@ -24,9 +38,16 @@ pub fn run(
     if let Some(n) = name {
         cfg.output.name = n;
     }
+    if let Some(r) = replay {
+        cfg.model.capture_network = r;
+    }
     let (device, what) = super::device_for(&mut cfg, config_path, device_arg)?;
     let run_dir = cfg.output.dir.join(&cfg.output.name);
-    let mut trainer = Trainer::new(cfg, config_path, device)?;
+    let fit_start = std::time::Instant::now();
+    let mut trainer = Trainer::new(cfg, config_path, device.clone())?;
+    if report_path.is_some() {
+        trainer.timing = Some(Default::default());
+    }
     if let Some(ckpt) = &resume {
         checkpoint::load_into(&mut trainer, ckpt)?;
         println!(
@@ -122,9 +143,16 @@ pub fn run(
             checkpoint::save(&trainer, &run_dir.join("best.safetensors"))?;
         }
     }
+    device
+        .sync()
+        .map_err(|e| anyhow::anyhow!("device sync failed: {e:?}"))?;
+    let fit_s = fit_start.elapsed().as_secs_f64();
     let h = trainer.state_hashes();
+    if let Some(path) = &report_path {
+        super::bench::FitReport::of(&trainer, fit_s, h.clone()).write(path)?;
+    }
     println!(
-        "done: {} epochs; results in {}",
+        "done: {} epochs in {fit_s:.1} s; results in {}",
         trainer.epoch,
         run_dir.join("results.csv").display()
     );

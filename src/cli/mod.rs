@@ -1,5 +1,6 @@
 //! Command-line interface: argument types and the commands behind them.
 
+mod bench;
 mod fit;
 mod info;
 mod smoke;
@@ -36,6 +37,13 @@ pub enum Command {
         /// Override the config's device.
         #[arg(long, value_enum)]
         device: Option<DeviceArg>,
+        /// Override `model.capture_network` (feature replay).
+        #[arg(long)]
+        replay: Option<bool>,
+        /// Write a benchmark report (JSON) to this file; every step is then timed between
+        /// device syncs.
+        #[arg(long)]
+        report: Option<PathBuf>,
     },
     /// Print the model summary: layers, parameters, GFLOPs.
     Info {
@@ -66,30 +74,32 @@ pub enum Command {
         #[arg(long, value_enum)]
         device: Option<DeviceArg>,
     },
+    /// Write the config's built-in train/val images as a YOLO-pose dataset (PNG + labels +
+    /// data.yaml), e.g. for training Ultralytics on the same images (benches/peer/).
+    ExportYolo { config: PathBuf, dir: PathBuf },
     /// Run a checkpoint on images (not available yet).
     Predict { config: PathBuf },
-    /// Complete-fit benchmark, native vs replay (not available yet).
-    Bench { config: PathBuf },
+    /// Complete-fit benchmark: fresh `fit` processes, native and replay alternately, for N
+    /// pairs; prints and writes (CSV + markdown) the comparison table.
+    Bench {
+        config: PathBuf,
+        /// Native/replay pairs.
+        #[arg(long, default_value_t = 5)]
+        pairs: usize,
+        /// Where runs, reports and the tables go.
+        #[arg(long, default_value = "runs/bench")]
+        out: PathBuf,
+        #[arg(long, value_enum)]
+        device: Option<DeviceArg>,
+        /// Steps excluded from the post-warm-up step time.
+        #[arg(long, default_value_t = 64)]
+        skip: usize,
+    },
     /// Post-warm-up training step time of a config (native or replayed feature stage).
     BenchStep {
         config: PathBuf,
-        #[arg(long, value_enum)]
-        device: Option<DeviceArg>,
-        /// Override `model.capture_network`.
-        #[arg(long)]
-        replay: Option<bool>,
-        /// Override `train.precision` (fp32, fp16, bf16).
-        #[arg(long)]
-        precision: Option<String>,
-        /// Override `train.batch` (and `train.nbs`, so every step is an optimizer step).
-        #[arg(long)]
-        batch: Option<usize>,
-        /// Steps run before timing starts.
-        #[arg(long, default_value_t = 64)]
-        skip: usize,
-        /// Timed steps.
-        #[arg(long, default_value_t = 64)]
-        steps: usize,
+        #[command(flatten)]
+        options: step_bench::Options,
     },
     /// Time forward+backward passes of the full model on random images (device check).
     Smoke {
@@ -154,7 +164,25 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             name,
             resume,
             device,
-        } => fit::run(&config, name, resume, device),
+            replay,
+            report,
+        } => fit::run(
+            &config,
+            fit::FitOptions {
+                name,
+                resume,
+                device,
+                replay,
+                report,
+            },
+        ),
+        Command::Bench {
+            config,
+            pairs,
+            out,
+            device,
+            skip,
+        } => bench::run(&config, pairs, &out, device, skip),
         Command::Info {
             config,
             scale,
@@ -168,41 +196,42 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             imgsz,
             steps,
         } => smoke::run(device.into(), batch, imgsz, steps),
-        Command::BenchStep {
-            config,
-            device,
-            replay,
-            precision,
-            batch,
-            skip,
-            steps,
-        } => {
-            let precision = precision
-                .map(|p| {
-                    toml::Value::String(p.clone()).try_into().map_err(|_| {
-                        anyhow::anyhow!("--precision {p}: expected fp32, fp16 or bf16")
-                    })
-                })
-                .transpose()?;
-            step_bench::run(
-                &config,
-                step_bench::Options {
-                    device,
-                    replay,
-                    precision,
-                    batch,
-                    skip,
-                    steps,
-                },
-            )
-        }
+        Command::BenchStep { config, options } => step_bench::run(&config, options),
         Command::Val {
             config,
             checkpoint,
             device,
         } => val::run(&config, checkpoint, device),
         Command::Warmup { config, device } => warmup::run(&config, device),
-        Command::Predict { .. } | Command::Bench { .. } => {
+        Command::ExportYolo { config, dir } => {
+            use anyhow::Context;
+            let cfg = crate::config::Config::load(&config)?;
+            anyhow::ensure!(
+                cfg.data.source == crate::config::DataSource::Builtin,
+                "{}: key `data.source`: export-yolo writes the built-in dataset; this config reads files already",
+                config.display()
+            );
+            let size = cfg.data.imgsz as u32;
+            let seed = cfg.train.seed;
+            // The same seeds as `data::source::Source::open`.
+            let train =
+                crate::data::builtin::BuiltinDataset::new(cfg.data.train_images, size, seed);
+            let val = crate::data::builtin::BuiltinDataset::new(
+                cfg.data.val_images,
+                size,
+                seed ^ crate::data::source::VAL_SEED_MIX,
+            );
+            let yaml = crate::data::export::write_yolo(&train, &val, &dir)
+                .with_context(|| format!("exporting to {}", dir.display()))?;
+            println!(
+                "wrote {} train and {} val images; dataset yaml {}",
+                train.len,
+                val.len,
+                yaml.display()
+            );
+            Ok(())
+        }
+        Command::Predict { .. } => {
             anyhow::bail!("this command is planned but not implemented yet (see the open issues)")
         }
     }

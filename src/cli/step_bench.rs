@@ -8,12 +8,24 @@ use crate::train::Trainer;
 use std::path::Path;
 use std::time::Instant;
 
+#[derive(clap::Args, Debug)]
 pub struct Options {
+    #[arg(long, value_enum)]
     pub device: Option<DeviceArg>,
+    /// Override `model.capture_network`.
+    #[arg(long)]
     pub replay: Option<bool>,
+    /// Override `train.precision`.
+    #[arg(long, value_enum)]
     pub precision: Option<Precision>,
+    /// Override `train.batch` (and `train.nbs`, so every step is an optimizer step).
+    #[arg(long)]
     pub batch: Option<usize>,
+    /// Steps run before timing starts.
+    #[arg(long, default_value_t = 64)]
     pub skip: usize,
+    /// Timed steps.
+    #[arg(long, default_value_t = 64)]
     pub steps: usize,
 }
 

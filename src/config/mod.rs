@@ -153,7 +153,7 @@ pub enum CacheMode {
 }
 
 /// Numeric precision of the forward/backward pass (master weights stay FP32).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Precision {
     Fp32,

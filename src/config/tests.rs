@@ -18,6 +18,9 @@ fn shipped_configs_parse() {
         "configs/pose_nano.toml",
         "configs/pose_minicoco.toml",
         "configs/minicoco_overfit.toml",
+        "configs/coldstart.toml",
+        "configs/bench_seed.toml",
+        "configs/bench_small.toml",
     ] {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(name);
         Config::load(&path).unwrap_or_else(|e| panic!("{e}"));

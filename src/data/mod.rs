@@ -7,6 +7,7 @@ pub mod builtin;
 pub mod coco;
 pub mod device_hsv;
 pub mod error;
+pub mod export;
 pub mod hsv;
 pub mod letterbox;
 pub mod loader;

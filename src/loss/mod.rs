@@ -9,6 +9,7 @@ pub mod terms;
 use crate::data::Instance;
 use crate::model::flow::RealNvp;
 use crate::model::{HeadOutput, Task};
+use crate::optim::reduce::sum_all;
 use assign::{Anchors, AssignerConfig};
 use burn::prelude::*;
 use targets::{BranchTargets, build_targets};
@@ -108,7 +109,7 @@ impl E2eLoss {
                 .map(|(t, g)| t * g)
                 .collect();
             let vector = Tensor::cat(parts, 0);
-            (vector.clone().sum() * batch as f32, vector)
+            (sum_all(vector.clone()) * batch as f32, vector)
         };
         let b = targets.one2many.batch;
         let (o2m, _) = weighted(

@@ -4,6 +4,7 @@
 use super::targets::BranchTargets;
 use crate::model::BranchOutput;
 use crate::model::flow::RealNvp;
+use crate::optim::reduce::sum_all;
 use burn::prelude::*;
 use burn::tensor::activation::sigmoid;
 
@@ -46,7 +47,7 @@ pub fn branch_terms(
         TensorData::new(t.target_scores.clone(), [t.batch, t.nc, t.anchors]),
         &device,
     );
-    let cls = bce_with_logits(out.scores.clone(), scores).sum() / t.score_sum;
+    let cls = sum_all(bce_with_logits(out.scores.clone(), scores)) / t.score_sum;
     let zero = || Tensor::<1>::zeros([1], &device);
     let n = t.num_fg();
     if n == 0 {
@@ -79,7 +80,7 @@ pub fn branch_terms(
         1,
     );
     let iou = ciou(pred_box, gt_box.clone());
-    let box_loss = ((iou.neg() + 1.0) * weight.clone()).sum() / t.score_sum;
+    let box_loss = sum_all((iou.neg() + 1.0) * weight.clone()) / t.score_sum;
     let target_ltrb = Tensor::cat(
         vec![
             ax.clone() - part(&gt_box, 0),
@@ -101,7 +102,7 @@ pub fn branch_terms(
         .abs()
         .mean_dim(1)
         .reshape([n]);
-    let l1 = (l1 * weight).sum() / t.score_sum;
+    let l1 = sum_all(l1 * weight) / t.score_sum;
 
     let (Some(kpts), Some(sigma_raw)) = (&out.kpts, &out.kpts_sigma) else {
         return [box_loss, zero(), zero(), cls, l1, zero()];
@@ -165,7 +166,7 @@ pub fn branch_terms(
             )
             .reshape([m, 1]);
             let l = (per_coord.sum_dim(1) - log_phi * 2.0) * wj;
-            (l.sum() / m as f32).clamp_min(0.0)
+            (sum_all(l) / m as f32).clamp_min(0.0)
         }
         _ => zero(),
     };

@@ -4,6 +4,7 @@
 
 use super::grads::{get_flat, put_flat, take_flat};
 use super::groups::ParamInfo;
+use crate::optim::reduce::sum_all;
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 
@@ -15,12 +16,12 @@ pub fn clip_global_norm(
 ) -> Option<Tensor<1>> {
     let squares: Vec<Tensor<1>> = table
         .iter()
-        .filter_map(|p| get_flat(grads, p).map(|g| g.powi_scalar(2).sum()))
+        .filter_map(|p| get_flat(grads, p).map(|g| sum_all(g.powi_scalar(2))))
         .collect();
     if squares.is_empty() {
         return None;
     }
-    let norm = Tensor::cat(squares, 0).sum().sqrt();
+    let norm = sum_all(Tensor::cat(squares, 0)).sqrt();
     let coef = (norm.clone().add_scalar(1e-6).recip() * max_norm).clamp_max(1.0);
     for p in table {
         if let Some(g) = take_flat(grads, p) {

@@ -8,6 +8,7 @@ pub mod groups;
 pub mod hash;
 pub mod newton_schulz;
 pub mod optimizer;
+pub mod reduce;
 pub mod scaler;
 pub mod schedule;
 pub mod tensors;

@@ -1,5 +1,6 @@
 //! Muon's orthogonalisation: five quintic Newton–Schulz steps (yolo_spec §4.4).
 
+use crate::optim::reduce::sum_all;
 use burn::prelude::*;
 
 pub const COEFFS: (f32, f32, f32) = (3.4445, -4.7750, 2.0315);
@@ -9,7 +10,7 @@ pub const COEFFS: (f32, f32, f32) = (3.4445, -4.7750, 2.0315);
 pub fn orthogonalize(g: Tensor<2>, steps: usize) -> Tensor<2> {
     let (a, b, c) = COEFFS;
     let [rows, cols] = g.dims();
-    let norm = g.clone().powi_scalar(2).sum().sqrt().reshape([1, 1]);
+    let norm = sum_all(g.clone().powi_scalar(2)).sqrt().reshape([1, 1]);
     let mut x = g / (norm + 1e-7);
     let tall = rows > cols;
     if tall {

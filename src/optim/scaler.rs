@@ -6,6 +6,7 @@
 use super::grads::{put_flat, take_flat};
 use super::groups::ParamInfo;
 use super::hash::StateHasher;
+use crate::optim::reduce::sum_all;
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -50,7 +51,7 @@ impl LossScaler {
         for p in table {
             if let Some(g) = take_flat(grads, p) {
                 let g = g * inv;
-                sums.push(g.clone().abs().sum());
+                sums.push(sum_all(g.clone().abs()));
                 put_flat(grads, p, g);
             }
         }
@@ -58,7 +59,7 @@ impl LossScaler {
             return true;
         }
         // inf and NaN survive a sum of absolute values; no finite set of gradients gets there.
-        let total: f32 = Tensor::cat(sums, 0).sum().into_scalar::<f32>();
+        let total: f32 = sum_all(Tensor::cat(sums, 0)).into_scalar::<f32>();
         total.is_finite()
     }
 

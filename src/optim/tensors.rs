@@ -8,9 +8,17 @@ use std::collections::HashMap;
 /// Every float tensor (as `[numel]`) with its dotted path, in visiting order. BatchNorm running
 /// statistics are read as stored: call it on `module.valid()` to include the latest update.
 pub fn float_tensors<M: Module>(module: &M) -> Vec<(String, Tensor<1>)> {
+    visit_floats(module)
+        .into_iter()
+        .map(|(path, t, _)| (path, t))
+        .collect()
+}
+
+/// [`float_tensors`] with whether each tensor requires a gradient (read before flattening).
+pub fn visit_floats<M: Module>(module: &M) -> Vec<(String, Tensor<1>, bool)> {
     struct V {
         path: Vec<String>,
-        out: Vec<(String, Tensor<1>)>,
+        out: Vec<(String, Tensor<1>, bool)>,
     }
     impl ModuleVisitor for V {
         fn enter_module(&mut self, name: &str, _: &str) {
@@ -21,8 +29,10 @@ pub fn float_tensors<M: Module>(module: &M) -> Vec<(String, Tensor<1>)> {
         }
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
             let t = param.val();
+            let tracked = t.is_require_grad();
             let n = t.shape().num_elements();
-            self.out.push((self.path.join("."), t.reshape([n])));
+            self.out
+                .push((self.path.join("."), t.reshape([n]), tracked));
         }
     }
     let mut v = V {

@@ -89,6 +89,17 @@ pub struct Trainer {
     pub stage: FeatureStage,
     /// Why the feature stage is native (`None` while replaying).
     pub replay_off: Option<String>,
+    /// When set, every training step is timed between two device syncs (benchmarks).
+    pub timing: Option<StepTiming>,
+}
+
+/// Per-step wall times (device synchronised at both ends) and the memory pool's largest use seen
+/// after a step.
+#[derive(Clone, Debug, Default)]
+pub struct StepTiming {
+    pub step_ms: Vec<f64>,
+    pub peak_in_use: u64,
+    pub peak_reserved: u64,
 }
 
 /// The optimizer 'auto' resolves to, with its lr0 and momentum (yolo_spec §4.2).
@@ -193,6 +204,7 @@ impl Trainer {
             scaler,
             stage,
             replay_off,
+            timing: None,
         })
     }
 
@@ -294,6 +306,30 @@ impl Trainer {
         items
     }
 
+    /// [`Trainer::train_step`], timed between device syncs when [`Trainer::timing`] is set.
+    fn timed_step(&mut self, batch: &Batch) -> Result<[f32; 6], TrainError> {
+        if self.timing.is_none() {
+            return Ok(self.train_step(batch));
+        }
+        let sync = |d: &Device| {
+            d.sync()
+                .map_err(|e| TrainError::Setup(format!("device sync failed: {e:?}")))
+        };
+        sync(&self.device)?;
+        let start = std::time::Instant::now();
+        let items = self.train_step(batch);
+        sync(&self.device)?;
+        let ms = start.elapsed().as_secs_f64() * 1e3;
+        let usage = self.device.memory_pool_usage();
+        let t = self.timing.as_mut().expect("checked above");
+        t.step_ms.push(ms);
+        if let Some(u) = usage {
+            t.peak_in_use = t.peak_in_use.max(u.bytes_in_use);
+            t.peak_reserved = t.peak_reserved.max(u.bytes_reserved);
+        }
+        Ok(items)
+    }
+
     /// An optimizer step (clip, update, EMA) now, whatever the accumulation count says; for
     /// `burnpose warmup`, which only needs the kernels it runs.
     pub fn force_optimizer_step(&mut self) {
@@ -356,7 +392,7 @@ impl Trainer {
                 .prefetch(self.epoch, order, first, nb, self.mosaic(self.epoch));
         while let Some(batch) = batches.next() {
             let (b, batch) = (batches.position() - 1, batch?);
-            let items = self.train_step(&batch);
+            let items = self.timed_step(&batch)?;
             for (s, v) in sums.iter_mut().zip(items) {
                 *s += v as f64;
             }
@@ -476,7 +512,7 @@ fn flip_idx(cfg: &Config, train: &Source) -> Option<Vec<usize>> {
 }
 
 /// Byte hashes of the training state.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct StateHashes {
     pub model: String,
     pub ema: String,

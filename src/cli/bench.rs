@@ -1,0 +1,271 @@
+//! `burnpose bench`: complete fits in fresh processes, native and replay alternately, compared.
+//! Each child is `burnpose fit CONFIG --replay B --report FILE`; the child times its whole fit
+//! (trainer construction to the last checkpoint, device synced at the end) and every step, and
+//! writes a [`FitReport`]; the parent times the whole process.
+
+use super::DeviceArg;
+use crate::train::{StateHashes, Trainer};
+use anyhow::Context;
+use clap::ValueEnum;
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+use std::time::Instant;
+
+/// What one benchmarked fit reports.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct FitReport {
+    pub replay: bool,
+    /// Why the feature stage ran natively, if it did.
+    pub replay_off: Option<String>,
+    pub fit_s: f64,
+    /// Every training step, device-synchronised at both ends.
+    pub step_ms: Vec<f64>,
+    pub peak_in_use_mib: f64,
+    pub peak_reserved_mib: f64,
+    pub hashes: StateHashes,
+    pub box_map: f64,
+    pub pose_map: f64,
+}
+
+impl FitReport {
+    pub fn of(t: &Trainer, fit_s: f64, hashes: StateHashes) -> Self {
+        let timing = t.timing.clone().unwrap_or_default();
+        let last = t.history.last();
+        Self {
+            replay: t.stage.is_replay(),
+            replay_off: t.replay_off.clone(),
+            fit_s,
+            step_ms: timing.step_ms,
+            peak_in_use_mib: timing.peak_in_use as f64 / 1048576.0,
+            peak_reserved_mib: timing.peak_reserved as f64 / 1048576.0,
+            hashes,
+            box_map: last.map_or(f64::NAN, |r| r.box_map),
+            pose_map: last.map_or(f64::NAN, |r| r.pose_map),
+        }
+    }
+
+    pub fn write(&self, path: &Path) -> anyhow::Result<()> {
+        write_atomic(path, &serde_json::to_string_pretty(self)?)
+    }
+}
+
+fn write_atomic(path: &Path, text: &str) -> anyhow::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
+}
+
+struct Run {
+    arm: &'static str,
+    pair: usize,
+    process_s: f64,
+    report: FitReport,
+}
+
+pub fn run(
+    config: &Path,
+    pairs: usize,
+    out: &Path,
+    device: Option<DeviceArg>,
+    skip: usize,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(pairs > 0, "--pairs must be at least 1");
+    let exe = std::env::current_exe().context("locating the burnpose binary")?;
+    let mut runs = Vec::new();
+    for pair in 0..pairs {
+        for (arm, replay) in [("native", false), ("replay", true)] {
+            let name = format!("bench-{arm}-{pair}");
+            let report_path = out.join("reports").join(format!("{name}.json"));
+            let log_path = out.join("logs").join(format!("{name}.log"));
+            std::fs::create_dir_all(log_path.parent().expect("has a parent"))?;
+            let log = std::fs::File::create(&log_path)
+                .with_context(|| format!("creating {}", log_path.display()))?;
+            let mut cmd = std::process::Command::new(&exe);
+            cmd.arg("fit")
+                .arg(config)
+                .args(["--name", &name, "--replay", &replay.to_string()])
+                .arg("--report")
+                .arg(&report_path)
+                .stdout(log.try_clone()?)
+                .stderr(log);
+            if let Some(d) = device {
+                let v = d.to_possible_value().expect("device values are named");
+                cmd.args(["--device", v.get_name()]);
+            }
+            println!("pair {}/{pairs}: {arm} fit ...", pair + 1);
+            let start = Instant::now();
+            let status = cmd.status().context("starting a fit process")?;
+            let process_s = start.elapsed().as_secs_f64();
+            anyhow::ensure!(
+                status.success(),
+                "the {arm} fit of pair {} failed ({status}); its output is in {}",
+                pair + 1,
+                log_path.display()
+            );
+            let text = std::fs::read_to_string(&report_path)
+                .with_context(|| format!("reading {}", report_path.display()))?;
+            let report: FitReport = serde_json::from_str(&text)
+                .with_context(|| format!("parsing {}", report_path.display()))?;
+            runs.push(Run {
+                arm,
+                pair,
+                process_s,
+                report,
+            });
+        }
+    }
+    let csv = runs_csv(&runs, skip);
+    write_atomic(&out.join("bench.csv"), &csv)?;
+    let md = table(&runs, pairs, skip, config);
+    write_atomic(&out.join("bench.md"), &md)?;
+    println!("{md}");
+    println!(
+        "written: {} and {}",
+        out.join("bench.csv").display(),
+        out.join("bench.md").display()
+    );
+    Ok(())
+}
+
+/// "equal", or which hashes differ.
+fn differing(a: &StateHashes, b: &StateHashes) -> String {
+    let parts = [
+        ("model", a.model == b.model),
+        ("EMA", a.ema == b.ema),
+        ("optimizer", a.optimizer == b.optimizer),
+        ("scheduler", a.scheduler == b.scheduler),
+        ("scaler", a.scaler == b.scaler),
+        ("per-step losses", a.losses == b.losses),
+    ];
+    let off: Vec<&str> = parts.iter().filter(|p| !p.1).map(|p| p.0).collect();
+    if off.is_empty() {
+        "equal".into()
+    } else {
+        format!("{} differ", off.join(", "))
+    }
+}
+
+/// Median of the steps after the first `skip`, if there are any.
+fn step_median(r: &FitReport, skip: usize) -> Option<f64> {
+    let mut v: Vec<f64> = r.step_ms.iter().skip(skip).copied().collect();
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    Some(v[v.len() / 2])
+}
+
+type Metric = (&'static str, fn(&Run, usize) -> Option<f64>);
+
+const METRICS: [Metric; 5] = [
+    ("complete fit (s)", |r, _| Some(r.report.fit_s)),
+    ("whole process (s)", |r, _| Some(r.process_s)),
+    ("post-warm-up step (ms)", |r, skip| {
+        step_median(&r.report, skip)
+    }),
+    ("peak in use after a step (MiB)", |r, _| {
+        Some(r.report.peak_in_use_mib)
+    }),
+    ("peak reserved (MiB)", |r, _| {
+        Some(r.report.peak_reserved_mib)
+    }),
+];
+
+fn runs_csv(runs: &[Run], skip: usize) -> String {
+    let mut s = String::from("pair,arm,replay_active");
+    for (name, _) in METRICS {
+        s += &format!(",{name}");
+    }
+    s += ",steps,box_mAP50-95,pose_mAP50-95,model_hash,optimizer_hash,losses_hash\n";
+    for r in runs {
+        s += &format!("{},{},{}", r.pair + 1, r.arm, r.report.replay);
+        for (_, f) in METRICS {
+            s += &f(r, skip).map_or(",".into(), |v| format!(",{v:.3}"));
+        }
+        let h = &r.report.hashes;
+        s += &format!(
+            ",{},{:.5},{:.5},{},{},{}\n",
+            r.report.step_ms.len(),
+            r.report.box_map,
+            r.report.pose_map,
+            h.model,
+            h.optimizer,
+            h.losses
+        );
+    }
+    s
+}
+
+fn summary(v: &[f64]) -> String {
+    if v.is_empty() {
+        return "n/a".into();
+    }
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    format!("{:.1} ({:.1}–{:.1})", s[s.len() / 2], s[0], s[s.len() - 1])
+}
+
+fn table(runs: &[Run], pairs: usize, skip: usize, config: &Path) -> String {
+    let arm = |name: &str, p: usize| runs.iter().find(|r| r.arm == name && r.pair == p);
+    let mut md = format!(
+        "Benchmark of `{}`: {pairs} pairs of fresh `fit` processes (native, replay, native, …); step times exclude the first {skip} steps.\n\n| metric | native median (range) | replay median (range) | paired reduction (range) |\n|---|---|---|---|\n",
+        config.display()
+    );
+    for (name, f) in METRICS {
+        let vals = |a: &str| -> Vec<f64> {
+            (0..pairs)
+                .filter_map(|p| arm(a, p).and_then(|r| f(r, skip)))
+                .collect()
+        };
+        let reductions: Vec<f64> = (0..pairs)
+            .filter_map(|p| {
+                let n = arm("native", p).and_then(|r| f(r, skip))?;
+                let r = arm("replay", p).and_then(|r| f(r, skip))?;
+                Some(100.0 * (1.0 - r / n))
+            })
+            .collect();
+        let red = if reductions.is_empty() {
+            "n/a".into()
+        } else {
+            let lo = reductions.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = reductions.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            format!("{lo:.1} % to {hi:.1} %")
+        };
+        md += &format!(
+            "| {name} | {} | {} | {red} |\n",
+            summary(&vals("native")),
+            summary(&vals("replay"))
+        );
+    }
+    md += "\nState hashes (model, EMA, optimizer, scheduler, scaler, per-step losses), native vs replay:";
+    for p in 0..pairs {
+        let verdict = match (arm("native", p), arm("replay", p)) {
+            (Some(n), Some(r)) => differing(&n.report.hashes, &r.report.hashes),
+            _ => "missing run".into(),
+        };
+        md += &format!(" pair {}: {verdict};", p + 1);
+    }
+    if pairs > 1 {
+        // The control: does the same arm reproduce itself from process to process?
+        for a in ["native", "replay"] {
+            if let (Some(x), Some(y)) = (arm(a, 0), arm(a, 1)) {
+                md += &format!(
+                    " {a} pair 1 vs pair 2: {};",
+                    differing(&x.report.hashes, &y.report.hashes)
+                );
+            }
+        }
+    }
+    md += "\n";
+    if let Some(why) = runs
+        .iter()
+        .filter(|r| r.arm == "replay")
+        .find_map(|r| r.report.replay_off.clone())
+    {
+        md += &format!("\n**The replay arm ran natively**: {why}.\n");
+    }
+    md
+}
