@@ -144,3 +144,23 @@ fn bench_runs_pairs_and_writes_tables() {
     assert!(row[5].parse::<f64>().unwrap() > 0.0, "{csv}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A missing file is named once, with the OS reason once (not repeated by the error chain).
+#[test]
+fn missing_files_are_reported_once() {
+    for args in [
+        vec!["fit", "/nonexistent/burnpose.toml"],
+        vec![
+            "fit",
+            "configs/pose_nano.toml",
+            "--resume",
+            "/nonexistent/last.safetensors",
+        ],
+    ] {
+        let (ok, text) = burnpose(&args);
+        assert!(!ok, "{text}");
+        let path = args.last().unwrap();
+        assert!(text.contains(path), "{text}");
+        assert_eq!(text.matches("No such file").count(), 1, "{text}");
+    }
+}

@@ -10,10 +10,10 @@ use std::path::{Path, PathBuf};
 /// A configuration problem, always naming the file and, where known, the key.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read config {path}: {source}")]
+    #[error("cannot read config {path}: {error}")]
     Read {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("invalid config {path}: {message}")]
     Parse { path: PathBuf, message: String },
@@ -302,9 +302,9 @@ impl Default for OutputSection {
 impl Config {
     /// Reads, parses and checks `path`.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
             path: path.to_path_buf(),
-            source,
+            error,
         })?;
         Self::parse(&text, path)
     }

@@ -76,9 +76,9 @@ impl CocoDataset {
         num_keypoints: usize,
         skip_bad: bool,
     ) -> Result<(Self, usize), DataError> {
-        let text = std::fs::read_to_string(json).map_err(|source| DataError::Io {
+        let text = std::fs::read_to_string(json).map_err(|error| DataError::Io {
             path: json.to_path_buf(),
-            source,
+            error,
         })?;
         let file: CocoFile = serde_json::from_str(&text).map_err(|e| DataError::Json {
             path: json.to_path_buf(),

@@ -4,10 +4,12 @@ use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DataError {
-    #[error("cannot read {path}: {source}")]
+    /// (`error` is deliberately not a `source`: the message shows it, and a chained report would
+    /// print it twice.)
+    #[error("cannot read {path}: {error}")]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("cannot decode image {path}: {message}")]
     Image { path: PathBuf, message: String },

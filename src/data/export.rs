@@ -9,9 +9,9 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> DataError + '_ {
-    move |source| DataError::Io {
+    move |error| DataError::Io {
         path: path.to_path_buf(),
-        source,
+        error,
     }
 }
 

@@ -61,9 +61,9 @@ impl YoloDataset {
         kpt_shape: [usize; 2],
         skip_bad: bool,
     ) -> Result<(Self, Self, usize), DataError> {
-        let text = std::fs::read_to_string(yaml).map_err(|source| DataError::Io {
+        let text = std::fs::read_to_string(yaml).map_err(|error| DataError::Io {
             path: yaml.to_path_buf(),
-            source,
+            error,
         })?;
         let file: YamlFile = serde_yaml_ng::from_str(&text).map_err(|e| DataError::Json {
             path: yaml.to_path_buf(),
@@ -175,9 +175,9 @@ fn scan(
     kpt_shape: [usize; 2],
     skip_bad: bool,
 ) -> Result<(Vec<YoloItem>, usize), DataError> {
-    let read = std::fs::read_dir(folder).map_err(|source| DataError::Io {
+    let read = std::fs::read_dir(folder).map_err(|error| DataError::Io {
         path: folder.to_path_buf(),
-        source,
+        error,
     })?;
     let mut images: Vec<PathBuf> = read
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -213,11 +213,8 @@ fn load_item(image: &Path, kpt_shape: [usize; 2]) -> Result<YoloItem, DataError>
         Ok(text) => parse_rows(&text, &label, kpt_shape)?,
         // No label file: a background image, as in Ultralytics.
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-        Err(source) => {
-            return Err(DataError::Io {
-                path: label,
-                source,
-            });
+        Err(error) => {
+            return Err(DataError::Io { path: label, error });
         }
     };
     Ok(YoloItem {

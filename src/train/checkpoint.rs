@@ -17,15 +17,15 @@ use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
-    #[error("cannot write checkpoint {path}: {source}")]
+    #[error("cannot write checkpoint {path}: {error}")]
     Write {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
-    #[error("cannot read checkpoint {path}: {source}")]
+    #[error("cannot read checkpoint {path}: {error}")]
     Read {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("invalid checkpoint {path}: {message}")]
     Format { path: PathBuf, message: String },
@@ -128,9 +128,9 @@ pub fn save(trainer: &Trainer, path: &Path) -> Result<(), CheckpointError> {
             path: path.to_path_buf(),
             message: e.to_string(),
         })?;
-    write_atomic(path, &bytes).map_err(|source| CheckpointError::Write {
+    write_atomic(path, &bytes).map_err(|error| CheckpointError::Write {
         path: path.to_path_buf(),
-        source,
+        error,
     })
 }
 
@@ -157,9 +157,9 @@ pub fn read_config(path: &Path) -> Result<Config, CheckpointError> {
 }
 
 fn read(path: &Path) -> Result<(Meta, Vec<u8>), CheckpointError> {
-    let bytes = std::fs::read(path).map_err(|source| CheckpointError::Read {
+    let bytes = std::fs::read(path).map_err(|error| CheckpointError::Read {
         path: path.to_path_buf(),
-        source,
+        error,
     })?;
     let bad = |message: String| CheckpointError::Format {
         path: path.to_path_buf(),
