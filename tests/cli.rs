@@ -132,7 +132,7 @@ fn bench_runs_pairs_and_writes_tables() {
     assert!(ok, "{text}");
     let md = std::fs::read_to_string(out.join("bench.md")).unwrap();
     assert!(md.contains("| complete fit (s) |"), "{md}");
-    assert!(md.contains("pair 1: equal"), "{md}");
+    assert!(md.contains("pair 1: equal") && md.contains("warm"), "{md}");
     assert!(
         md.contains("replay arm ran natively") && md.contains("CUDA"),
         "{md}"

@@ -65,15 +65,44 @@ struct Run {
     report: FitReport,
 }
 
+/// Kernel cache state the fits start from.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CacheState {
+    /// The per-user cache, filled first by `burnpose warmup CONFIG`.
+    Warm,
+    /// An empty cache directory per fit: compilation is part of every measurement.
+    Cold,
+}
+
 pub fn run(
     config: &Path,
     pairs: usize,
     out: &Path,
     device: Option<DeviceArg>,
     skip: usize,
+    cache: CacheState,
 ) -> anyhow::Result<()> {
     anyhow::ensure!(pairs > 0, "--pairs must be at least 1");
     let exe = std::env::current_exe().context("locating the burnpose binary")?;
+    let device_args: Vec<String> = device
+        .map(|d| {
+            let v = d.to_possible_value().expect("device values are named");
+            vec!["--device".to_string(), v.get_name().to_string()]
+        })
+        .unwrap_or_default();
+    if cache == CacheState::Warm {
+        println!(
+            "warming the kernel cache: burnpose warmup {}",
+            config.display()
+        );
+        let status = std::process::Command::new(&exe)
+            .arg("warmup")
+            .arg(config)
+            .args(&device_args)
+            .status()
+            .context("starting burnpose warmup")?;
+        anyhow::ensure!(status.success(), "burnpose warmup failed ({status})");
+    }
     let mut runs = Vec::new();
     for pair in 0..pairs {
         for (arm, replay) in [("native", false), ("replay", true)] {
@@ -89,11 +118,18 @@ pub fn run(
                 .args(["--name", &name, "--replay", &replay.to_string()])
                 .arg("--report")
                 .arg(&report_path)
+                .args(&device_args)
                 .stdout(log.try_clone()?)
                 .stderr(log);
-            if let Some(d) = device {
-                let v = d.to_possible_value().expect("device values are named");
-                cmd.args(["--device", v.get_name()]);
+            if cache == CacheState::Cold {
+                // CubeCL's per-user cache lives under the XDG cache home: a fresh one is empty.
+                let empty = out.join("cold-cache").join(&name);
+                if empty.exists() {
+                    std::fs::remove_dir_all(&empty)
+                        .with_context(|| format!("clearing {}", empty.display()))?;
+                }
+                std::fs::create_dir_all(&empty)?;
+                cmd.env("XDG_CACHE_HOME", std::path::absolute(&empty)?);
             }
             println!("pair {}/{pairs}: {arm} fit ...", pair + 1);
             let start = Instant::now();
@@ -119,7 +155,7 @@ pub fn run(
     }
     let csv = runs_csv(&runs, skip);
     write_atomic(&out.join("bench.csv"), &csv)?;
-    let md = table(&runs, pairs, skip, config);
+    let md = table(&runs, pairs, skip, config, cache);
     write_atomic(&out.join("bench.md"), &md)?;
     println!("{md}");
     println!(
@@ -208,11 +244,15 @@ fn summary(v: &[f64]) -> String {
     format!("{:.1} ({:.1}–{:.1})", s[s.len() / 2], s[0], s[s.len() - 1])
 }
 
-fn table(runs: &[Run], pairs: usize, skip: usize, config: &Path) -> String {
+fn table(runs: &[Run], pairs: usize, skip: usize, config: &Path, cache: CacheState) -> String {
     let arm = |name: &str, p: usize| runs.iter().find(|r| r.arm == name && r.pair == p);
     let mut md = format!(
-        "Benchmark of `{}`: {pairs} pairs of fresh `fit` processes (native, replay, native, …); step times exclude the first {skip} steps.\n\n| metric | native median (range) | replay median (range) | paired reduction (range) |\n|---|---|---|---|\n",
-        config.display()
+        "Benchmark of `{}`: {pairs} pairs of fresh `fit` processes (native, replay, native, …), {} kernel cache; step times exclude the first {skip} steps.\n\n| metric | native median (range) | replay median (range) | paired reduction (range) |\n|---|---|---|---|\n",
+        config.display(),
+        match cache {
+            CacheState::Warm => "warm (filled by `burnpose warmup` first)",
+            CacheState::Cold => "cold (an empty cache per fit)",
+        }
     );
     for (name, f) in METRICS {
         let vals = |a: &str| -> Vec<f64> {

@@ -94,6 +94,9 @@ pub enum Command {
         /// Steps excluded from the post-warm-up step time.
         #[arg(long, default_value_t = 64)]
         skip: usize,
+        /// Kernel cache each fit starts from.
+        #[arg(long, value_enum, default_value = "warm")]
+        cache: bench::CacheState,
     },
     /// Post-warm-up training step time of a config (native or replayed feature stage).
     BenchStep {
@@ -182,7 +185,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             out,
             device,
             skip,
-        } => bench::run(&config, pairs, &out, device, skip),
+            cache,
+        } => bench::run(&config, pairs, &out, device, skip, cache),
         Command::Info {
             config,
             scale,
