@@ -109,12 +109,14 @@ impl Recorder {
         }
     }
 
+    /// Replays the forward graph on `images` (recording it first on the first call) and returns
+    /// the features as leaves; the trainer's BatchNorm running statistics are updated in `model`.
+    /// A recording failure is fatal and names the stage that failed: eligibility was decided
+    /// before, and silently training natively would hide it.
     pub fn forward(&mut self, model: &mut Yolo, images: Tensor<4>) -> Features {
         if self.state.is_none() {
-            match record(model, images.clone(), &self.device, self.control) {
-                Ok(r) => self.state = Some(r),
-                Err(e) => panic!("{e}"),
-            }
+            let recorded = record(model, images.clone(), &self.device, self.control);
+            self.state = Some(recorded.unwrap_or_else(|e| panic!("{e}")));
         }
         let r = self.state.as_ref().expect("recorded");
         let current: HashMap<String, Tensor<1>> =
@@ -139,6 +141,8 @@ impl Recorder {
         leaves_of(&Features { p3, p4, p5 })
     }
 
+    /// Replays the backward graph with the head's gradients at the features (`seeds`) and returns
+    /// copies of the backbone and neck parameter gradients.
     pub fn backward(&mut self, seeds: [Tensor<4>; 3]) -> GradientsParams {
         let r = self.state.as_ref().expect("forward before backward");
         for (s, buffer) in seeds.into_iter().zip(&r.seeds) {
