@@ -21,6 +21,7 @@ fn shipped_configs_parse() {
         "configs/coldstart.toml",
         "configs/bench_seed.toml",
         "configs/bench_small.toml",
+        "configs/minicoco_overfit_cpu.toml",
     ] {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(name);
         Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
