@@ -4,6 +4,7 @@
 //! writes a [`FitReport`]; the parent times the whole process.
 
 use super::DeviceArg;
+use crate::train::report::write_atomic;
 use crate::train::{StateHashes, Trainer};
 use anyhow::Context;
 use clap::ValueEnum;
@@ -45,17 +46,12 @@ impl FitReport {
     }
 
     pub fn write(&self, path: &Path) -> anyhow::Result<()> {
-        write_atomic(path, &serde_json::to_string_pretty(self)?)
+        write(path, &serde_json::to_string_pretty(self)?)
     }
 }
 
-fn write_atomic(path: &Path, text: &str) -> anyhow::Result<()> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
+fn write(path: &Path, text: &str) -> anyhow::Result<()> {
+    write_atomic(path, text.as_bytes()).with_context(|| format!("writing {}", path.display()))
 }
 
 struct Run {
@@ -154,9 +150,9 @@ pub fn run(
         }
     }
     let csv = runs_csv(&runs, skip);
-    write_atomic(&out.join("bench.csv"), &csv)?;
+    write(&out.join("bench.csv"), &csv)?;
     let md = table(&runs, pairs, skip, config, cache);
-    write_atomic(&out.join("bench.md"), &md)?;
+    write(&out.join("bench.md"), &md)?;
     println!("{md}");
     println!(
         "written: {} and {}",

@@ -2,6 +2,7 @@
 //! (all FP32), with the config, counters and history as JSON metadata. Written atomically:
 //! a temporary file in the same folder, synced, then renamed over the target.
 
+use super::report::write_atomic;
 use super::trainer::{EpochRecord, Trainer};
 use crate::config::Config;
 use crate::optim::grads::{get_flat, put_flat};
@@ -12,7 +13,6 @@ use burn::prelude::*;
 use safetensors::tensor::{Dtype, SafeTensors, View};
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
@@ -132,19 +132,6 @@ pub fn save(trainer: &Trainer, path: &Path) -> Result<(), CheckpointError> {
         path: path.to_path_buf(),
         error,
     })
-}
-
-fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-    }
-    std::fs::rename(&tmp, path)
 }
 
 /// The config stored in a checkpoint (to rebuild its trainer before [`load_into`]).

@@ -96,16 +96,15 @@ fn register_font() {
     });
 }
 
-/// Writes `dir/results.png` atomically (temp file + rename).
+/// Writes `dir/results.png` atomically.
 pub fn write_plot(dir: &Path, history: &[EpochRecord]) -> std::io::Result<()> {
     let pixels = render(history).map_err(std::io::Error::other)?;
     let img = image::RgbImage::from_raw(WIDTH, HEIGHT, pixels)
         .ok_or_else(|| std::io::Error::other("plot buffer has the wrong size"))?;
-    std::fs::create_dir_all(dir)?;
-    let tmp = dir.join("results.png.tmp");
-    img.save_with_format(&tmp, image::ImageFormat::Png)
+    let mut png = std::io::Cursor::new(Vec::new());
+    img.write_to(&mut png, image::ImageFormat::Png)
         .map_err(std::io::Error::other)?;
-    std::fs::rename(tmp, dir.join("results.png"))
+    super::report::write_atomic(&dir.join("results.png"), png.get_ref())
 }
 
 #[cfg(test)]
@@ -142,7 +141,12 @@ mod tests {
         write_plot(&dir, &history).unwrap();
         let img = image::open(dir.join("results.png")).unwrap().to_rgb8();
         assert_eq!(img.dimensions(), (WIDTH, HEIGHT));
-        assert!(!dir.join("results.png.tmp").exists());
+        // Nothing but the plot is left behind (no temporary file).
+        let names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["results.png"]);
         // Every panel carries a drawn line: count blue per panel cell of the 2 × 5 grid.
         let (cw, ch) = (WIDTH / 5, HEIGHT / 2);
         for row in 0..2 {

@@ -1,7 +1,9 @@
-//! Run outputs: `results.csv` (one row per epoch, rewritten atomically).
+//! Run outputs: `results.csv` (one row per epoch, rewritten atomically), and the atomic write
+//! every run output (checkpoints, plots, benchmark reports) goes through.
 
 use super::trainer::EpochRecord;
 use crate::loss::TERMS;
+use std::io::Write;
 use std::path::Path;
 
 pub fn results_csv(history: &[EpochRecord]) -> String {
@@ -24,8 +26,20 @@ pub fn results_csv(history: &[EpochRecord]) -> String {
 }
 
 pub fn write_results(dir: &Path, history: &[EpochRecord]) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
-    let tmp = dir.join("results.csv.tmp");
-    std::fs::write(&tmp, results_csv(history))?;
-    std::fs::rename(tmp, dir.join("results.csv"))
+    write_atomic(&dir.join("results.csv"), results_csv(history).as_bytes())
+}
+
+/// Writes `bytes` to `path` so that a reader sees the old file or the new one, never a part:
+/// a temporary file in the same folder, synced, then renamed over `path`.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)
 }
