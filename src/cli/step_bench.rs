@@ -1,12 +1,12 @@
 //! `burnpose bench-step`: post-warm-up training step time of a config, native or replayed
-//! feature stage, with the device synchronised at both ends of every timed step, and the memory
-//! pool's peak use. One process measures one variant; run them alternately (benches/gpu/).
+//! feature stage, with the device synchronised at both ends of every timed step
+//! (`Trainer::timed_step`), and the memory pool's peak use. One process measures one variant;
+//! run variants alternately in fresh processes (docs/bench.md).
 
 use super::DeviceArg;
 use crate::config::Precision;
 use crate::train::Trainer;
 use std::path::Path;
-use std::time::Instant;
 
 #[derive(clap::Args, Debug)]
 pub struct Options {
@@ -41,32 +41,21 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
         cfg.train.batch = b;
         cfg.train.nbs = b;
     }
-    let mut t = Trainer::new(cfg, config_path, device.clone())?;
+    anyhow::ensure!(o.steps > 0, "--steps must be at least 1");
+    let mut t = Trainer::new(cfg, config_path, device)?;
+    t.timing = Some(Default::default());
     let order = t.epoch_order(0);
     let nb = t.batches_per_epoch();
-    let sync = || {
-        device
-            .sync()
-            .map_err(|e| anyhow::anyhow!("device sync failed: {e:?}"))
-    };
-    let (mut times, mut peak_use, mut peak_reserved) = (Vec::new(), 0u64, 0u64);
     for i in 0..o.skip + o.steps {
         // Batches are made outside the timed region; the loader is benchmarked on its own.
         let batch = t.batch(&order, i % nb)?;
-        sync()?;
-        let start = Instant::now();
-        t.train_step(&batch);
-        sync()?;
-        if i >= o.skip {
-            times.push(start.elapsed().as_secs_f64() * 1e3);
-        }
-        if let Some(u) = device.memory_pool_usage() {
-            peak_use = peak_use.max(u.bytes_in_use);
-            peak_reserved = peak_reserved.max(u.bytes_reserved);
-        }
+        t.timed_step(&batch)?;
     }
+    let timing = t.timing.take().expect("set above");
+    let mut times = timing.step_ms[o.skip..].to_vec();
     times.sort_by(f64::total_cmp);
     let q = |f: f64| times[((times.len() - 1) as f64 * f).round() as usize];
+    let (peak_use, peak_reserved) = (timing.peak_in_use, timing.peak_reserved);
     let h = t.state_hashes();
     println!(
         "bench-step {what} replay={} precision={:?} batch={} steps={} skip={}: median {:.2} ms (min {:.2}, p10 {:.2}, p90 {:.2}, max {:.2}); peak in use {:.0} MiB, reserved {:.0} MiB; hashes model {} optimizer {} losses {}",

@@ -307,7 +307,7 @@ impl Trainer {
     }
 
     /// [`Trainer::train_step`], timed between device syncs when [`Trainer::timing`] is set.
-    fn timed_step(&mut self, batch: &Batch) -> Result<[f32; 6], TrainError> {
+    pub fn timed_step(&mut self, batch: &Batch) -> Result<[f32; 6], TrainError> {
         if self.timing.is_none() {
             return Ok(self.train_step(batch));
         }
