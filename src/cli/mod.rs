@@ -215,16 +215,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 "{}: key `data.source`: export-yolo writes the built-in dataset; this config reads files already",
                 config.display()
             );
-            let size = cfg.data.imgsz as u32;
-            let seed = cfg.train.seed;
-            // The same seeds as `data::source::Source::open`.
-            let train =
-                crate::data::builtin::BuiltinDataset::new(cfg.data.train_images, size, seed);
-            let val = crate::data::builtin::BuiltinDataset::new(
-                cfg.data.val_images,
-                size,
-                seed ^ crate::data::source::VAL_SEED_MIX,
-            );
+            let (train, val) = crate::data::builtin::BuiltinDataset::splits(&cfg);
             let yaml = crate::data::export::write_yolo(&train, &val, &dir)
                 .with_context(|| format!("exporting to {}", dir.display()))?;
             println!(

@@ -32,9 +32,22 @@ pub struct BuiltinDataset {
     pub seed: u64,
 }
 
+/// Mixed into the seed for the validation images (a stream disjoint from training's).
+const VAL_SEED_MIX: u64 = 0x0005_eed0_f7a1;
+
 impl BuiltinDataset {
     pub fn new(len: usize, size: u32, seed: u64) -> Self {
         Self { len, size, seed }
+    }
+
+    /// The train and validation splits a config trains on (`data.train_images`,
+    /// `data.val_images`, `data.imgsz`, `train.seed`).
+    pub fn splits(cfg: &crate::config::Config) -> (Self, Self) {
+        let (d, size, seed) = (&cfg.data, cfg.data.imgsz as u32, cfg.train.seed);
+        (
+            Self::new(d.train_images, size, seed),
+            Self::new(d.val_images, size, seed ^ VAL_SEED_MIX),
+        )
     }
 
     /// Image `index`; the same `(seed, index)` always gives the same pixels and labels.

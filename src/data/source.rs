@@ -11,9 +11,6 @@ use crate::eval::GtAnn;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
-/// Mixed into the seed for the built-in validation images (a stream disjoint from training's).
-pub const VAL_SEED_MIX: u64 = 0x0005_eed0_f7a1;
-
 /// Maps network-input pixels back to the original image: `x = (x' − pad) / scale`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Frame {
@@ -88,9 +85,7 @@ impl Source {
         };
         let (train, val, skipped) = match d.source {
             DataSource::Builtin => {
-                // Val images come from a disjoint seed stream.
-                let train = BuiltinDataset::new(d.train_images, size, cfg.train.seed);
-                let val = BuiltinDataset::new(d.val_images, size, cfg.train.seed ^ VAL_SEED_MIX);
+                let (train, val) = BuiltinDataset::splits(cfg);
                 (Dataset::Builtin(train), Dataset::Builtin(val), 0)
             }
             DataSource::Coco => {
