@@ -21,6 +21,9 @@ pub struct Options {
     /// Override `train.batch` (and `train.nbs`, so every step is an optimizer step).
     #[arg(long)]
     pub batch: Option<usize>,
+    /// Override `device.kernels`.
+    #[arg(long, value_enum)]
+    pub kernels: Option<crate::model::ops::Kernels>,
     /// Steps run before timing starts.
     #[arg(long, default_value_t = 64)]
     pub skip: usize,
@@ -40,6 +43,9 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
     if let Some(b) = o.batch {
         cfg.train.batch = b;
         cfg.train.nbs = b;
+    }
+    if let Some(k) = o.kernels {
+        cfg.device.kernels = k;
     }
     anyhow::ensure!(o.steps > 0, "--steps must be at least 1");
     let mut t = Trainer::new(cfg, config_path, device)?;

@@ -62,7 +62,12 @@ impl KernelWatch {
                 let n = compiled_so_far() - start_count;
                 if n != shown {
                     shown = n;
-                    let total = expected.map(|e| format!("/{e}")).unwrap_or_default();
+                    // A remembered total from other work may be too small (new kernels since):
+                    // then only the count is shown, never "44/6".
+                    let total = expected
+                        .filter(|&e| n <= e)
+                        .map(|e| format!("/{e}"))
+                        .unwrap_or_default();
                     eprint!(
                         "\rcompiling kernels: {n}{total} ({:.0} s)",
                         started.elapsed().as_secs_f64()

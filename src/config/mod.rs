@@ -270,6 +270,9 @@ pub struct DeviceSection {
     pub kind: DeviceKind,
     /// CUDA device ordinal.
     pub index: usize,
+    /// Convolution and BatchNorm-training operations: `fast` (ours, docs/kernels.md) or `stock`
+    /// (Burn's).
+    pub kernels: crate::model::ops::Kernels,
 }
 
 impl Default for DeviceSection {
@@ -277,6 +280,7 @@ impl Default for DeviceSection {
         Self {
             kind: DeviceKind::Auto,
             index: 0,
+            kernels: Default::default(),
         }
     }
 }

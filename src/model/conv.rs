@@ -75,7 +75,7 @@ pub struct ConvBn {
 impl ConvBn {
     /// `[B, c_in, H, W]` → `[B, c_out, H/stride, W/stride]`.
     pub fn forward(&self, x: Tensor<4>) -> Tensor<4> {
-        let y = self.bn.forward(super::precision::conv2d(&self.conv, x));
+        let y = super::ops::batch_norm(&self.bn, super::precision::conv2d(&self.conv, x));
         if self.act { silu(y) } else { y }
     }
 

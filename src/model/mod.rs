@@ -6,6 +6,7 @@ pub mod blocks;
 pub mod conv;
 pub mod flow;
 pub mod head;
+pub mod ops;
 pub mod params;
 pub mod precision;
 pub mod scale;

@@ -4,12 +4,11 @@
 //! dtype and their result back to FP32, so BatchNorm, activations, the head's final 1×1
 //! predictors (boxes, classes, keypoints, sigmas), decoding and every loss run in FP32. Autodiff's cast is its own inverse, so gradients reach the FP32 parameters as FP32.
 
-use burn::nn::PaddingConfig2d;
+use super::ops;
 use burn::nn::conv::Conv2d;
 use burn::prelude::*;
 use burn::tensor::FloatDType;
 use burn::tensor::module::conv2d as conv2d_op;
-use burn::tensor::ops::ConvOptions;
 use std::cell::Cell;
 
 thread_local! {
@@ -37,29 +36,23 @@ pub fn compute_dtype() -> Option<FloatDType> {
     COMPUTE.with(Cell::get)
 }
 
-/// `conv.forward(x)`, in the autocast dtype when one is set.
+/// `conv.forward(x)` (through [`super::ops`]), in the autocast dtype when one is set.
 pub fn conv2d(conv: &Conv2d, x: Tensor<4>) -> Tensor<4> {
     let Some(dtype) = compute_dtype() else {
-        return conv.forward(x);
+        return ops::conv_forward(conv, x);
     };
-    let ((top, bottom), (left, right)) = match conv.padding {
-        PaddingConfig2d::Valid => ((0, 0), (0, 0)),
-        PaddingConfig2d::Explicit(top, left, bottom, right) => ((top, bottom), (left, right)),
-        // Burn computes "same" padding privately; no layer of ours uses it.
-        PaddingConfig2d::Same => panic!("autocast conv2d: `Same` padding is not supported"),
+    let weight = conv.weight.val().cast(dtype);
+    let y = match &conv.bias {
+        None if ops::kernels() == ops::Kernels::Fast => {
+            ops::conv2d(x.cast(dtype), weight, ops::conv_options(conv))
+        }
+        bias => conv2d_op(
+            x.cast(dtype),
+            weight,
+            bias.as_ref().map(|b| b.val().cast(dtype)),
+            ops::conv_options(conv),
+        ),
     };
-    let options = ConvOptions::new_with_padding(
-        conv.stride,
-        [(top, bottom), (left, right)],
-        conv.dilation,
-        conv.groups,
-    );
-    let y = conv2d_op(
-        x.cast(dtype),
-        conv.weight.val().cast(dtype),
-        conv.bias.as_ref().map(|b| b.val().cast(dtype)),
-        options,
-    );
     y.cast(FloatDType::F32)
 }
 

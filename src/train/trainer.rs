@@ -137,6 +137,7 @@ impl Trainer {
             )));
         }
         let device = device.autodiff();
+        crate::model::ops::set_kernels(cfg.device.kernels);
         let model = {
             // Burn's device RNG is process-wide: seeding it and drawing the initial weights must
             // not interleave with another trainer doing the same (parallel tests, data-parallel

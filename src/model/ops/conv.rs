@@ -1,0 +1,96 @@
+//! Convolution without bias: Burn's kernels (CPU), or on CUDA CubeCL's implicit GEMM for the
+//! forward and data gradient and our im2col matmul (`wgrad`) for the weight gradient.
+
+use burn::backend::ops::ConvOptions;
+use burn::nn::PaddingConfig2d;
+use burn::nn::conv::Conv2d;
+
+/// The [`ConvOptions`] of a Burn `Conv2d` (explicit or no padding).
+pub fn options(conv: &Conv2d) -> ConvOptions<2> {
+    let ((top, bottom), (left, right)) = match conv.padding {
+        PaddingConfig2d::Valid => ((0, 0), (0, 0)),
+        PaddingConfig2d::Explicit(top, left, bottom, right) => ((top, bottom), (left, right)),
+        // Burn computes "same" padding privately; no layer of ours uses it.
+        PaddingConfig2d::Same => panic!("conv2d: `Same` padding is not supported"),
+    };
+    ConvOptions::new_with_padding(
+        conv.stride,
+        [(top, bottom), (left, right)],
+        conv.dilation,
+        conv.groups,
+    )
+}
+
+/// CubeCL's implicit-GEMM convolutions (tensor cores); shapes it declines run Burn's direct ones.
+#[cfg(feature = "cuda")]
+pub mod gemm {
+    use burn::backend::ops::ConvOptions;
+    use burn::backend::{DType, TensorMetadata};
+    use burn_cubecl::kernel::conv::{self, ConvStrategy};
+    use burn_cubecl::tensor::CubeTensor;
+
+    pub fn forward(x: CubeTensor, weight: CubeTensor, options: ConvOptions<2>) -> CubeTensor {
+        conv::conv_forward::<2>(
+            x.clone(),
+            weight.clone(),
+            None,
+            options.clone(),
+            ConvStrategy::ImplicitGemm,
+        )
+        .or_else(|_| conv::conv_forward::<2>(x, weight, None, options, ConvStrategy::Direct))
+        .expect("direct convolution")
+    }
+
+    pub fn x_backward(
+        x: CubeTensor,
+        weight: CubeTensor,
+        grad: CubeTensor,
+        options: ConvOptions<2>,
+    ) -> CubeTensor {
+        let shape = x.shape();
+        // CubeCL's implicit GEMM takes stride-1 convolutions without groups; it hands the rest to
+        // the direct kernel itself.
+        if options.groups == 1
+            && options.stride.iter().all(|&s| s == 1)
+            && let Ok(dx) = conv::conv_data_backward(
+                grad.clone(),
+                weight.clone(),
+                shape.clone(),
+                options.clone(),
+                ConvStrategy::ImplicitGemm,
+            )
+        {
+            return dx;
+        }
+        // Strided and grouped data gradients run Burn's direct kernel, which accumulates in the
+        // element type: in FP32, then back (5 % error in BF16 otherwise, docs/kernels.md).
+        let dtype = x.dtype;
+        let f32 = |t: CubeTensor| burn_cubecl::kernel::cast(t, DType::F32);
+        let dx =
+            conv::conv_data_backward(f32(grad), f32(weight), shape, options, ConvStrategy::Direct)
+                .expect("direct convolution data gradient");
+        if dtype == DType::F32 {
+            dx
+        } else {
+            burn_cubecl::kernel::cast(dx, dtype)
+        }
+    }
+
+    pub fn weight_backward(
+        x: CubeTensor,
+        weight: CubeTensor,
+        grad: CubeTensor,
+        options: ConvOptions<2>,
+    ) -> CubeTensor {
+        if let Some(dw) = super::super::wgrad::weight_backward::<burn_cubecl::CubeBackend>(
+            x.clone(),
+            weight.clone(),
+            grad.clone(),
+            &options,
+        ) {
+            return dw;
+        }
+        conv::conv_weight_backward::<2>(x, grad, weight.shape(), options, ConvStrategy::Direct)
+            .expect("direct convolution weight gradient")
+    }
+}

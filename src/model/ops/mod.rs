@@ -1,0 +1,346 @@
+//! Convolution and BatchNorm training as our own backend operations (docs/kernels.md).
+//!
+//! Burn 0.22.1 without autotune runs every convolution, its weight gradient included, through a
+//! direct kernel, and reduces BatchNorm's statistics as `[C, N·H·W]` rows (as few as 16 rows of
+//! 409,600 values), so together they were 91 % of a step on the H200 (docs/PERF.md, section D).
+//! These operations keep Burn's maths but choose the work layout:
+//! - BatchNorm statistics and their gradients are reduced along W, then H, then N, each stage a
+//!   reduction with many short rows; the backward is one operation (Burn's formula), so autodiff
+//!   records no broadcast reductions.
+//! - On CUDA, convolutions without groups use CubeCL's implicit GEMM (tensor cores) for the
+//!   forward, the data gradient (stride 1) and the weight gradient; the rest stays direct.
+//!
+//! [`Kernels::Stock`] keeps Burn's own operations, for comparisons and as a fallback.
+
+mod batch_norm;
+mod conv;
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+mod wgrad;
+
+pub use conv::options as conv_options;
+
+use burn::backend::autodiff::NodeId;
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::ops::ConvOptions;
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{Autodiff, AutodiffBackend, Backend, Dispatch, backend_extension};
+use burn::nn::BatchNorm;
+use burn::nn::conv::Conv2d;
+use burn::prelude::*;
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Which convolution and BatchNorm-training operations the model runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Kernels {
+    /// Ours (this module): staged BatchNorm reductions; implicit-GEMM convolutions on CUDA.
+    #[default]
+    Fast,
+    /// Burn's `conv2d` and `batch_norm_train`.
+    Stock,
+}
+
+static STOCK: AtomicBool = AtomicBool::new(false);
+
+/// Chooses the operations for the whole process (the model reads it on every forward).
+pub fn set_kernels(kernels: Kernels) {
+    STOCK.store(kernels == Kernels::Stock, Ordering::Relaxed);
+}
+
+/// The operations in effect.
+pub fn kernels() -> Kernels {
+    if STOCK.load(Ordering::Relaxed) {
+        Kernels::Stock
+    } else {
+        Kernels::Fast
+    }
+}
+
+/// The default bodies are the CPU's (and any backend's): staged BatchNorm, Burn's convolutions.
+#[backend_extension(Flex, Cube: cfg(feature = "cuda"), Autodiff)]
+pub trait FastOps: Backend {
+    /// BatchNorm with the batch's statistics: `(output, mean, biased variance)`.
+    fn bn_train(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        epsilon: f64,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        batch_norm::train::<Self>(x, gamma, beta, epsilon)
+    }
+    /// Gradients of [`FastOps::bn_train`]: `(x, gamma, beta)`.
+    fn bn_train_backward(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        mean: FloatTensor<Self>,
+        variance: FloatTensor<Self>,
+        epsilon: f64,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        batch_norm::backward::<Self>(x, gamma, mean, variance, epsilon, grad)
+    }
+    /// A convolution without bias.
+    fn conv(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        Self::conv2d(x, weight, None, options)
+    }
+    /// Gradient of [`FastOps::conv`] with respect to its input.
+    fn conv_x_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        Self::conv2d_x_backward(x, weight, grad, options)
+    }
+    /// Gradient of [`FastOps::conv`] with respect to its weight.
+    fn conv_weight_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        Self::conv2d_weight_backward(x, weight, grad, options)
+    }
+}
+
+impl FastOps for burn::backend::Flex {}
+
+#[cfg(feature = "cuda")]
+impl FastOps for burn_cubecl::CubeBackend {
+    fn conv(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        conv::gemm::forward(x, weight, options)
+    }
+    fn conv_x_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        conv::gemm::x_backward(x, weight, grad, options)
+    }
+    fn conv_weight_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        conv::gemm::weight_backward(x, weight, grad, options)
+    }
+}
+
+#[derive(Debug)]
+struct BnTrainOp;
+
+impl<B: Backend + FastOps> Backward<B, 3> for BnTrainOp {
+    // Input and γ are checkpointed; the batch statistics come along as the forward made them.
+    type State = (NodeId, NodeId, FloatTensor<B>, FloatTensor<B>, f64);
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 3>,
+        grads: &mut Gradients,
+        checkpointer: &mut Checkpointer,
+    ) {
+        let [node_x, node_gamma, node_beta] = ops.parents;
+        let grad = grads.consume::<B>(&ops.node);
+        let (x_state, gamma_state, mean, variance, epsilon) = ops.state;
+        let x = checkpointer.retrieve_node_output::<FloatTensor<B>>(x_state);
+        let gamma = checkpointer.retrieve_node_output::<FloatTensor<B>>(gamma_state);
+        let (x_grad, gamma_grad, beta_grad) =
+            B::bn_train_backward(x, gamma, mean, variance, epsilon, grad);
+        for (node, g) in [
+            (node_x, x_grad),
+            (node_gamma, gamma_grad),
+            (node_beta, beta_grad),
+        ] {
+            if let Some(node) = node {
+                grads.register::<B>(node.id, g);
+            }
+        }
+    }
+}
+
+#[derive(Debug)]
+struct ConvOp;
+
+impl<B: Backend + FastOps> Backward<B, 2> for ConvOp {
+    type State = (NodeId, NodeId, ConvOptions<2>);
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 2>,
+        grads: &mut Gradients,
+        checkpointer: &mut Checkpointer,
+    ) {
+        let [node_x, node_weight] = ops.parents;
+        let grad = grads.consume::<B>(&ops.node);
+        let (x_state, weight_state, options) = ops.state;
+        let x = checkpointer.retrieve_node_output::<FloatTensor<B>>(x_state);
+        let weight = checkpointer.retrieve_node_output::<FloatTensor<B>>(weight_state);
+        if let Some(node) = node_x {
+            let g = B::conv_x_backward(x.clone(), weight.clone(), grad.clone(), options.clone());
+            grads.register::<B>(node.id, g);
+        }
+        if let Some(node) = node_weight {
+            grads.register::<B>(node.id, B::conv_weight_backward(x, weight, grad, options));
+        }
+    }
+}
+
+impl<B: Backend + FastOps, C: CheckpointStrategy> FastOps for Autodiff<B, C> {
+    fn bn_train(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        epsilon: f64,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        match BnTrainOp
+            .prepare::<C>([x.node(), gamma.node(), beta.node()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(mut prep) => {
+                let x_state = prep.checkpoint(&x);
+                let gamma_state = prep.checkpoint(&gamma);
+                let (out, mean, var) = B::bn_train(
+                    x.into_primitive(),
+                    gamma.into_primitive(),
+                    beta.into_primitive(),
+                    epsilon,
+                );
+                let state = (x_state, gamma_state, mean.clone(), var.clone(), epsilon);
+                (
+                    prep.finish(state, out),
+                    Self::from_inner(mean),
+                    Self::from_inner(var),
+                )
+            }
+            OpsKind::UnTracked(prep) => {
+                let (out, mean, var) = B::bn_train(
+                    x.into_primitive(),
+                    gamma.into_primitive(),
+                    beta.into_primitive(),
+                    epsilon,
+                );
+                (
+                    prep.finish(out),
+                    Self::from_inner(mean),
+                    Self::from_inner(var),
+                )
+            }
+        }
+    }
+    fn bn_train_backward(
+        _x: FloatTensor<Self>,
+        _gamma: FloatTensor<Self>,
+        _mean: FloatTensor<Self>,
+        _variance: FloatTensor<Self>,
+        _epsilon: f64,
+        _grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        panic!("bn_train_backward is first-order only")
+    }
+    fn conv(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        match ConvOp
+            .prepare::<C>([x.node(), weight.node()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(mut prep) => {
+                let x_state = prep.checkpoint(&x);
+                let weight_state = prep.checkpoint(&weight);
+                let out = B::conv(x.into_primitive(), weight.into_primitive(), options.clone());
+                prep.finish((x_state, weight_state, options), out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::conv(
+                x.into_primitive(),
+                weight.into_primitive(),
+                options,
+            )),
+        }
+    }
+    fn conv_x_backward(
+        _x: FloatTensor<Self>,
+        _weight: FloatTensor<Self>,
+        _grad: FloatTensor<Self>,
+        _options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        panic!("conv_x_backward is first-order only")
+    }
+    fn conv_weight_backward(
+        _x: FloatTensor<Self>,
+        _weight: FloatTensor<Self>,
+        _grad: FloatTensor<Self>,
+        _options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        panic!("conv_weight_backward is first-order only")
+    }
+}
+
+/// `bn.forward(x)` with [`FastOps::bn_train`] for the batch statistics (same running-statistics
+/// update as Burn's `BatchNorm::forward_train`).
+pub fn batch_norm(bn: &BatchNorm, x: Tensor<4>) -> Tensor<4> {
+    let training = x.device().is_autodiff() && bn.training.is_enabled();
+    if !training || kernels() == Kernels::Stock {
+        return bn.forward(x);
+    }
+    let device = x.device();
+    let (out, mean, var) = Dispatch::bn_train(
+        x.into_dispatch(),
+        bn.gamma.val().into_dispatch(),
+        bn.beta.val().into_dispatch(),
+        bn.epsilon,
+    );
+    let (mean, var) = (
+        Tensor::<1>::from_dispatch(mean),
+        Tensor::<1>::from_dispatch(var),
+    );
+    let m = bn.momentum;
+    let running_mean = bn.running_mean.value_sync().to_device(&device);
+    let running_var = bn.running_var.value_sync().to_device(&device);
+    let running_mean = running_mean
+        .mul_scalar(1.0 - m)
+        .add(mean.detach().mul_scalar(m));
+    let running_var = running_var
+        .mul_scalar(1.0 - m)
+        .add(var.detach().mul_scalar(m));
+    bn.running_mean.update(running_mean.detach());
+    bn.running_var.update(running_var.detach());
+    Tensor::from_dispatch(out)
+}
+
+/// A convolution without bias through [`FastOps::conv`].
+pub fn conv2d(x: Tensor<4>, weight: Tensor<4>, options: ConvOptions<2>) -> Tensor<4> {
+    Tensor::from_dispatch(Dispatch::conv(
+        x.into_dispatch(),
+        weight.into_dispatch(),
+        options,
+    ))
+}
+
+/// `conv.forward(x)`; bias-free convolutions go through [`conv2d`] unless [`Kernels::Stock`].
+pub fn conv_forward(conv: &Conv2d, x: Tensor<4>) -> Tensor<4> {
+    if conv.bias.is_some() || kernels() == Kernels::Stock {
+        return conv.forward(x);
+    }
+    conv2d(x, conv.weight.val(), conv::options(conv))
+}
+
+#[cfg(test)]
+mod tests;

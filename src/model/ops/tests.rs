@@ -1,0 +1,189 @@
+use super::*;
+use burn::module::Param;
+use burn::nn::BatchNormConfig;
+use burn::nn::PaddingConfig2d;
+use burn::nn::conv::Conv2dConfig;
+
+fn device() -> Device {
+    Device::flex().autodiff()
+}
+
+/// Deterministic test values (no shared RNG between parallel tests).
+fn fill(dims: [usize; 4], k: f32, device: &Device) -> Tensor<4> {
+    let n: usize = dims.iter().product();
+    let v: Vec<f32> = (0..n).map(|i| (i as f32 * k).sin() * 2.0 + 0.5).collect();
+    Tensor::<1>::from_floats(v.as_slice(), device).reshape(dims)
+}
+
+fn rel_diff<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> f32 {
+    let scale = b.clone().abs().max().into_scalar::<f32>().max(1e-6);
+    (a - b).abs().max().into_scalar::<f32>() / scale
+}
+
+/// Output, input/γ/β gradients and running statistics of `run(bn, x)`, under a fixed loss.
+fn bn_case(
+    run: impl Fn(&BatchNorm, Tensor<4>) -> Tensor<4>,
+) -> (
+    Tensor<4>,
+    Tensor<4>,
+    Tensor<1>,
+    Tensor<1>,
+    Tensor<1>,
+    Tensor<1>,
+) {
+    let d = device();
+    let x0 = fill([3, 5, 6, 7], 0.37, &d);
+    let weights = fill([3, 5, 6, 7], 1.91, &d);
+    let mut bn = BatchNormConfig::new(5)
+        .with_epsilon(1e-3)
+        .with_momentum(0.03)
+        .init(&d);
+    bn.gamma = Param::from_tensor(Tensor::from_floats([1.75, 0.5, 1.0, 2.0, 0.25], &d));
+    bn.beta = Param::from_tensor(Tensor::from_floats([-0.5, 0.0, 0.5, 1.0, -1.0], &d));
+    let x = x0.require_grad();
+    let y = run(&bn, x.clone());
+    let grads = (y.clone() * weights).sum().backward();
+    let bn_v = bn.clone().valid();
+    (
+        y.inner(),
+        x.grad(&grads).unwrap(),
+        bn.gamma.val().grad(&grads).unwrap(),
+        bn.beta.val().grad(&grads).unwrap(),
+        bn_v.running_mean.value(),
+        bn_v.running_var.value(),
+    )
+}
+
+#[test]
+fn staged_batch_norm_matches_burns_values_gradients_and_running_statistics() {
+    let stock = bn_case(|bn, x| bn.forward(x));
+    let ours = bn_case(batch_norm);
+    assert!(rel_diff(ours.0, stock.0) < 1e-5, "output");
+    assert!(rel_diff(ours.1, stock.1) < 1e-4, "input gradient");
+    assert!(rel_diff(ours.2, stock.2) < 1e-5, "gamma gradient");
+    assert!(rel_diff(ours.3, stock.3) < 1e-5, "beta gradient");
+    assert!(rel_diff(ours.4, stock.4) < 1e-6, "running mean");
+    assert!(rel_diff(ours.5, stock.5) < 1e-6, "running variance");
+}
+
+#[test]
+fn batch_norm_outside_training_is_burns_inference() {
+    let d = Device::flex();
+    let bn = BatchNormConfig::new(4).init(&d);
+    let x = fill([2, 4, 3, 3], 0.7, &d);
+    let y = batch_norm(&bn, x.clone());
+    // Running statistics are 0 and 1: inference only scales by 1/sqrt(1 + eps).
+    assert!(rel_diff(y, x.clone().div_scalar((1.0f64 + bn.epsilon).sqrt())) < 1e-6);
+}
+
+fn conv_case(groups: usize, stride: usize, ours: bool) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
+    let d = device();
+    let conv = Conv2dConfig::new([8, 12], [3, 3])
+        .with_stride([stride, stride])
+        .with_groups(groups)
+        .with_padding(PaddingConfig2d::Explicit(1, 1, 1, 1))
+        .with_bias(false)
+        .init(&d);
+    // Both arms must see the same weights: replace the random initialisation.
+    let dims = conv.weight.dims();
+    let conv = Conv2d {
+        weight: Param::from_tensor(fill(dims, 0.29, &d)),
+        ..conv
+    };
+    let x = fill([2, 8, 9, 10], 0.53, &d).require_grad();
+    let y = if ours {
+        conv2d(x.clone(), conv.weight.val(), conv_options(&conv))
+    } else {
+        conv.forward(x.clone())
+    };
+    let w = fill(y.dims(), 1.3, &d);
+    let grads = (y.clone() * w).sum().backward();
+    (
+        y.inner(),
+        x.grad(&grads).unwrap(),
+        conv.weight.val().grad(&grads).unwrap(),
+    )
+}
+
+#[test]
+fn convolution_op_has_burns_values_and_gradients_on_the_cpu() {
+    // On the CPU both paths run Flex's kernels, so only the autodiff wiring differs: bit equal.
+    for (groups, stride) in [(1, 1), (1, 2), (4, 1)] {
+        let (a, b) = (
+            conv_case(groups, stride, true),
+            conv_case(groups, stride, false),
+        );
+        a.0.into_data().assert_eq(&b.0.into_data(), true);
+        a.1.into_data().assert_eq(&b.1.into_data(), true);
+        a.2.into_data().assert_eq(&b.2.into_data(), true);
+    }
+}
+
+#[test]
+fn kernels_default_to_fast() {
+    assert_eq!(Kernels::default(), Kernels::Fast);
+    assert_eq!(kernels(), Kernels::Fast);
+}
+
+fn flex(t: Tensor<4>) -> FloatTensor<burn::backend::Flex> {
+    use burn::backend::{BackendTensor, DispatchTensorKind};
+    match t.into_dispatch().kind {
+        DispatchTensorKind::Flex(BackendTensor::Float(p)) => p,
+        other => panic!("expected a Flex float tensor, got {other:?}"),
+    }
+}
+
+#[test]
+fn im2col_weight_gradient_matches_burns() {
+    use burn::backend::Flex;
+    use burn::backend::ops::ModuleOps;
+    let d = Device::flex();
+    // (c_in, c_out, kernel, stride, padding, groups, size); 64×64 outputs make 4 chunks.
+    let cases = [
+        (3, 8, 3, 1, 1, 1, 64),
+        (4, 6, 3, 2, 1, 1, 33),
+        (5, 7, 1, 1, 0, 1, 20),
+        (6, 6, 3, 1, 1, 6, 64),
+        (6, 6, 3, 2, 1, 6, 17),
+    ];
+    for (ci, co, k, s, pad, g, hw) in cases {
+        let options = ConvOptions::new([s, s], [pad, pad], [1, 1], g);
+        let x = fill([2, ci, hw, hw], 0.31, &d);
+        let w = fill([co, ci / g, k, k], 0.77, &d);
+        let ho = (hw + 2 * pad - k) / s + 1;
+        let dy = fill([2, co, ho, ho], 0.13, &d);
+        let ours = wgrad::weight_backward::<Flex>(
+            flex(x.clone()),
+            flex(w.clone()),
+            flex(dy.clone()),
+            &options,
+        )
+        .expect("groups 1 or depthwise");
+        let stock = Flex::conv2d_weight_backward(flex(x), flex(w), flex(dy), options);
+        let (a, b) = (
+            Tensor::<4>::from_dispatch(burn::backend::DispatchTensor {
+                kind: burn::backend::DispatchTensorKind::Flex(burn::backend::BackendTensor::Float(
+                    ours,
+                )),
+                autodiff: Default::default(),
+            }),
+            Tensor::<4>::from_dispatch(burn::backend::DispatchTensor {
+                kind: burn::backend::DispatchTensorKind::Flex(burn::backend::BackendTensor::Float(
+                    stock,
+                )),
+                autodiff: Default::default(),
+            }),
+        );
+        assert_eq!(a.dims(), b.dims());
+        let err = rel_diff(a, b);
+        assert!(err < 1e-5, "case {ci}->{co} k{k} s{s} g{g} {hw}px: {err}");
+    }
+    // Other grouped convolutions are declined (the caller runs Burn's).
+    let options = ConvOptions::new([1, 1], [0, 0], [1, 1], 2);
+    let (x, w, dy) = (
+        fill([1, 4, 5, 5], 0.1, &d),
+        fill([6, 2, 1, 1], 0.2, &d),
+        fill([1, 6, 5, 5], 0.3, &d),
+    );
+    assert!(wgrad::weight_backward::<Flex>(flex(x), flex(w), flex(dy), &options).is_none());
+}

@@ -1,0 +1,129 @@
+//! Convolution weight gradients as explicit im2col + batched matmul, accumulated in FP32.
+//!
+//! The weight gradient sums over every output pixel of the batch (up to 409,600 terms per weight
+//! at 640 px). On the H200 Burn 0.22.1's direct kernel accumulates that sum in the element type
+//! (BF16: 98 % error on the first layer) and CubeCL's implicit-GEMM weight gradient was wrong for a
+//! stride-2 3×3 layer even in FP32 (docs/kernels.md). Here the sum is split into chunks of ~1k
+//! pixels that run as separate matmul batches (so a 32×144 result still fills the GPU), then the
+//! chunks are summed with a non-atomic reduction: deterministic, FP32 throughout.
+
+use burn::backend::ops::ConvOptions;
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{Backend, FloatDType, Shape, Slice, TensorMetadata};
+
+/// Output pixels per matmul batch, at least (fewer only when a layer has fewer in all).
+const CHUNK: usize = 1024;
+
+/// `[N, C, H, W]` → `[N, C, k·k, Ho·Wo]`: for each kernel offset, the input pixel it multiplies
+/// at every output position (zero outside the image).
+fn columns<B: Backend>(
+    x: FloatTensor<B>,
+    k: [usize; 2],
+    out: [usize; 2],
+    options: &ConvOptions<2>,
+) -> FloatTensor<B> {
+    let s = x.shape();
+    let (n, c, h, w) = (s[0], s[1], s[2], s[3]);
+    let [(top, bottom), (left, right)] = options.padding;
+    let padded = if top + bottom + left + right == 0 {
+        x
+    } else {
+        let zeros = B::float_zeros(
+            Shape::new([n, c, h + top + bottom, w + left + right]),
+            &x.device(),
+            x.dtype().into(),
+        );
+        let at = [
+            Slice::new(0, None, 1),
+            Slice::new(0, None, 1),
+            Slice::new(top as isize, Some((top + h) as isize), 1),
+            Slice::new(left as isize, Some((left + w) as isize), 1),
+        ];
+        B::float_slice_assign(zeros, &at, x)
+    };
+    let [sh, sw] = options.stride;
+    let [dh, dw] = options.dilation;
+    let [ho, wo] = out;
+    let mut taps = Vec::with_capacity(k[0] * k[1]);
+    for i in 0..k[0] {
+        for j in 0..k[1] {
+            let (r, q) = (i * dh, j * dw);
+            let at = [
+                Slice::new(0, None, 1),
+                Slice::new(0, None, 1),
+                Slice::new(
+                    r as isize,
+                    Some((r + (ho - 1) * sh + 1) as isize),
+                    sh as isize,
+                ),
+                Slice::new(
+                    q as isize,
+                    Some((q + (wo - 1) * sw + 1) as isize),
+                    sw as isize,
+                ),
+            ];
+            let tap = B::float_slice(padded.clone(), &at);
+            taps.push(B::float_reshape(tap, Shape::new([n, c, 1, ho * wo])));
+        }
+    }
+    B::float_cat(taps, 2)
+}
+
+/// The largest number of chunks ≤ `pixels / CHUNK` that divides `pixels` evenly.
+fn chunks(pixels: usize) -> usize {
+    (1..=(pixels / CHUNK).max(1))
+        .rev()
+        .find(|&s| pixels.is_multiple_of(s))
+        .unwrap_or(1)
+}
+
+/// Weight gradient of a convolution without groups, or a depthwise one (`groups` = channels),
+/// in the weight's dtype. Other grouped convolutions return `None`.
+pub fn weight_backward<B: Backend>(
+    x: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    grad: FloatTensor<B>,
+    options: &ConvOptions<2>,
+) -> Option<FloatTensor<B>> {
+    let ws = weight.shape();
+    let (co, ci_g, kh, kw) = (ws[0], ws[1], ws[2], ws[3]);
+    let gs = grad.shape();
+    let (n, ho, wo) = (gs[0], gs[2], gs[3]);
+    let ci = x.shape()[1];
+    let depthwise = options.groups == ci && ci == co && ci_g == 1;
+    if options.groups != 1 && !depthwise {
+        return None;
+    }
+    let dtype: FloatDType = weight.dtype().into();
+    let f32 = |t: FloatTensor<B>| B::float_cast(t, FloatDType::F32);
+    let kk = kh * kw;
+    let p = ho * wo;
+    let cols = columns::<B>(f32(x), [kh, kw], [ho, wo], options); // [N, ci, kk, P]
+    let grad = f32(grad);
+    let dw = if depthwise {
+        // dW[c, t] = Σ_n Σ_p dY[n, c, p] · cols[n, c, t, p]
+        let g = B::float_reshape(grad, Shape::new([n, co, 1, p]));
+        let prod = B::float_mul(cols, g);
+        let s = B::float_sum_dim(B::float_sum_dim(prod, 3), 0);
+        B::float_reshape(s, Shape::new([co, 1, kh, kw]))
+    } else {
+        // Chunk the pixel axis: [N, X, S, L] → [N·S, X, L] for both operands, then
+        // dW = Σ_{N·S} dY · colsᵀ.
+        let s = chunks(p);
+        let l = p / s;
+        let split = |t: FloatTensor<B>, rows: usize| {
+            let t = B::float_reshape(t, Shape::new([n, rows, s, l]));
+            let t = B::float_permute(t, &[0, 2, 1, 3]);
+            B::float_reshape(t, Shape::new([n * s, rows, l]))
+        };
+        let g = split(B::float_reshape(grad, Shape::new([n, co, p])), co);
+        let c = split(B::float_reshape(cols, Shape::new([n, ci * kk, p])), ci * kk);
+        let prod = B::float_matmul(g, B::float_swap_dims(c, 1, 2)); // [N·S, co, ci·kk]
+        B::float_reshape(B::float_sum_dim(prod, 0), Shape::new([co, ci, kh, kw]))
+    };
+    Some(if dtype == FloatDType::F32 {
+        dw
+    } else {
+        B::float_cast(dw, dtype)
+    })
+}
