@@ -155,6 +155,8 @@ fn device_for(
     if let Some(d) = device_arg {
         cfg.device.kind = d.into();
     }
+    // `val` and `warmup` run the model without a trainer; they honour `device.kernels` too.
+    crate::model::ops::set_kernels(cfg.device.kernels);
     crate::config::device::resolve(cfg.device.kind, cfg.device.index)
         .map_err(anyhow::Error::msg)
         .with_context(|| format!("{}: key `device.kind`", path.display()))
