@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
 # Peer run on the GPU machine: Ultralytics YOLO26n-pose on the same images as `burnpose bench`.
-# The GPU machine has torch and torchvision but no network: download the wheels here first,
-#   pip download ultralytics --no-deps -d benches/peer/wheels   (plus any missing dependency)
-# and carry them. Then, from the project root on the GPU machine (after `source .gpu/setup.sh`):
+# The GPU machine has torch and torchvision but no network: run benches/peer/stage.sh here first
+# and carry ".whl" (and ".gpu" for burnpose). Then, from the project root on the GPU machine
+# (after `source .gpu/setup.sh`):
 #   bash benches/peer/run.sh OUT_DIR
 set -euo pipefail
 out=${1:-runs/peer}
 mkdir -p "$out"
 if ! python3 -c 'import ultralytics' 2>/dev/null; then
-  pip install --no-index --find-links benches/peer/wheels ultralytics
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
+export YOLO_OFFLINE=1  # no network there: skip downloads and online checks
+python3 -c 'import polars' 2>/dev/null || export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD/benches/peer/stub
+python3 -c 'import ultralytics; print("ultralytics", ultralytics.__version__)' 
 burnpose export-yolo configs/bench_seed.toml "$out/data"
 start=$(date +%s.%N)
 python3 benches/peer/ultralytics_pose.py "$out/data/data.yaml" "$out/ultralytics.json" --project "$out"
