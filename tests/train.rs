@@ -229,3 +229,37 @@ fn device_hsv_equals_loader_hsv_on_cpu() {
     };
     assert_eq!(run(false), run(true));
 }
+
+#[test]
+fn phase_timing_breaks_a_step_down_without_changing_it() {
+    use burnpose::train::trainer::{PHASES, StepTiming};
+    let cfg = config("epochs = 1\nnbs = 2\n");
+    let run = |phases: bool| {
+        let mut t = trainer(&cfg);
+        t.timing = Some(StepTiming {
+            phases,
+            ..Default::default()
+        });
+        let order = t.epoch_order(0);
+        for b in 0..2 {
+            let batch = t.batch(&order, b).unwrap();
+            t.timed_step(&batch).unwrap();
+        }
+        (t.timing.take().unwrap(), t.state_hashes())
+    };
+    let (timed, with) = run(true);
+    let (plain, without) = run(false);
+    assert_eq!(timed.phase_ms.len(), 2, "one breakdown per step");
+    assert!(plain.phase_ms.is_empty());
+    for (phases, step) in timed.phase_ms.iter().zip(&timed.step_ms) {
+        assert!(phases.iter().all(|&ms| ms >= 0.0), "{PHASES:?}: {phases:?}");
+        assert!(phases[0] > 0.0, "the forward takes time");
+        let sum: f64 = phases.iter().sum();
+        assert!(
+            sum <= step + 1e-6,
+            "phases {sum} ms within the step {step} ms"
+        );
+    }
+    // Syncs only: the same training.
+    assert_eq!(with, without);
+}

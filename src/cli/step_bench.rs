@@ -30,6 +30,10 @@ pub struct Options {
     /// Timed steps.
     #[arg(long, default_value_t = 64)]
     pub steps: usize,
+    /// Also break every step down into phases between device syncs (forward, assign, loss,
+    /// backward, optimizer, readback); the syncs make the steps themselves slower.
+    #[arg(long)]
+    pub phases: bool,
 }
 
 pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
@@ -49,7 +53,10 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
     }
     anyhow::ensure!(o.steps > 0, "--steps must be at least 1");
     let mut t = Trainer::new(cfg, config_path, device)?;
-    t.timing = Some(Default::default());
+    t.timing = Some(crate::train::StepTiming {
+        phases: o.phases,
+        ..Default::default()
+    });
     let order = t.epoch_order(0);
     let nb = t.batches_per_epoch();
     for i in 0..o.skip + o.steps {
@@ -81,6 +88,18 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
         h.optimizer,
         h.losses
     );
+    if o.phases {
+        let cols: Vec<String> = crate::train::trainer::PHASES
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                let mut v: Vec<f64> = timing.phase_ms[o.skip..].iter().map(|p| p[i]).collect();
+                v.sort_by(f64::total_cmp);
+                format!("{name} {:.2}", v[v.len() / 2])
+            })
+            .collect();
+        println!("phases (median ms, synced): {}", cols.join(", "));
+    }
     if let Some(why) = &t.replay_off {
         println!("feature stage native: {why}");
     }

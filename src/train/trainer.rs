@@ -100,6 +100,53 @@ pub struct StepTiming {
     pub step_ms: Vec<f64>,
     pub peak_in_use: u64,
     pub peak_reserved: u64,
+    /// Also time each phase ([`PHASES`]) between device syncs. The syncs remove the overlap of
+    /// host and device work, so phase sums exceed an unphased step: a breakdown, not a speed.
+    pub phases: bool,
+    /// Per step, ms of each of [`PHASES`] (when `phases`).
+    pub phase_ms: Vec<[f64; PHASES.len()]>,
+}
+
+/// The phases of [`Trainer::train_step`] that [`StepTiming::phases`] times.
+pub const PHASES: [&str; 6] = [
+    "forward",
+    "assign",
+    "loss",
+    "backward",
+    "optimizer",
+    "readback",
+];
+
+/// Marks phase ends with a device sync; does nothing unless enabled.
+struct PhaseClock {
+    device: Option<Device>,
+    last: std::time::Instant,
+    ms: [f64; PHASES.len()],
+    next: usize,
+}
+
+impl PhaseClock {
+    fn new(timing: Option<&StepTiming>, device: &Device) -> Self {
+        let device = timing.filter(|t| t.phases).map(|_| device.clone());
+        if let Some(d) = &device {
+            let _ = d.sync();
+        }
+        Self {
+            device,
+            last: std::time::Instant::now(),
+            ms: [0.0; PHASES.len()],
+            next: 0,
+        }
+    }
+
+    fn mark(&mut self) {
+        if let Some(d) = &self.device {
+            let _ = d.sync();
+            let now = std::time::Instant::now();
+            self.ms[self.next] = (now - self.last).as_secs_f64() * 1e3;
+            (self.last, self.next) = (now, self.next + 1);
+        }
+    }
 }
 
 /// The optimizer 'auto' resolves to, with its lr0 and momentum (yolo_spec §4.2).
@@ -267,16 +314,20 @@ impl Trainer {
     pub fn train_step(&mut self, batch: &Batch) -> [f32; 6] {
         let labels: Vec<Vec<Instance>> =
             batch.samples.iter().map(|s| s.instances.clone()).collect();
+        let mut clock = PhaseClock::new(self.timing.as_ref(), &self.device);
         let (out, features) = {
             let _reduced = autocast(self.cfg.train.precision.compute_dtype());
             let images = batch.images_f32(&self.device);
             let features = self.stage.forward(&mut self.model, images);
             (self.model.head.forward(&features.leaves), features)
         };
+        clock.mark();
         let targets = self.loss.targets(&out, &labels);
+        clock.mark();
         let loss = self
             .loss
             .compute(&out, &targets, self.model.head.flow.as_ref());
+        clock.mark();
         let total = match &self.scaler {
             Some(s) => s.scale_loss(loss.total),
             None => loss.total,
@@ -285,6 +336,7 @@ impl Trainer {
         let stage_grads = self.stage.backward(&self.model, features, &head_grads);
         let mut grads = GradientsParams::from_grads(head_grads, &self.model);
         merge(&mut grads, stage_grads, &self.optimizer.table);
+        clock.mark();
         if let Some(c) = &self.collective {
             grads = all_reduce_grads(c.as_ref(), grads, &self.optimizer.table, &self.device);
             // Before the optimizer step, so the EMA copies rank 0's statistics too.
@@ -296,12 +348,17 @@ impl Trainer {
             self.last_opt_step = self.ni as i64;
         }
         self.ni += 1;
+        clock.mark();
         let items: Vec<f32> = loss
             .items
             .into_data()
             .convert::<f32>()
             .try_into_vec()
             .expect("f32 items");
+        clock.mark();
+        if let (Some(t), Some(_)) = (self.timing.as_mut(), clock.device) {
+            t.phase_ms.push(clock.ms);
+        }
         let items = [items[0], items[1], items[2], items[3], items[4], items[5]];
         self.step_losses.push(items);
         items
