@@ -41,17 +41,13 @@ pub fn conv2d(conv: &Conv2d, x: Tensor<4>) -> Tensor<4> {
     let Some(dtype) = compute_dtype() else {
         return ops::conv_forward(conv, x);
     };
-    let weight = conv.weight.val().cast(dtype);
-    let y = match &conv.bias {
-        None if ops::kernels() == ops::Kernels::Fast => {
-            ops::conv2d(x.cast(dtype), weight, ops::conv_options(conv))
-        }
-        bias => conv2d_op(
-            x.cast(dtype),
-            weight,
-            bias.as_ref().map(|b| b.val().cast(dtype)),
-            ops::conv_options(conv),
-        ),
+    let (x, weight) = (x.cast(dtype), conv.weight.val().cast(dtype));
+    let options = ops::conv_options(conv);
+    let y = if ops::takes(conv) {
+        ops::conv2d(x, weight, options)
+    } else {
+        let bias = conv.bias.as_ref().map(|b| b.val().cast(dtype));
+        conv2d_op(x, weight, bias, options)
     };
     y.cast(FloatDType::F32)
 }

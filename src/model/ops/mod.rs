@@ -8,7 +8,8 @@
 //!   reduction with many short rows; the backward is one operation (Burn's formula), so autodiff
 //!   records no broadcast reductions.
 //! - On CUDA, convolutions without groups use CubeCL's implicit GEMM (tensor cores) for the
-//!   forward, the data gradient (stride 1) and the weight gradient; the rest stays direct.
+//!   forward and the stride-1 data gradient; other data gradients run Burn's direct kernel in
+//!   FP32, and weight gradients are an FP32 im2col matmul (`wgrad`).
 //!
 //! [`Kernels::Stock`] keeps Burn's own operations, for comparisons and as a fallback.
 
@@ -296,11 +297,11 @@ impl<B: Backend + FastOps, C: CheckpointStrategy> FastOps for Autodiff<B, C> {
 /// `bn.forward(x)` with [`FastOps::bn_train`] for the batch statistics (same running-statistics
 /// update as Burn's `BatchNorm::forward_train`).
 pub fn batch_norm(bn: &BatchNorm, x: Tensor<4>) -> Tensor<4> {
-    let training = x.device().is_autodiff() && bn.training.is_enabled();
+    let device = x.device();
+    let training = device.is_autodiff() && bn.training.is_enabled();
     if !training || kernels() == Kernels::Stock {
         return bn.forward(x);
     }
-    let device = x.device();
     let (out, mean, var) = Dispatch::bn_train(
         x.into_dispatch(),
         bn.gamma.val().into_dispatch(),
@@ -334,9 +335,14 @@ pub fn conv2d(x: Tensor<4>, weight: Tensor<4>, options: ConvOptions<2>) -> Tenso
     ))
 }
 
-/// `conv.forward(x)`; bias-free convolutions go through [`conv2d`] unless [`Kernels::Stock`].
+/// Whether `conv` runs through [`conv2d`]: bias-free, unless [`Kernels::Stock`].
+pub fn takes(conv: &Conv2d) -> bool {
+    conv.bias.is_none() && kernels() == Kernels::Fast
+}
+
+/// `conv.forward(x)`, through [`conv2d`] when it [`takes`] the convolution.
 pub fn conv_forward(conv: &Conv2d, x: Tensor<4>) -> Tensor<4> {
-    if conv.bias.is_some() || kernels() == Kernels::Stock {
+    if !takes(conv) {
         return conv.forward(x);
     }
     conv2d(x, conv.weight.val(), conv::options(conv))
