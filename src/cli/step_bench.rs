@@ -67,7 +67,7 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
     let timing = t.timing.take().expect("set above");
     let mut times = timing.step_ms[o.skip..].to_vec();
     times.sort_by(f64::total_cmp);
-    let q = |f: f64| times[((times.len() - 1) as f64 * f).round() as usize];
+    let q = |f: f64| quantile(&times, f);
     let (peak_use, peak_reserved) = (timing.peak_in_use, timing.peak_reserved);
     let h = t.state_hashes();
     println!(
@@ -95,7 +95,7 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
             .map(|(i, name)| {
                 let mut v: Vec<f64> = timing.phase_ms[o.skip..].iter().map(|p| p[i]).collect();
                 v.sort_by(f64::total_cmp);
-                format!("{name} {:.2}", v[v.len() / 2])
+                format!("{name} {:.2}", quantile(&v, 0.5))
             })
             .collect();
         println!("phases (median ms, synced): {}", cols.join(", "));
@@ -104,4 +104,9 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
         println!("feature stage native: {why}");
     }
     Ok(())
+}
+
+/// The `f` quantile (nearest rank) of ascending `sorted`.
+fn quantile(sorted: &[f64], f: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * f).round() as usize]
 }
