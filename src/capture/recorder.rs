@@ -7,7 +7,7 @@
 //! never touch the trainer's state); after it the updated running statistics are copied back.
 
 use super::copy::{copy_into, duplicate};
-use super::stage::{leaves_of, seeded_root};
+use super::stage::seeded_root;
 use crate::model::Yolo;
 use crate::model::backbone::Features;
 use crate::optim::grads::{get_flat, put_flat};
@@ -44,6 +44,10 @@ pub enum Control {
     /// Records on the trainer's own modules instead of a private copy, so the warm-up and
     /// recording runs update the trainer's BatchNorm statistics (no rollback).
     SkipRollback,
+    /// Records the one-to-many point stems too: their recorded backward always writes a
+    /// gradient, so a batch without positives gives them zeros instead of none, and the
+    /// optimizer moves them and their state where the native loop skips them.
+    RecordStems,
 }
 
 /// Everything the two graphs read or write, kept alive for as long as they exist.
@@ -58,8 +62,9 @@ struct Recorded {
     sources: Vec<(String, Tensor<1>)>,
     /// `(path, buffer)` of the running statistics the recorded forward writes.
     updated: Vec<(String, Tensor<1>)>,
-    features: [Tensor<4>; 3],
-    seeds: [Tensor<4>; 3],
+    /// P3/P4/P5 (then the point stems' outputs under `RecordStems`) and their seed buffers.
+    outputs: Vec<Tensor<4>>,
+    seeds: Vec<Tensor<4>>,
     /// Parameter gradients the recorded backward writes, with the trainer's parameter entry.
     grads: Vec<(ParamInfo, Tensor<1>)>,
 }
@@ -90,8 +95,33 @@ fn is_running_stat(path: &str) -> bool {
     path.ends_with("running_mean") || path.ends_with("running_var")
 }
 
-fn is_feature_stage(path: &str) -> bool {
-    path.starts_with("backbone.") || path.starts_with("neck.")
+fn is_recorded(path: &str, control: Control) -> bool {
+    path.starts_with("backbone.")
+        || path.starts_with("neck.")
+        || (control == Control::RecordStems && path.starts_with("head.one2many.pose.point_stems."))
+}
+
+/// What the graphs compute from `input`: P3/P4/P5, then (`RecordStems`) each level's one-to-many
+/// point stem on it.
+fn outputs(net: &Yolo, input: &Tensor<4>, control: Control) -> Vec<Tensor<4>> {
+    let mut out: Vec<Tensor<4>> = net
+        .features(Tensor::from_inner(input.clone()))
+        .into_levels()
+        .into();
+    if control == Control::RecordStems {
+        let pose = net.head.one2many.pose.as_ref().expect("a pose head");
+        let stems: Vec<Tensor<4>> = out
+            .iter()
+            .zip(&pose.point_stems)
+            .map(|(x, stem)| stem.forward(x.clone()))
+            .collect();
+        out.extend(stems);
+    }
+    out
+}
+
+fn root(outputs: &[Tensor<4>], seeds: &[Tensor<4>]) -> Tensor<1> {
+    seeded_root(&outputs.iter().collect::<Vec<_>>(), seeds)
 }
 
 impl Recorder {
@@ -110,10 +140,15 @@ impl Recorder {
     }
 
     /// Replays the forward graph on `images` (recording it first on the first call) and returns
-    /// the features as leaves; the trainer's BatchNorm running statistics are updated in `model`.
+    /// the features as leaves (and the point stems' outputs under `RecordStems`); the trainer's
+    /// BatchNorm running statistics are updated in `model`.
     /// A recording failure is fatal and names the stage that failed: eligibility was decided
     /// before, and silently training natively would hide it.
-    pub fn forward(&mut self, model: &mut Yolo, images: Tensor<4>) -> Features {
+    pub fn forward(
+        &mut self,
+        model: &mut Yolo,
+        images: Tensor<4>,
+    ) -> (Features, Option<[Tensor<4>; 3]>) {
         if self.state.is_none() {
             let recorded = record(model, images.clone(), &self.device, self.control);
             self.state = Some(recorded.unwrap_or_else(|e| panic!("{e}")));
@@ -137,14 +172,18 @@ impl Recorder {
             "running statistics not in the model: {missing:?}"
         );
         *model = updated;
-        let [p3, p4, p5] = r.features.clone();
-        leaves_of(&Features { p3, p4, p5 })
+        let leaf = |t: &Tensor<4>| Tensor::from_inner(t.clone().inner()).require_grad();
+        let mut leaves: Vec<Tensor<4>> = r.outputs.iter().map(leaf).collect();
+        let stems = (leaves.len() > 3).then(|| leaves.split_off(3).try_into().expect("3 stems"));
+        let [p3, p4, p5]: [Tensor<4>; 3] = leaves.try_into().expect("3 levels");
+        (Features { p3, p4, p5 }, stems)
     }
 
     /// Replays the backward graph with the head's gradients at the features (`seeds`) and returns
     /// copies of the backbone and neck parameter gradients.
-    pub fn backward(&mut self, seeds: [Tensor<4>; 3]) -> GradientsParams {
+    pub fn backward(&mut self, seeds: Vec<Tensor<4>>) -> GradientsParams {
         let r = self.state.as_ref().expect("forward before backward");
+        assert_eq!(seeds.len(), r.seeds.len(), "one seed per recorded output");
         for (s, buffer) in seeds.into_iter().zip(&r.seeds) {
             write(s, buffer);
         }
@@ -183,26 +222,28 @@ fn record(
         let net = model.valid().train();
         let mut copies: HashMap<String, Tensor<1>> = float_tensors(&net.valid())
             .into_iter()
-            .filter(|(p, _)| is_feature_stage(p))
+            .filter(|(p, _)| is_recorded(p, control))
             .map(|(p, t)| (p, copy_of(t)))
             .collect();
         replace_float_tensors(net, &mut copies).0
     };
     let input = copy_of(images.inner());
-    let run = |net: &Yolo| net.features(Tensor::from_inner(input.clone()));
-    let shapes = run(&net).levels().map(|t| t.dims());
-    let seeds: [Tensor<4>; 3] = shapes.map(|s| Tensor::zeros(s, &inner));
+    let run = |net: &Yolo| outputs(net, &input, control);
+    let seeds: Vec<Tensor<4>> = run(&net)
+        .iter()
+        .map(|t| Tensor::zeros(t.dims(), &inner))
+        .collect();
     let stage_tensors = |net: &Yolo, keep: fn(&str) -> bool| -> Vec<(String, Tensor<1>)> {
         float_tensors(&net.valid())
             .into_iter()
-            .filter(|(p, _)| is_feature_stage(p) && keep(p))
+            .filter(|(p, _)| is_recorded(p, control) && keep(p))
             .collect()
     };
 
     Dispatch::graph_prepare(dispatch).map_err(|e| err("prepare", &e))?;
     for _ in 0..WARMUPS {
         let f = run(&net);
-        let grads = seeded_root(&f, &seeds).backward();
+        let grads = root(&f, &seeds).backward();
         inner.sync().map_err(|e| err("warm-up sync", &e))?;
         drop((f, grads));
     }
@@ -225,15 +266,15 @@ fn record(
     {
         let twin = net.valid().train();
         let f = run(&twin);
-        let grads = seeded_root(&f, &seeds).backward();
+        let grads = root(&f, &seeds).backward();
         inner.sync().map_err(|e| err("backward warm-up sync", &e))?;
         drop((f, grads, twin));
     }
     Dispatch::graph_start_capture(dispatch).map_err(|e| err("start backward capture", &e))?;
-    let all = GradientsParams::from_grads(seeded_root(&taped, &seeds).backward(), &net);
+    let all = GradientsParams::from_grads(root(&taped, &seeds).backward(), &net);
     let grads: Vec<(ParamInfo, Tensor<1>)> = param_table(&net)
         .into_iter()
-        .filter(|p| is_feature_stage(&p.path))
+        .filter(|p| is_recorded(&p.path, control))
         .filter_map(|p| get_flat(&all, &p).map(|g| (p, g)))
         .collect();
     let backward =
@@ -241,7 +282,7 @@ fn record(
     drop(all);
     inner.sync().map_err(|e| err("sync after capture", &e))?;
 
-    let features = taped.into_levels().map(|t| t.inner());
+    let outputs = taped.into_iter().map(|t| t.inner()).collect();
     Ok(Recorded {
         forward,
         backward,
@@ -249,7 +290,7 @@ fn record(
         input,
         sources,
         updated,
-        features,
+        outputs,
         seeds,
         grads,
     })

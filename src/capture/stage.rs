@@ -6,6 +6,7 @@
 
 use crate::model::Yolo;
 use crate::model::backbone::Features;
+use crate::model::head::{Head, HeadOutput};
 use crate::optim::reduce::sum_all;
 use burn::optim::GradientsParams;
 use burn::prelude::*;
@@ -24,6 +25,9 @@ pub enum FeatureStage {
 /// The features of one step: leaves for the head, and what the stage's backward needs.
 pub struct StepFeatures {
     pub leaves: Features,
+    /// Leaves of the one-to-many point stems' outputs when the stage computed them too (only
+    /// the `RecordStems` negative control does).
+    pub stems: Option<[Tensor<4>; 3]>,
     /// The stage's own autodiff features (native path only; the replay path keeps them inside
     /// its recorded graphs).
     taped: Option<Features>,
@@ -42,14 +46,19 @@ impl FeatureStage {
                 let taped = model.features(images);
                 StepFeatures {
                     leaves: leaves_of(&taped),
+                    stems: None,
                     taped: Some(taped),
                 }
             }
             #[cfg(feature = "cuda")]
-            FeatureStage::Replay(r) => StepFeatures {
-                leaves: r.forward(model, images),
-                taped: None,
-            },
+            FeatureStage::Replay(r) => {
+                let (leaves, stems) = r.forward(model, images);
+                StepFeatures {
+                    leaves,
+                    stems,
+                    taped: None,
+                }
+            }
         }
     }
 
@@ -60,10 +69,12 @@ impl FeatureStage {
         features: StepFeatures,
         grads: &Gradients,
     ) -> GradientsParams {
-        let seeds = seeds(&features.leaves, grads);
+        let mut outputs: Vec<&Tensor<4>> = features.leaves.levels().to_vec();
+        outputs.extend(features.stems.iter().flatten());
+        let seeds = seeds(&outputs, grads);
         match (self, features.taped) {
             (FeatureStage::Native, Some(taped)) => {
-                let root = seeded_root(&taped, &seeds);
+                let root = seeded_root(&taped.levels(), &seeds);
                 GradientsParams::from_grads(root.backward(), model)
             }
             #[cfg(feature = "cuda")]
@@ -83,23 +94,32 @@ pub fn leaves_of(f: &Features) -> Features {
     }
 }
 
-/// The head's gradient at each leaf (zeros for a level the loss did not reach), on the inner
-/// device.
-pub fn seeds(leaves: &Features, grads: &Gradients) -> [Tensor<4>; 3] {
-    leaves.levels().map(|l| {
-        l.grad(grads)
-            .unwrap_or_else(|| Tensor::zeros(l.dims(), &l.device().inner()))
-    })
+impl StepFeatures {
+    /// The complete head on these features (and on the given point-stem outputs, if any).
+    pub fn head(&self, head: &Head) -> HeadOutput {
+        head.forward_with_stems(&self.leaves, self.stems.clone())
+    }
+}
+
+/// The head's gradient at each leaf (zeros where the loss did not reach), on the inner device.
+pub fn seeds(leaves: &[&Tensor<4>], grads: &Gradients) -> Vec<Tensor<4>> {
+    leaves
+        .iter()
+        .map(|l| {
+            l.grad(grads)
+                .unwrap_or_else(|| Tensor::zeros(l.dims(), &l.device().inner()))
+        })
+        .collect()
 }
 
 /// `Σ_i sum(f_i ⊙ s_i)`: its backward sends exactly `s_i` into `f_i` (the product's gradient is
 /// `1 · s_i`), then on through the backbone and neck.
-pub fn seeded_root(features: &Features, seeds: &[Tensor<4>; 3]) -> Tensor<1> {
-    let terms: Vec<Tensor<1>> = features
-        .levels()
-        .into_iter()
+pub fn seeded_root(outputs: &[&Tensor<4>], seeds: &[Tensor<4>]) -> Tensor<1> {
+    assert_eq!(outputs.len(), seeds.len(), "one seed per output");
+    let terms: Vec<Tensor<1>> = outputs
+        .iter()
         .zip(seeds)
-        .map(|(f, s)| sum_all(f.clone() * Tensor::from_inner(s.clone())))
+        .map(|(f, s)| sum_all((*f).clone() * Tensor::from_inner(s.clone())))
         .collect();
     sum_all(Tensor::cat(terms, 0))
 }

@@ -138,6 +138,12 @@ pub struct PointStem {
     pub cv2: ConvBn,
 }
 
+impl PointStem {
+    pub fn forward(&self, x: Tensor<4>) -> Tensor<4> {
+        self.cv2.forward(self.cv1.forward(x))
+    }
+}
+
 #[derive(Module, Debug)]
 pub struct PoseBranches {
     pub point_stems: Vec<PointStem>,
@@ -176,6 +182,16 @@ pub struct HeadOutput {
 
 impl Branches {
     pub fn forward(&self, levels: [Tensor<4>; 3]) -> BranchOutput {
+        self.forward_with_stems(levels, None)
+    }
+
+    /// [`Branches::forward`] with the point stems' outputs given instead of computed (by a
+    /// recording that includes the stems: the feature-replay negative control).
+    pub fn forward_with_stems(
+        &self,
+        levels: [Tensor<4>; 3],
+        stems: Option<[Tensor<4>; 3]>,
+    ) -> BranchOutput {
         let mut boxes = Vec::with_capacity(3);
         let mut scores = Vec::with_capacity(3);
         let mut kpts = Vec::with_capacity(3);
@@ -189,8 +205,10 @@ impl Branches {
                 .forward(c.dw2.forward(c.pw1.forward(c.dw1.forward(x.clone()))));
             scores.push(flat(c.out.forward(y)));
             if let Some(p) = &self.pose {
-                let stem = &p.point_stems[i];
-                let s = stem.cv2.forward(stem.cv1.forward(x));
+                let s = match &stems {
+                    Some(given) => given[i].clone(),
+                    None => p.point_stems[i].forward(x),
+                };
                 kpts.push(flat(p.kpts[i].forward(s.clone())));
                 sigma.push(flat(p.sigma[i].forward(s)));
             }
@@ -248,10 +266,20 @@ pub struct Head {
 impl Head {
     /// Training forward: both copies; the one-to-one copy sees detached features.
     pub fn forward(&self, features: &Features) -> HeadOutput {
+        self.forward_with_stems(features, None)
+    }
+
+    /// [`Head::forward`] with the one-to-many point stems' outputs given
+    /// ([`Branches::forward_with_stems`]).
+    pub fn forward_with_stems(
+        &self,
+        features: &Features,
+        stems: Option<[Tensor<4>; 3]>,
+    ) -> HeadOutput {
         let levels = features.clone().into_levels();
         let detached = levels.clone().map(|x| x.detach());
         HeadOutput {
-            one2many: self.one2many.forward(levels),
+            one2many: self.one2many.forward_with_stems(levels, stems),
             one2one: self.one2one.forward(detached),
         }
     }
@@ -313,6 +341,38 @@ mod tests {
         let b = &head.one2one.point_stems_weight();
         assert_eq!(a.1, b.1);
         assert_ne!(a.0, b.0);
+    }
+
+    /// Handing the head its own point stems' outputs changes nothing; handing it others changes
+    /// only the keypoint outputs of the one-to-many copy.
+    #[test]
+    fn given_stems_replace_only_the_stems() {
+        let d = Device::flex();
+        let head = pose_head(&d).valid();
+        let f = Features {
+            p3: Tensor::random([1, 64, 8, 8], burn::tensor::Distribution::Default, &d),
+            p4: Tensor::random([1, 128, 4, 4], burn::tensor::Distribution::Default, &d),
+            p5: Tensor::random([1, 256, 2, 2], burn::tensor::Distribution::Default, &d),
+        };
+        let stems = |h: &Head| {
+            let p = h.one2many.pose.as_ref().unwrap();
+            let [a, b, c] = f.levels();
+            [
+                p.point_stems[0].forward(a.clone()),
+                p.point_stems[1].forward(b.clone()),
+                p.point_stems[2].forward(c.clone()),
+            ]
+        };
+        let bits = |t: &Tensor<3>| t.clone().into_data().try_to_vec::<f32>().unwrap();
+        let plain = head.forward(&f);
+        let same = head.forward_with_stems(&f, Some(stems(&head)));
+        let kpts = |o: &BranchOutput| bits(o.kpts.as_ref().unwrap());
+        assert_eq!(kpts(&plain.one2many), kpts(&same.one2many));
+        assert_eq!(bits(&plain.one2many.boxes), bits(&same.one2many.boxes));
+        let other = head.forward_with_stems(&f, Some(stems(&head).map(|s| s * 2.0)));
+        assert_ne!(kpts(&plain.one2many), kpts(&other.one2many));
+        assert_eq!(bits(&plain.one2many.scores), bits(&other.one2many.scores));
+        assert_eq!(kpts(&plain.one2one), kpts(&other.one2one));
     }
 
     impl Branches {

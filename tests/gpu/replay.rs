@@ -123,3 +123,26 @@ fn skipping_the_rollback_breaks_parity() {
         "the parity check missed a skipped rollback"
     );
 }
+
+/// Negative control: recording the one-to-many point stems too gives them a zero gradient on the
+/// batch without positives, so the optimizer moves them (momentum, weight decay) where the
+/// native loop skips them. The parity check must see it.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn recording_the_point_stems_breaks_parity() {
+    let (native, _, native_still) = empty_layout(false, Control::None);
+    let (broken, _, broken_still) = empty_layout(true, Control::RecordStems);
+    assert!(
+        native_still,
+        "a point stem moved without positives natively"
+    );
+    assert!(
+        !broken_still,
+        "recorded point stems stayed put: the control did not record them"
+    );
+    assert_ne!(
+        native.model, broken.model,
+        "the parity check missed recorded point stems"
+    );
+    assert_ne!(native.optimizer, broken.optimizer);
+}
