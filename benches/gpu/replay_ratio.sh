@@ -3,7 +3,7 @@
 # fresh processes alternating, plus one phase breakdown of each arm. Run on the GPU machine from
 # the project root after `source .gpu/setup.sh`:
 #   bash benches/gpu/replay_ratio.sh            # bench_small, BF16, 640 px, batch 4
-# Env: CONFIG, BATCH, PAIRS, SKIP, STEPS, LIMIT (seconds per process). Writes to $LOGS (default
+# Env: CONFIG, BATCH, PAIRS, SKIP, STEPS, LIMIT (seconds per process), PHASES (0: no phase runs). Writes to $LOGS (default
 # /tmp/replay_ratio): one log per run and summary.txt (median lines, in run order).
 set -u
 LOGS=${LOGS:-/tmp/replay_ratio}; mkdir -p "$LOGS"
@@ -20,5 +20,7 @@ for i in $(seq 1 "$PAIRS"); do
   run "native-$i" false
   run "replay-$i" true
 done
-run native-phases false --phases
-run replay-phases true --phases
+if [ "${PHASES:-1}" != 0 ]; then
+  run native-phases false --phases
+  run replay-phases true --phases
+fi

@@ -88,6 +88,18 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
         h.optimizer,
         h.losses
     );
+    // Medians per block of steps, from the first: shows warm-up, and any drift a
+    // growing pool or tape would cause.
+    let blocks: Vec<String> = timing
+        .step_ms
+        .chunks(16)
+        .map(|c| {
+            let mut c = c.to_vec();
+            c.sort_by(f64::total_cmp);
+            format!("{:.0}", quantile(&c, 0.5))
+        })
+        .collect();
+    println!("per 16 steps (median ms): {}", blocks.join(" "));
     if o.phases {
         let cols: Vec<String> = crate::train::trainer::PHASES
             .iter()

@@ -71,3 +71,32 @@ impl Batch {
         format!("{:x}", h.finalize())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Exactly `pixel / 255` in f32 for every byte value (any faster upload must keep this).
+    #[test]
+    fn upload_is_exact() {
+        let device = Device::flex();
+        let bytes: Vec<u8> = (0..=255u8).chain([0, 255, 7, 128]).collect();
+        let batch = Batch {
+            images: TensorData::new(bytes.clone(), [2, 2, 5, 13]),
+            samples: Vec::new(),
+            hsv_gains: None,
+        };
+        let got: Vec<f32> = batch
+            .images_f32(&device)
+            .into_data()
+            .try_into_vec()
+            .unwrap();
+        let want: Vec<f32> = bytes.iter().map(|&b| f32::from(b) / 255.0).collect();
+        assert_eq!(got.len(), want.len());
+        assert!(
+            got.iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits())
+        );
+    }
+}

@@ -108,11 +108,16 @@ pub struct StepTiming {
 }
 
 /// The phases of [`Trainer::train_step`] that [`StepTiming::phases`] times.
-pub const PHASES: [&str; 6] = [
-    "forward",
+/// `input`: the batch's upload and device HSV; `feature backward`: the stage's (replayed or
+/// native) backbone + neck backward; `optimizer` includes accumulation, clipping and the EMA.
+pub const PHASES: [&str; 9] = [
+    "input",
+    "features",
+    "head",
     "assign",
     "loss",
-    "backward",
+    "head backward",
+    "feature backward",
     "optimizer",
     "readback",
 ];
@@ -318,8 +323,10 @@ impl Trainer {
         let (out, features) = {
             let _reduced = autocast(self.cfg.train.precision.compute_dtype());
             let images = batch.images_f32(&self.device);
+            clock.mark();
             let features = self.stage.forward(&mut self.model, images);
-            (self.model.head.forward(&features.leaves), features)
+            clock.mark();
+            (features.head(&self.model.head), features)
         };
         clock.mark();
         let targets = self.loss.targets(&out, &labels);
@@ -333,6 +340,7 @@ impl Trainer {
             None => loss.total,
         };
         let head_grads = total.backward();
+        clock.mark();
         let stage_grads = self.stage.backward(&self.model, features, &head_grads);
         let mut grads = GradientsParams::from_grads(head_grads, &self.model);
         merge(&mut grads, stage_grads, &self.optimizer.table);
