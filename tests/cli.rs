@@ -117,6 +117,14 @@ fn bench_runs_pairs_and_writes_tables() {
     )
     .unwrap();
     let out = dir.join("bench");
+    let peer = dir.join("peer.json");
+    std::fs::write(
+        &peer,
+        r#"{"tool": "ultralytics", "version": "8.4.190", "fit_s": 116.4, "process_s": 122.1,
+            "step_ms": [300.0, 170.0, 179.0, 190.0], "peak_allocated_mib": 791.2,
+            "peak_reserved_mib": 940.0}"#,
+    )
+    .unwrap();
     let (ok, text) = burnpose(&[
         "bench",
         cfg.to_str().unwrap(),
@@ -128,10 +136,18 @@ fn bench_runs_pairs_and_writes_tables() {
         "cpu",
         "--out",
         out.to_str().unwrap(),
+        "--peer",
+        peer.to_str().unwrap(),
     ]);
     assert!(ok, "{text}");
     let md = std::fs::read_to_string(out.join("bench.md")).unwrap();
     assert!(md.contains("| complete fit (s) |"), "{md}");
+    // The peer's column: its own numbers, the step median after the same skip.
+    assert!(md.contains("| ultralytics 8.4.190 (one run) |"), "{md}");
+    assert!(
+        md.contains(" 116.4 |\n") && md.contains(" 179.0 |\n"),
+        "{md}"
+    );
     assert!(md.contains("pair 1: equal") && md.contains("warm"), "{md}");
     assert!(
         md.contains("replay arm ran natively") && md.contains("CUDA"),
@@ -143,6 +159,21 @@ fn bench_runs_pairs_and_writes_tables() {
     let row: Vec<&str> = csv.lines().nth(1).unwrap().split(',').collect();
     assert!(row[5].parse::<f64>().unwrap() > 0.0, "{csv}");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A wrong `--peer` file fails at once, named, before any fit runs.
+#[test]
+fn bench_checks_the_peer_report_first() {
+    let (ok, text) = burnpose(&[
+        "bench",
+        "configs/pose_nano.toml",
+        "--device",
+        "cpu",
+        "--peer",
+        "no_such_peer.json",
+    ]);
+    assert!(!ok && text.contains("no_such_peer.json"), "{text}");
+    assert!(!text.contains("fit ..."), "a fit started: {text}");
 }
 
 /// A missing file is named once, with the OS reason once (not repeated by the error chain).

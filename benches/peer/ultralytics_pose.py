@@ -10,6 +10,7 @@ import json
 import time
 
 import torch
+import ultralytics
 from ultralytics import YOLO
 
 
@@ -62,6 +63,7 @@ def main():
     metrics = getattr(results, "results_dict", {}) or {}
     report = {
         "tool": "ultralytics",
+        "version": ultralytics.__version__,
         "fit_s": fit_s,
         "step_ms": steps,
         "peak_allocated_mib": torch.cuda.max_memory_allocated() / 2**20,

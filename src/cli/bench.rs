@@ -4,12 +4,13 @@
 //! writes a [`FitReport`]; the parent times the whole process.
 
 use super::DeviceArg;
+use super::peer::PeerReport;
 use crate::train::report::write_atomic;
 use crate::train::{StateHashes, Trainer};
 use anyhow::Context;
 use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 /// What one benchmarked fit reports.
@@ -70,15 +71,31 @@ pub enum CacheState {
     Cold,
 }
 
-pub fn run(
-    config: &Path,
-    pairs: usize,
-    out: &Path,
-    device: Option<DeviceArg>,
-    skip: usize,
-    cache: CacheState,
-) -> anyhow::Result<()> {
+/// What `burnpose bench` runs and where it writes.
+pub struct Plan {
+    pub pairs: usize,
+    pub out: PathBuf,
+    pub device: Option<DeviceArg>,
+    /// Steps excluded from the post-warm-up step time.
+    pub skip: usize,
+    pub cache: CacheState,
+    /// A peer's report to show beside the two arms.
+    pub peer: Option<PathBuf>,
+}
+
+pub fn run(config: &Path, plan: Plan) -> anyhow::Result<()> {
+    let Plan {
+        pairs,
+        out,
+        device,
+        skip,
+        cache,
+        peer,
+    } = plan;
+    let out = out.as_path();
     anyhow::ensure!(pairs > 0, "--pairs must be at least 1");
+    // Read before the fits, so a wrong path fails in seconds, not after them.
+    let peer = peer.as_deref().map(PeerReport::load).transpose()?;
     let exe = std::env::current_exe().context("locating the burnpose binary")?;
     let device_args: Vec<String> = device
         .map(|d| {
@@ -151,7 +168,7 @@ pub fn run(
     }
     let csv = runs_csv(&runs, skip);
     write(&out.join("bench.csv"), &csv)?;
-    let md = table(&runs, pairs, skip, config, cache);
+    let md = table(&runs, pairs, skip, config, cache, peer.as_ref());
     write(&out.join("bench.md"), &md)?;
     println!("{md}");
     println!(
@@ -181,8 +198,8 @@ fn differing(a: &StateHashes, b: &StateHashes) -> String {
 }
 
 /// Median of the steps after the first `skip`, if there are any.
-fn step_median(r: &FitReport, skip: usize) -> Option<f64> {
-    let mut v: Vec<f64> = r.step_ms.iter().skip(skip).copied().collect();
+fn step_median(step_ms: &[f64], skip: usize) -> Option<f64> {
+    let mut v: Vec<f64> = step_ms.iter().skip(skip).copied().collect();
     if v.is_empty() {
         return None;
     }
@@ -190,31 +207,51 @@ fn step_median(r: &FitReport, skip: usize) -> Option<f64> {
     Some(v[v.len() / 2])
 }
 
-type Metric = (&'static str, fn(&Run, usize) -> Option<f64>);
+/// A row of the table: its name, a burnpose run's value, the peer's value.
+type Metric = (
+    &'static str,
+    fn(&Run, usize) -> Option<f64>,
+    fn(&PeerReport, usize) -> Option<f64>,
+);
 
 const METRICS: [Metric; 5] = [
-    ("complete fit (s)", |r, _| Some(r.report.fit_s)),
-    ("whole process (s)", |r, _| Some(r.process_s)),
-    ("post-warm-up step (ms)", |r, skip| {
-        step_median(&r.report, skip)
-    }),
-    ("peak in use after a step (MiB)", |r, _| {
-        Some(r.report.peak_in_use_mib)
-    }),
-    ("peak reserved (MiB)", |r, _| {
-        Some(r.report.peak_reserved_mib)
-    }),
+    (
+        "complete fit (s)",
+        |r, _| Some(r.report.fit_s),
+        |p, _| Some(p.fit_s),
+    ),
+    (
+        "whole process (s)",
+        |r, _| Some(r.process_s),
+        |p, _| p.process_s,
+    ),
+    (
+        "post-warm-up step (ms)",
+        |r, skip| step_median(&r.report.step_ms, skip),
+        |p, skip| step_median(&p.step_ms, skip),
+    ),
+    // The peer's is PyTorch's in-step peak, ours is sampled between steps.
+    (
+        "peak in use after a step (MiB)",
+        |r, _| Some(r.report.peak_in_use_mib),
+        |p, _| Some(p.peak_allocated_mib),
+    ),
+    (
+        "peak reserved (MiB)",
+        |r, _| Some(r.report.peak_reserved_mib),
+        |p, _| Some(p.peak_reserved_mib),
+    ),
 ];
 
 fn runs_csv(runs: &[Run], skip: usize) -> String {
     let mut s = String::from("pair,arm,replay_active");
-    for (name, _) in METRICS {
+    for (name, _, _) in METRICS {
         s += &format!(",{name}");
     }
     s += ",steps,box_mAP50-95,pose_mAP50-95,model_hash,optimizer_hash,losses_hash\n";
     for r in runs {
         s += &format!("{},{},{}", r.pair + 1, r.arm, r.report.replay);
-        for (_, f) in METRICS {
+        for (_, f, _) in METRICS {
             s += &f(r, skip).map_or(",".into(), |v| format!(",{v:.3}"));
         }
         let h = &r.report.hashes;
@@ -240,17 +277,28 @@ fn summary(v: &[f64]) -> String {
     format!("{:.1} ({:.1}–{:.1})", s[s.len() / 2], s[0], s[s.len() - 1])
 }
 
-fn table(runs: &[Run], pairs: usize, skip: usize, config: &Path, cache: CacheState) -> String {
+fn table(
+    runs: &[Run],
+    pairs: usize,
+    skip: usize,
+    config: &Path,
+    cache: CacheState,
+    peer: Option<&PeerReport>,
+) -> String {
     let arm = |name: &str, p: usize| runs.iter().find(|r| r.arm == name && r.pair == p);
+    let (peer_head, peer_rule) = match peer {
+        Some(p) => (format!(" {} (one run) |", p.name()), "---|"),
+        None => (String::new(), ""),
+    };
     let mut md = format!(
-        "Benchmark of `{}`: {pairs} pairs of fresh `fit` processes (native, replay, native, …), {} kernel cache; step times exclude the first {skip} steps.\n\n| metric | native median (range) | replay median (range) | paired reduction (range) |\n|---|---|---|---|\n",
+        "Benchmark of `{}`: {pairs} pairs of fresh `fit` processes (native, replay, native, …), {} kernel cache; step times exclude the first {skip} steps.\n\n| metric | native median (range) | replay median (range) | paired reduction (range) |{peer_head}\n|---|---|---|---|{peer_rule}\n",
         config.display(),
         match cache {
             CacheState::Warm => "warm (filled by `burnpose warmup` first)",
             CacheState::Cold => "cold (an empty cache per fit)",
         }
     );
-    for (name, f) in METRICS {
+    for (name, f, of_peer) in METRICS {
         let vals = |a: &str| -> Vec<f64> {
             (0..pairs)
                 .filter_map(|p| arm(a, p).and_then(|r| f(r, skip)))
@@ -260,7 +308,8 @@ fn table(runs: &[Run], pairs: usize, skip: usize, config: &Path, cache: CacheSta
             .filter_map(|p| {
                 let n = arm("native", p).and_then(|r| f(r, skip))?;
                 let r = arm("replay", p).and_then(|r| f(r, skip))?;
-                Some(100.0 * (1.0 - r / n))
+                // No reduction of nothing (the CPU's memory pool reports no use).
+                (n > 0.0).then(|| 100.0 * (1.0 - r / n))
             })
             .collect();
         let red = if reductions.is_empty() {
@@ -270,8 +319,14 @@ fn table(runs: &[Run], pairs: usize, skip: usize, config: &Path, cache: CacheSta
             let hi = reductions.iter().copied().fold(f64::NEG_INFINITY, f64::max);
             format!("{lo:.1} % to {hi:.1} %")
         };
+        let peer_cell = peer.map_or(String::new(), |p| {
+            format!(
+                " {} |",
+                of_peer(p, skip).map_or("n/a".into(), |v| format!("{v:.1}"))
+            )
+        });
         md += &format!(
-            "| {name} | {} | {} | {red} |\n",
+            "| {name} | {} | {} | {red} |{peer_cell}\n",
             summary(&vals("native")),
             summary(&vals("replay"))
         );

@@ -3,6 +3,7 @@
 mod bench;
 mod fit;
 mod info;
+mod peer;
 mod smoke;
 mod step_bench;
 mod val;
@@ -97,6 +98,9 @@ pub enum Command {
         /// Kernel cache each fit starts from.
         #[arg(long, value_enum, default_value = "warm")]
         cache: bench::CacheState,
+        /// A peer's report (benches/peer/ultralytics_pose.py JSON), shown beside the two arms.
+        #[arg(long)]
+        peer: Option<PathBuf>,
     },
     /// Post-warm-up training step time of a config (native or replayed feature stage).
     BenchStep {
@@ -188,7 +192,18 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             device,
             skip,
             cache,
-        } => bench::run(&config, pairs, &out, device, skip, cache),
+            peer,
+        } => bench::run(
+            &config,
+            bench::Plan {
+                pairs,
+                out,
+                device,
+                skip,
+                cache,
+                peer,
+            },
+        ),
         Command::Info {
             config,
             scale,
