@@ -177,6 +177,45 @@ fn empty_batch_skips_point_stems() {
     assert_eq!([items[0], items[1], items[2], items[4], items[5]], [0.0; 5]);
 }
 
+/// Detection cuts its tape at the head outputs (the whole network is the stage): a batch without
+/// positives must still leave the box branches without gradient, and untouched.
+#[test]
+fn empty_batch_skips_box_branches_in_detection() {
+    let mut cfg =
+        config("epochs = 1\nnbs = 2\n[optim]\noptimizer = \"sgd\"\nwarmup_epochs = 0.0\n");
+    cfg.model.task = burnpose::model::Task::Detect;
+    let mut t = trainer(&cfg);
+    let order = t.epoch_order(0);
+    t.train_step(&t.batch(&order, 0).unwrap());
+    let mut samples = t.batch(&order, 1).unwrap().samples;
+    for s in &mut samples {
+        s.instances.clear();
+    }
+    let boxes = |t: &Trainer| {
+        t.model.head.one2many.boxes[0]
+            .cv1
+            .conv
+            .weight
+            .val()
+            .into_data()
+    };
+    let cls = |t: &Trainer| {
+        t.model.head.one2many.classes[0]
+            .out
+            .weight
+            .val()
+            .into_data()
+    };
+    let (boxes_before, cls_before) = (boxes(&t), cls(&t));
+    t.train_step(&Batch::collate(samples));
+    assert_eq!(
+        boxes(&t),
+        boxes_before,
+        "box branch moved without positives"
+    );
+    assert_ne!(cls(&t), cls_before, "class branch should still train");
+}
+
 #[test]
 fn nms_validation_path_runs() {
     let cfg = config("epochs = 1\nnbs = 2\nval_nms = true\n");

@@ -10,4 +10,4 @@ mod copy;
 #[cfg(feature = "cuda")]
 pub mod recorder;
 
-pub use stage::{FeatureStage, StepFeatures};
+pub use stage::{FeatureStage, Scope, StepFeatures};

@@ -1,15 +1,15 @@
-//! `Recorder`: the backbone + neck of the pose model recorded into two CUDA graphs on the first
-//! training step and replayed on every later one (docs/capture.md).
+//! `Recorder`: the stage below the cut — backbone + neck of the pose model, the whole detection
+//! network ([`Scope`]) — recorded into two CUDA graphs on the first training step and replayed on
+//! every later one (docs/capture.md).
 //!
-//! The graphs run on a private copy of the backbone and neck whose tensors are static buffers.
+//! The graphs run on a private copy of the stage whose tensors are static buffers.
 //! Before each forward replay the trainer's current parameters and BatchNorm running statistics
 //! are copied into them (so the graph always sees the new weights, and warm-up or recording runs
 //! never touch the trainer's state); after it the updated running statistics are copied back.
 
 use super::copy::{copy_into, duplicate};
-use super::stage::seeded_root;
+use super::stage::{Scope, seeded_root};
 use crate::model::Yolo;
-use crate::model::backbone::Features;
 use crate::optim::grads::{get_flat, put_flat};
 use crate::optim::groups::{ParamInfo, param_table};
 use crate::optim::tensors::{float_tensors, replace_float_tensors};
@@ -32,6 +32,7 @@ pub struct RecordError(pub String);
 
 pub struct Recorder {
     device: Device,
+    scope: Scope,
     state: Option<Recorded>,
     control: Control,
 }
@@ -62,7 +63,8 @@ struct Recorded {
     sources: Vec<(String, Tensor<1>)>,
     /// `(path, buffer)` of the running statistics the recorded forward writes.
     updated: Vec<(String, Tensor<1>)>,
-    /// P3/P4/P5 (then the point stems' outputs under `RecordStems`) and their seed buffers.
+    /// The stage's outputs ([`Scope::run`], then the point stems' outputs under `RecordStems`)
+    /// and their seed buffers.
     outputs: Vec<Tensor<4>>,
     seeds: Vec<Tensor<4>>,
     /// Parameter gradients the recorded backward writes, with the trainer's parameter entry.
@@ -95,20 +97,21 @@ fn is_running_stat(path: &str) -> bool {
     path.ends_with("running_mean") || path.ends_with("running_var")
 }
 
-fn is_recorded(path: &str, control: Control) -> bool {
-    path.starts_with("backbone.")
-        || path.starts_with("neck.")
+fn is_recorded(path: &str, scope: Scope, control: Control) -> bool {
+    scope.covers(path)
         || (control == Control::RecordStems && path.starts_with("head.one2many.pose.point_stems."))
 }
 
-/// What the graphs compute from `input`: P3/P4/P5, then (`RecordStems`) each level's one-to-many
-/// point stem on it.
-fn outputs(net: &Yolo, input: &Tensor<4>, control: Control) -> Vec<Tensor<4>> {
-    let mut out: Vec<Tensor<4>> = net
-        .features(Tensor::from_inner(input.clone()))
-        .into_levels()
-        .into();
+/// What the graphs compute from `input`: the stage's outputs, then (`RecordStems`, pose) each
+/// level's one-to-many point stem on its feature level.
+fn outputs(net: &Yolo, input: &Tensor<4>, scope: Scope, control: Control) -> Vec<Tensor<4>> {
+    let mut out = scope.run(net, Tensor::from_inner(input.clone()));
     if control == Control::RecordStems {
+        assert_eq!(
+            scope,
+            Scope::Features,
+            "point stems are recorded on the features"
+        );
         let pose = net.head.one2many.pose.as_ref().expect("a pose head");
         let stems: Vec<Tensor<4>> = out
             .iter()
@@ -125,32 +128,40 @@ fn root(outputs: &[Tensor<4>], seeds: &[Tensor<4>]) -> Tensor<1> {
 }
 
 impl Recorder {
-    /// A recorder for `device` (the autodiff CUDA device); it records on the first forward.
-    pub fn new(device: &Device) -> Self {
-        Self::with_control(device, Control::None)
+    /// A recorder of `scope` for `device` (the autodiff CUDA device); it records on the first
+    /// forward.
+    pub fn new(device: &Device, scope: Scope) -> Self {
+        Self::with_control(device, scope, Control::None)
     }
 
     /// A recorder with a negative control switched on (tests only).
-    pub fn with_control(device: &Device, control: Control) -> Self {
+    pub fn with_control(device: &Device, scope: Scope, control: Control) -> Self {
         Self {
             device: device.clone(),
+            scope,
             state: None,
             control,
         }
     }
 
+    pub fn scope(&self) -> Scope {
+        self.scope
+    }
+
     /// Replays the forward graph on `images` (recording it first on the first call) and returns
-    /// the features as leaves (and the point stems' outputs under `RecordStems`); the trainer's
-    /// BatchNorm running statistics are updated in `model`.
+    /// the stage's outputs as leaves; the trainer's BatchNorm running statistics are updated in
+    /// `model`.
     /// A recording failure is fatal and names the stage that failed: eligibility was decided
     /// before, and silently training natively would hide it.
-    pub fn forward(
-        &mut self,
-        model: &mut Yolo,
-        images: Tensor<4>,
-    ) -> (Features, Option<[Tensor<4>; 3]>) {
+    pub fn forward(&mut self, model: &mut Yolo, images: Tensor<4>) -> Vec<Tensor<4>> {
         if self.state.is_none() {
-            let recorded = record(model, images.clone(), &self.device, self.control);
+            let recorded = record(
+                model,
+                images.clone(),
+                &self.device,
+                self.scope,
+                self.control,
+            );
             self.state = Some(recorded.unwrap_or_else(|e| panic!("{e}")));
         }
         let r = self.state.as_ref().expect("recorded");
@@ -172,15 +183,14 @@ impl Recorder {
             "running statistics not in the model: {missing:?}"
         );
         *model = updated;
-        let leaf = |t: &Tensor<4>| Tensor::from_inner(t.clone().inner()).require_grad();
-        let mut leaves: Vec<Tensor<4>> = r.outputs.iter().map(leaf).collect();
-        let stems = (leaves.len() > 3).then(|| leaves.split_off(3).try_into().expect("3 stems"));
-        let [p3, p4, p5]: [Tensor<4>; 3] = leaves.try_into().expect("3 levels");
-        (Features { p3, p4, p5 }, stems)
+        r.outputs
+            .iter()
+            .map(|t| Tensor::from_inner(t.clone().inner()).require_grad())
+            .collect()
     }
 
-    /// Replays the backward graph with the head's gradients at the features (`seeds`) and returns
-    /// copies of the backbone and neck parameter gradients.
+    /// Replays the backward graph with the gradients at the stage's outputs (`seeds`) and returns
+    /// copies of the stage's parameter gradients.
     pub fn backward(&mut self, seeds: Vec<Tensor<4>>) -> GradientsParams {
         let r = self.state.as_ref().expect("forward before backward");
         assert_eq!(seeds.len(), r.seeds.len(), "one seed per recorded output");
@@ -208,6 +218,7 @@ fn record(
     model: &Yolo,
     images: Tensor<4>,
     device: &Device,
+    scope: Scope,
     control: Control,
 ) -> Result<Recorded, RecordError> {
     let err = |what: &str, e: &dyn std::fmt::Debug| RecordError(format!("{what}: {e:?}"));
@@ -222,13 +233,13 @@ fn record(
         let net = model.valid().train();
         let mut copies: HashMap<String, Tensor<1>> = float_tensors(&net.valid())
             .into_iter()
-            .filter(|(p, _)| is_recorded(p, control))
+            .filter(|(p, _)| is_recorded(p, scope, control))
             .map(|(p, t)| (p, copy_of(t)))
             .collect();
         replace_float_tensors(net, &mut copies).0
     };
     let input = copy_of(images.inner());
-    let run = |net: &Yolo| outputs(net, &input, control);
+    let run = |net: &Yolo| outputs(net, &input, scope, control);
     let seeds: Vec<Tensor<4>> = run(&net)
         .iter()
         .map(|t| Tensor::zeros(t.dims(), &inner))
@@ -236,7 +247,7 @@ fn record(
     let stage_tensors = |net: &Yolo, keep: fn(&str) -> bool| -> Vec<(String, Tensor<1>)> {
         float_tensors(&net.valid())
             .into_iter()
-            .filter(|(p, _)| is_recorded(p, control) && keep(p))
+            .filter(|(p, _)| is_recorded(p, scope, control) && keep(p))
             .collect()
     };
 
@@ -274,7 +285,7 @@ fn record(
     let all = GradientsParams::from_grads(root(&taped, &seeds).backward(), &net);
     let grads: Vec<(ParamInfo, Tensor<1>)> = param_table(&net)
         .into_iter()
-        .filter(|p| is_recorded(&p.path, control))
+        .filter(|p| is_recorded(&p.path, scope, control))
         .filter_map(|p| get_flat(&all, &p).map(|g| (p, g)))
         .collect();
     let backward =

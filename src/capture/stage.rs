@@ -1,12 +1,15 @@
-//! The feature stage of a training step: backbone + neck, run natively in Burn autodiff or
-//! replayed from CUDA graphs. Both paths cut the autodiff tape at the features the same way, so
-//! every gradient is summed in the same order and the two are byte-identical:
-//! the head runs on leaf copies of P3/P4/P5, and the backbone/neck backward is a second,
-//! seeded backward of `Σ_i sum(f_i ⊙ s_i)` whose seeds `s_i` are the leaves' gradients.
+//! The feature stage of a training step: the part of the network below the cut — backbone + neck
+//! (pose) or the whole network (detection) — run natively in Burn autodiff or replayed from CUDA
+//! graphs. Both paths cut the autodiff tape at the same tensors, so every gradient is summed in
+//! the same order and the two are byte-identical: the rest of the step runs on leaf copies of the
+//! stage's outputs, and the stage's backward is a second, seeded backward of
+//! `Σ_i sum(o_i ⊙ s_i)` whose seeds `s_i` are the leaves' gradients.
 
-use crate::model::Yolo;
 use crate::model::backbone::Features;
-use crate::model::head::{Head, HeadOutput};
+use crate::model::head::{BranchOutput, Head, HeadOutput};
+use crate::model::{Task, Yolo};
+use crate::optim::grads::take_flat;
+use crate::optim::groups::param_table;
 use crate::optim::reduce::sum_all;
 use burn::optim::GradientsParams;
 use burn::prelude::*;
@@ -15,78 +18,146 @@ use burn::tensor::Gradients;
 #[cfg(feature = "cuda")]
 use super::recorder::Recorder;
 
-/// Where the backbone and neck of a step run.
+/// What the stage computes before the tape is cut.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// Backbone + neck → P3/P4/P5; the head runs natively (pose: the point stems must, so that a
+    /// batch without positives leaves their gradients absent).
+    Features,
+    /// The whole network → the head's raw outputs; only the loss runs natively (detection).
+    Network,
+}
+
+impl Scope {
+    pub fn of(task: Task) -> Self {
+        match task {
+            Task::Pose => Scope::Features,
+            Task::Detect => Scope::Network,
+        }
+    }
+
+    /// Whether the stage computes with the tensor at `path` (the head's flow belongs to the loss).
+    pub fn covers(self, path: &str) -> bool {
+        path.starts_with("backbone.")
+            || path.starts_with("neck.")
+            || (self == Scope::Network
+                && (path.starts_with("head.one2many.") || path.starts_with("head.one2one.")))
+    }
+
+    /// The stage's outputs on `images`, all 4-D (head outputs `[B, C, A]` as `[B, C, A, 1]`).
+    pub fn run(self, model: &Yolo, images: Tensor<4>) -> Vec<Tensor<4>> {
+        match self {
+            Scope::Features => model.features(images).into_levels().into(),
+            Scope::Network => flatten_outputs(model.forward(images)),
+        }
+    }
+}
+
+/// Where the stage of a step runs.
 pub enum FeatureStage {
-    Native,
+    Native(Scope),
     #[cfg(feature = "cuda")]
     Replay(Box<Recorder>),
 }
 
-/// The features of one step: leaves for the head, and what the stage's backward needs.
+/// The stage's outputs for one step: leaves for the rest of the step, and what the stage's
+/// backward needs.
 pub struct StepFeatures {
-    pub leaves: Features,
-    /// Leaves of the one-to-many point stems' outputs when the stage computed them too (only
-    /// the `RecordStems` negative control does).
-    pub stems: Option<[Tensor<4>; 3]>,
-    /// The stage's own autodiff features (native path only; the replay path keeps them inside
-    /// its recorded graphs).
-    taped: Option<Features>,
+    scope: Scope,
+    /// Leaves sharing the outputs' buffers: P3/P4/P5 (then the one-to-many point stems' outputs
+    /// under the `RecordStems` negative control), or the head's outputs.
+    pub leaves: Vec<Tensor<4>>,
+    /// The stage's own autodiff outputs (native path only; the replay path keeps them inside its
+    /// recorded graphs).
+    taped: Option<Vec<Tensor<4>>>,
 }
 
 impl FeatureStage {
     pub fn is_replay(&self) -> bool {
-        !matches!(self, FeatureStage::Native)
+        !matches!(self, FeatureStage::Native(_))
     }
 
-    /// Backbone + neck on `images` (autodiff device). The replay path also writes the updated
+    /// The stage on `images` (autodiff device). The replay path also writes the updated
     /// BatchNorm running statistics into `model`.
     pub fn forward(&mut self, model: &mut Yolo, images: Tensor<4>) -> StepFeatures {
         match self {
-            FeatureStage::Native => {
-                let taped = model.features(images);
+            FeatureStage::Native(scope) => {
+                let taped = scope.run(model, images);
                 StepFeatures {
-                    leaves: leaves_of(&taped),
-                    stems: None,
+                    scope: *scope,
+                    leaves: taped.iter().map(leaf).collect(),
                     taped: Some(taped),
                 }
             }
             #[cfg(feature = "cuda")]
-            FeatureStage::Replay(r) => {
-                let (leaves, stems) = r.forward(model, images);
-                StepFeatures {
-                    leaves,
-                    stems,
-                    taped: None,
-                }
-            }
+            FeatureStage::Replay(r) => StepFeatures {
+                scope: r.scope(),
+                leaves: r.forward(model, images),
+                taped: None,
+            },
         }
     }
 
-    /// The backbone and neck gradients, given the head's backward (`grads`).
+    /// The stage's parameter gradients, given the backward of the rest of the step (`grads`).
+    /// A head output the loss did not reach leaves the parameters that only feed it without a
+    /// gradient, as one uncut backward would.
     pub fn backward(
         &mut self,
         model: &Yolo,
         features: StepFeatures,
         grads: &Gradients,
     ) -> GradientsParams {
-        let mut outputs: Vec<&Tensor<4>> = features.leaves.levels().to_vec();
-        outputs.extend(features.stems.iter().flatten());
+        let outputs: Vec<&Tensor<4>> = features.leaves.iter().collect();
+        let unreached: Vec<bool> = outputs.iter().map(|l| l.grad(grads).is_none()).collect();
         let seeds = seeds(&outputs, grads);
-        match (self, features.taped) {
-            (FeatureStage::Native, Some(taped)) => {
-                let root = seeded_root(&taped.levels(), &seeds);
+        let mut out = match (self, features.taped) {
+            (FeatureStage::Native(_), Some(taped)) => {
+                let root = seeded_root(&taped.iter().collect::<Vec<_>>(), &seeds);
                 GradientsParams::from_grads(root.backward(), model)
             }
             #[cfg(feature = "cuda")]
             (FeatureStage::Replay(r), None) => r.backward(seeds),
             _ => unreachable!("features come from the stage's own forward"),
+        };
+        if features.scope == Scope::Network && unreached.contains(&true) {
+            let prefixes = unreached_prefixes(&unreached);
+            for p in param_table(model) {
+                if prefixes.iter().any(|x| p.path.starts_with(x.as_str())) {
+                    take_flat(&mut out, &p);
+                }
+            }
+        }
+        out
+    }
+}
+
+impl StepFeatures {
+    /// The head's output on these leaves: the complete head on P3/P4/P5 (and on the given
+    /// point-stem outputs, if any), or the recorded head outputs themselves.
+    pub fn head(&self, head: &Head) -> HeadOutput {
+        match self.scope {
+            Scope::Features => {
+                let l = &self.leaves;
+                let features = Features {
+                    p3: l[0].clone(),
+                    p4: l[1].clone(),
+                    p5: l[2].clone(),
+                };
+                let stems = (l.len() == 6).then(|| [l[3].clone(), l[4].clone(), l[5].clone()]);
+                head.forward_with_stems(&features, stems)
+            }
+            Scope::Network => outputs_of(&self.leaves),
         }
     }
 }
 
+/// A fresh leaf sharing `t`'s buffer, so a backward from above stops at it.
+fn leaf(t: &Tensor<4>) -> Tensor<4> {
+    Tensor::from_inner(t.clone().inner()).require_grad()
+}
+
 /// Fresh leaves sharing the features' buffers, so the head's backward stops at them.
 pub fn leaves_of(f: &Features) -> Features {
-    let leaf = |t: &Tensor<4>| Tensor::from_inner(t.clone().inner()).require_grad();
     Features {
         p3: leaf(&f.p3),
         p4: leaf(&f.p4),
@@ -94,11 +165,55 @@ pub fn leaves_of(f: &Features) -> Features {
     }
 }
 
-impl StepFeatures {
-    /// The complete head on these features (and on the given point-stem outputs, if any).
-    pub fn head(&self, head: &Head) -> HeadOutput {
-        head.forward_with_stems(&self.leaves, self.stems.clone())
+/// The fields of a branch copy in output order; `kpts`/`sigma` only for a pose head.
+const FIELDS: [&str; 4] = ["boxes.", "classes.", "pose.kpts.", "pose.sigma."];
+
+/// Per copy (one-to-many, then one-to-one): boxes, scores, then keypoints and sigmas if any.
+pub fn flatten_outputs(out: HeadOutput) -> Vec<Tensor<4>> {
+    let mut v = Vec::new();
+    for b in [out.one2many, out.one2one] {
+        let fields = [Some(b.boxes), Some(b.scores), b.kpts, b.kpts_sigma];
+        v.extend(fields.into_iter().flatten().map(|t| t.unsqueeze_dim(3)));
     }
+    v
+}
+
+/// The inverse of [`flatten_outputs`].
+pub fn outputs_of(leaves: &[Tensor<4>]) -> HeadOutput {
+    let flat = |t: &Tensor<4>| {
+        let [b, c, a, _] = t.dims();
+        t.clone().reshape([b, c, a])
+    };
+    let per = leaves.len() / 2;
+    let copy = |l: &[Tensor<4>]| BranchOutput {
+        boxes: flat(&l[0]),
+        scores: flat(&l[1]),
+        kpts: (per == 4).then(|| flat(&l[2])),
+        kpts_sigma: (per == 4).then(|| flat(&l[3])),
+    };
+    HeadOutput {
+        one2many: copy(&leaves[..per]),
+        one2one: copy(&leaves[per..]),
+    }
+}
+
+/// Path prefixes of the head parameters that feed only unreached outputs (`unreached` in
+/// [`flatten_outputs`] order); the point stems feed both keypoints and sigmas.
+fn unreached_prefixes(unreached: &[bool]) -> Vec<String> {
+    let per = unreached.len() / 2;
+    let mut out = Vec::new();
+    for (c, copy) in ["one2many", "one2one"].iter().enumerate() {
+        let u = &unreached[c * per..(c + 1) * per];
+        for (i, field) in FIELDS.iter().take(per).enumerate() {
+            if u[i] {
+                out.push(format!("head.{copy}.{field}"));
+            }
+        }
+        if per == 4 && u[2] && u[3] {
+            out.push(format!("head.{copy}.pose.point_stems."));
+        }
+    }
+    out
 }
 
 /// The head's gradient at each leaf (zeros where the loss did not reach), on the inner device.
@@ -141,38 +256,46 @@ pub fn merge(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Scale, Task, YoloConfig};
+    use crate::model::{Scale, YoloConfig};
     use crate::optim::grads::get_flat;
-    use crate::optim::groups::param_table;
 
-    /// The cut at the features changes only summation order: gradients of every parameter equal
-    /// those of one uncut backward to float rounding.
-    #[test]
-    fn cut_backward_equals_one_backward() {
+    type Loss = fn(HeadOutput) -> Tensor<1>;
+
+    /// Gradients of one uncut backward and of the stage's cut backward (merged), for `task`.
+    fn both(task: Task, loss: Loss) -> (Yolo, GradientsParams, GradientsParams) {
         let device = Device::flex().autodiff();
         device.seed(3);
-        let mut model = YoloConfig::new(Scale::N, Task::Pose).init(&device);
+        let mut model = YoloConfig::new(Scale::N, task).init(&device);
         let x = Tensor::<4>::random(
             [2, 3, 64, 64],
             burn::tensor::Distribution::Uniform(0.0, 1.0),
             &device,
         );
-        let loss = |out: crate::model::head::HeadOutput| {
-            let b = out.one2many;
-            (b.boxes.powi_scalar(2).sum() + b.scores.sum() + b.kpts.unwrap().tanh().sum()).sum()
-        };
         let whole = GradientsParams::from_grads(loss(model.forward(x.clone())).backward(), &model);
-
-        let mut stage = FeatureStage::Native;
+        let mut stage = FeatureStage::Native(Scope::of(task));
         let f = stage.forward(&mut model, x);
-        let head = loss(model.head.forward(&f.leaves)).backward();
-        let below = stage.backward(&model, f, &head);
-        let table = param_table(&model);
-        let mut cut = GradientsParams::from_grads(head, &model);
-        merge(&mut cut, below, &table);
+        let rest = loss(f.head(&model.head)).backward();
+        let below = stage.backward(&model, f, &rest);
+        let mut cut = GradientsParams::from_grads(rest, &model);
+        merge(&mut cut, below, &param_table(&model));
+        (model, whole, cut)
+    }
 
+    fn every_output(out: HeadOutput) -> Tensor<1> {
+        let b = out.one2many;
+        let kpts = b
+            .kpts
+            .map_or(Tensor::zeros([1], &b.scores.device()), |k| k.tanh().sum());
+        (b.boxes.powi_scalar(2).sum() + b.scores.sum() + kpts).sum()
+    }
+
+    /// The cut changes only summation order: gradients of every parameter equal those of one
+    /// uncut backward to float rounding, and the same parameters have one.
+    fn assert_cut_matches(task: Task, loss: Loss, at_least: usize) {
+        let (model, whole, cut) = both(task, loss);
         // Per tensor relative to its own size, with a floor at the largest gradient's rounding
         // level for tensors whose gradient nearly cancels (e.g. a beta before another BN).
+        let table = param_table(&model);
         let pairs: Vec<_> = table
             .iter()
             .map(|p| (p, get_flat(&whole, p), get_flat(&cut, p)))
@@ -184,7 +307,7 @@ mod tests {
             .fold(0f32, f32::max);
         let mut compared = 0;
         for (p, a, b) in pairs {
-            assert_eq!(a.is_some(), b.is_some(), "{}", p.path);
+            assert_eq!(a.is_some(), b.is_some(), "{:?} {}", task, p.path);
             let (Some(a), Some(b)) = (a, b) else { continue };
             let scale = max(&a);
             let diff = max(&(a - b));
@@ -195,6 +318,69 @@ mod tests {
             );
             compared += 1;
         }
-        assert!(compared > 200, "only {compared} gradients compared");
+        assert!(compared >= at_least, "only {compared} gradients compared");
+    }
+
+    #[test]
+    fn cut_at_the_features_equals_one_backward() {
+        assert_cut_matches(Task::Pose, every_output, 200);
+    }
+
+    #[test]
+    fn cut_at_the_head_outputs_equals_one_backward() {
+        assert_cut_matches(Task::Detect, every_output, 200);
+    }
+
+    /// A loss that never reads the box outputs (a batch without positives) leaves the box
+    /// branches without gradient after the cut too, not with zeros.
+    #[test]
+    fn unreached_head_outputs_leave_their_branches_absent() {
+        let scores_only: Loss = |out| out.one2many.scores.sum() + out.one2one.scores.sum();
+        assert_cut_matches(Task::Detect, scores_only, 150);
+        let (model, _, cut) = both(Task::Detect, scores_only);
+        let table = param_table(&model);
+        let boxes: Vec<_> = table
+            .iter()
+            .filter(|p| p.path.starts_with("head.one2many.boxes."))
+            .collect();
+        assert!(!boxes.is_empty());
+        assert!(boxes.iter().all(|p| get_flat(&cut, p).is_none()));
+    }
+
+    #[test]
+    fn head_outputs_survive_the_round_trip() {
+        let d = Device::flex();
+        let model = YoloConfig::new(Scale::N, Task::Pose).init(&d);
+        let x = Tensor::<4>::random([1, 3, 64, 64], burn::tensor::Distribution::Default, &d);
+        let out = model.forward(x);
+        let back = outputs_of(&flatten_outputs(out.clone()));
+        let bits = |t: &Tensor<3>| t.clone().into_data().try_to_vec::<f32>().unwrap();
+        for (a, b) in [
+            (&out.one2many, &back.one2many),
+            (&out.one2one, &back.one2one),
+        ] {
+            assert_eq!(bits(&a.boxes), bits(&b.boxes));
+            assert_eq!(bits(&a.scores), bits(&b.scores));
+            assert_eq!(
+                bits(a.kpts.as_ref().unwrap()),
+                bits(b.kpts.as_ref().unwrap())
+            );
+            assert_eq!(
+                bits(a.kpts_sigma.as_ref().unwrap()),
+                bits(b.kpts_sigma.as_ref().unwrap())
+            );
+        }
+        assert_eq!(
+            unreached_prefixes(&[false, false, true, false]),
+            ["head.one2one.boxes."]
+        );
+        assert_eq!(
+            unreached_prefixes(&[false, false, true, true, false, false, false, false]),
+            [
+                "head.one2many.pose.kpts.",
+                "head.one2many.pose.sigma.",
+                "head.one2many.pose.point_stems."
+            ]
+        );
     }
 }

@@ -4,7 +4,7 @@
 use super::dist::{Collective, all_reduce_grads, broadcast_buffers};
 use crate::capture::FeatureStage;
 use crate::capture::eligibility::{self, Setup};
-use crate::capture::stage::merge;
+use crate::capture::stage::{Scope, merge};
 use crate::config::{Config, LastBatch, OptimizerKind, Precision};
 use crate::data::augment::mosaic_active;
 use crate::data::loader::batches_per_epoch;
@@ -542,23 +542,25 @@ fn choose_stage(
         }),
     };
     match verdict {
-        Ok(()) => (replay_stage(device), None),
+        Ok(()) => (replay_stage(device, Scope::of(cfg.model.task)), None),
         Err(why) => {
             if enabled {
                 eprintln!("feature replay off: {why}; the backbone and neck run natively");
             }
-            (FeatureStage::Native, Some(why))
+            (FeatureStage::Native(Scope::of(cfg.model.task)), Some(why))
         }
     }
 }
 
 #[cfg(feature = "cuda")]
-fn replay_stage(device: &Device) -> FeatureStage {
-    FeatureStage::Replay(Box::new(crate::capture::recorder::Recorder::new(device)))
+fn replay_stage(device: &Device, scope: Scope) -> FeatureStage {
+    FeatureStage::Replay(Box::new(crate::capture::recorder::Recorder::new(
+        device, scope,
+    )))
 }
 
 #[cfg(not(feature = "cuda"))]
-fn replay_stage(_device: &Device) -> FeatureStage {
+fn replay_stage(_device: &Device, _scope: Scope) -> FeatureStage {
     unreachable!("eligibility refuses replay without the CUDA backend")
 }
 

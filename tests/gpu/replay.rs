@@ -2,25 +2,30 @@
 //! losses, ordinary and empty batches, FP32/BF16/FP16, and negative controls that must fail.
 
 use super::cuda;
-use burnpose::capture::FeatureStage;
 use burnpose::capture::recorder::{Control, Recorder};
+use burnpose::capture::{FeatureStage, Scope};
 use burnpose::config::Config;
 use burnpose::data::Batch;
 use burnpose::train::{StateHashes, Trainer};
 use std::path::Path;
 
-fn config(precision: &str, capture: bool) -> Config {
+fn config_for(task: &str, precision: &str, capture: bool) -> Config {
     let text = format!(
-        "[model]\ncapture_network = {capture}\n[data]\nimgsz = 256\ntrain_images = 24\nval_images = 4\n[train]\nbatch = 4\nnbs = 8\nepochs = 2\nclose_mosaic = 1\nseed = 11\nprecision = \"{precision}\"\n"
+        "[model]\ntask = \"{task}\"\ncapture_network = {capture}\n[data]\nimgsz = 256\ntrain_images = 24\nval_images = 4\n[train]\nbatch = 4\nnbs = 8\nepochs = 2\nclose_mosaic = 1\nseed = 11\nprecision = \"{precision}\"\n"
     );
     Config::parse(&text, Path::new("replay.toml")).unwrap()
 }
 
 fn trainer(cfg: &Config, control: Control) -> Trainer {
     let mut t = Trainer::new(cfg.clone(), Path::new("replay.toml"), cuda()).unwrap();
+    let scope = Scope::of(cfg.model.task);
     if cfg.model.capture_network {
-        assert!(t.stage.is_replay(), "replay refused: {:?}", t.replay_off);
-        t.stage = FeatureStage::Replay(Box::new(Recorder::with_control(&t.device, control)));
+        // Eligibility refuses detection until the detection tests below have passed on a GPU,
+        // so they install the recorder themselves.
+        if scope == Scope::Features {
+            assert!(t.stage.is_replay(), "replay refused: {:?}", t.replay_off);
+        }
+        t.stage = FeatureStage::Replay(Box::new(Recorder::with_control(&t.device, scope, control)));
     } else {
         assert!(!t.stage.is_replay());
     }
@@ -39,8 +44,12 @@ fn fit(cfg: &Config, control: Control) -> (StateHashes, Vec<[f32; 6]>) {
 }
 
 fn assert_parity(precision: &str) {
-    let (native, native_losses) = fit(&config(precision, false), Control::None);
-    let (replay, replay_losses) = fit(&config(precision, true), Control::None);
+    assert_parity_of("pose", precision);
+}
+
+fn assert_parity_of(task: &str, precision: &str) {
+    let (native, native_losses) = fit(&config_for(task, precision, false), Control::None);
+    let (replay, replay_losses) = fit(&config_for(task, precision, true), Control::None);
     let first_diff = native_losses
         .iter()
         .zip(&replay_losses)
@@ -74,7 +83,15 @@ fn replay_matches_native_fp16() {
 /// One ordinary step, then a batch without any object: the point stems get no gradient on either
 /// path, so they and their optimizer state stay put, and the two paths stay equal.
 fn empty_layout(capture: bool, control: Control) -> (StateHashes, Vec<[f32; 6]>, bool) {
-    let mut cfg = config("fp32", capture);
+    empty_layout_of("pose", capture, control)
+}
+
+fn empty_layout_of(
+    task: &str,
+    capture: bool,
+    control: Control,
+) -> (StateHashes, Vec<[f32; 6]>, bool) {
+    let mut cfg = config_for(task, "fp32", capture);
     cfg.train.nbs = 4;
     let mut t = trainer(&cfg, control);
     let order = t.epoch_order(0);
@@ -83,13 +100,13 @@ fn empty_layout(capture: bool, control: Control) -> (StateHashes, Vec<[f32; 6]>,
     for s in &mut samples {
         s.instances.clear();
     }
+    // The point stems (pose) or the box branch (detection): no positives, no gradient.
     let stem = |t: &Trainer| {
-        t.model.head.one2many.pose.as_ref().unwrap().point_stems[0]
-            .cv1
-            .conv
-            .weight
-            .val()
-            .into_data()
+        let b = &t.model.head.one2many;
+        match &b.pose {
+            Some(p) => p.point_stems[0].cv1.conv.weight.val().into_data(),
+            None => b.boxes[0].cv1.conv.weight.val().into_data(),
+        }
     };
     let before = stem(&t);
     t.train_step(&Batch::collate(samples));
@@ -145,4 +162,32 @@ fn recording_the_point_stems_breaks_parity() {
         "the parity check missed recorded point stems"
     );
     assert_ne!(native.optimizer, broken.optimizer);
+}
+
+/// Detection records the whole network (docs/capture.md): byte parity over two epochs.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn detection_replay_matches_native_fp32() {
+    assert_parity_of("detect", "fp32");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn detection_replay_matches_native_bf16() {
+    assert_parity_of("detect", "bf16");
+}
+
+/// Without positives the box branches get no gradient natively; the recorded whole network must
+/// leave them absent too (the stage drops gradients of unreached head outputs).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn detection_replay_matches_native_on_an_empty_batch() {
+    let (native, nl, native_still) = empty_layout_of("detect", false, Control::None);
+    let (replay, rl, replay_still) = empty_layout_of("detect", true, Control::None);
+    assert!(
+        native_still && replay_still,
+        "a box branch moved without positives"
+    );
+    assert_eq!(nl, rl);
+    assert_eq!(native, replay);
 }
