@@ -72,14 +72,24 @@ pub enum CacheState {
 }
 
 /// What `burnpose bench` runs and where it writes.
+#[derive(clap::Args, Debug)]
 pub struct Plan {
+    /// Native/replay pairs.
+    #[arg(long, default_value_t = 5)]
     pub pairs: usize,
+    /// Where runs, reports and the tables go.
+    #[arg(long, default_value = "runs/bench")]
     pub out: PathBuf,
+    #[arg(long, value_enum)]
     pub device: Option<DeviceArg>,
     /// Steps excluded from the post-warm-up step time.
+    #[arg(long, default_value_t = 64)]
     pub skip: usize,
+    /// Kernel cache each fit starts from.
+    #[arg(long, value_enum, default_value = "warm")]
     pub cache: CacheState,
-    /// A peer's report to show beside the two arms.
+    /// A peer's report (benches/peer/ultralytics_pose.py JSON), shown beside the two arms.
+    #[arg(long)]
     pub peer: Option<PathBuf>,
 }
 

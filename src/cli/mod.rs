@@ -84,23 +84,8 @@ pub enum Command {
     /// pairs; prints and writes (CSV + markdown) the comparison table.
     Bench {
         config: PathBuf,
-        /// Native/replay pairs.
-        #[arg(long, default_value_t = 5)]
-        pairs: usize,
-        /// Where runs, reports and the tables go.
-        #[arg(long, default_value = "runs/bench")]
-        out: PathBuf,
-        #[arg(long, value_enum)]
-        device: Option<DeviceArg>,
-        /// Steps excluded from the post-warm-up step time.
-        #[arg(long, default_value_t = 64)]
-        skip: usize,
-        /// Kernel cache each fit starts from.
-        #[arg(long, value_enum, default_value = "warm")]
-        cache: bench::CacheState,
-        /// A peer's report (benches/peer/ultralytics_pose.py JSON), shown beside the two arms.
-        #[arg(long)]
-        peer: Option<PathBuf>,
+        #[command(flatten)]
+        plan: bench::Plan,
     },
     /// Post-warm-up training step time of a config (native or replayed feature stage).
     BenchStep {
@@ -185,25 +170,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 report,
             },
         ),
-        Command::Bench {
-            config,
-            pairs,
-            out,
-            device,
-            skip,
-            cache,
-            peer,
-        } => bench::run(
-            &config,
-            bench::Plan {
-                pairs,
-                out,
-                device,
-                skip,
-                cache,
-                peer,
-            },
-        ),
+        Command::Bench { config, plan } => bench::run(&config, plan),
         Command::Info {
             config,
             scale,
