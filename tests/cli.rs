@@ -145,6 +145,10 @@ fn bench_runs_pairs_and_writes_tables() {
     // The peer's column: its own numbers, the step median after the same skip.
     assert!(md.contains("| ultralytics 8.4.190 (one run) |"), "{md}");
     assert!(
+        md.contains("data: built-in synthetic images, 4 train / 2 val") && md.contains("64 px"),
+        "{md}"
+    );
+    assert!(
         md.contains(" 116.4 |\n") && md.contains(" 179.0 |\n"),
         "{md}"
     );

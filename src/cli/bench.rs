@@ -104,6 +104,7 @@ pub fn run(config: &Path, plan: Plan) -> anyhow::Result<()> {
     } = plan;
     let out = out.as_path();
     anyhow::ensure!(pairs > 0, "--pairs must be at least 1");
+    let setup = setup_line(&crate::config::Config::load(config)?);
     // Read before the fits, so a wrong path fails in seconds, not after them.
     let peer = peer.as_deref().map(PeerReport::load).transpose()?;
     let exe = std::env::current_exe().context("locating the burnpose binary")?;
@@ -178,7 +179,7 @@ pub fn run(config: &Path, plan: Plan) -> anyhow::Result<()> {
     }
     let csv = runs_csv(&runs, skip);
     write(&out.join("bench.csv"), &csv)?;
-    let md = table(&runs, pairs, skip, config, cache, peer.as_ref());
+    let md = table(&runs, pairs, skip, config, cache, peer.as_ref()) + &setup;
     write(&out.join("bench.md"), &md)?;
     println!("{md}");
     println!(
@@ -187,6 +188,38 @@ pub fn run(config: &Path, plan: Plan) -> anyhow::Result<()> {
         out.join("bench.md").display()
     );
     Ok(())
+}
+
+/// What was trained, for the table: the data (and whether it is the built-in synthetic set) and
+/// the settings the seed benchmark fixes.
+fn setup_line(cfg: &crate::config::Config) -> String {
+    let (m, d, t) = (&cfg.model, &cfg.data, &cfg.train);
+    let data = match d.source {
+        crate::config::DataSource::Builtin => format!(
+            "built-in synthetic images, {} train / {} val",
+            d.train_images, d.val_images
+        ),
+        other => format!(
+            "{other:?} dataset at {}",
+            d.path
+                .as_ref()
+                .map_or("(no path)".into(), |p| p.display().to_string())
+        ),
+    };
+    format!(
+        "\nSetup: {:?} {:?}; data: {data}; {} epochs, batch {} (nbs {}), {} px, {:?}, seed {}, image cache {:?}, device HSV {}, {} loader workers.\n",
+        m.scale,
+        m.task,
+        t.epochs,
+        t.batch,
+        t.nbs,
+        d.imgsz,
+        t.precision,
+        t.seed,
+        d.cache,
+        cfg.augment.hsv_device,
+        d.workers
+    )
 }
 
 /// "equal", or which hashes differ.
