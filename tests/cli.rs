@@ -125,20 +125,16 @@ fn bench_runs_pairs_and_writes_tables() {
             "peak_reserved_mib": 940.0}"#,
     )
     .unwrap();
-    let (ok, text) = burnpose(&[
-        "bench",
-        cfg.to_str().unwrap(),
-        "--pairs",
-        "1",
-        "--skip",
-        "1",
-        "--device",
-        "cpu",
-        "--out",
-        out.to_str().unwrap(),
-        "--peer",
-        peer.to_str().unwrap(),
-    ]);
+    let bench = |extra: &[&str]| {
+        let (cfg, out) = (cfg.to_str().unwrap(), out.to_str().unwrap());
+        let mut args = vec![
+            "bench", cfg, "--pairs", "1", "--skip", "1", "--device", "cpu",
+        ];
+        args.extend(["--out", out]);
+        args.extend(extra);
+        burnpose(&args)
+    };
+    let (ok, text) = bench(&["--peer", peer.to_str().unwrap()]);
     assert!(ok, "{text}");
     let md = std::fs::read_to_string(out.join("bench.md")).unwrap();
     assert!(md.contains("| complete fit (s) |"), "{md}");
@@ -162,6 +158,22 @@ fn bench_runs_pairs_and_writes_tables() {
     // Two steps per fit, one skipped: the step column is filled.
     let row: Vec<&str> = csv.lines().nth(1).unwrap().split(',').collect();
     assert!(row[5].parse::<f64>().unwrap() > 0.0, "{csv}");
+
+    // `--resume` keeps the finished native fit and runs only the missing replay fit.
+    std::fs::remove_file(out.join("reports/bench-replay-0.json")).unwrap();
+    let (ok, text) = bench(&["--resume"]);
+    assert!(ok, "{text}");
+    assert!(
+        text.contains("native fit: kept") && text.contains("replay fit ..."),
+        "{text}"
+    );
+    let again = std::fs::read_to_string(out.join("bench.csv")).unwrap();
+    assert_eq!(
+        again.lines().nth(1),
+        csv.lines().nth(1),
+        "native row changed"
+    );
+    assert_eq!(again.lines().count(), 3, "{again}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -27,6 +27,9 @@ pub struct FitReport {
     pub hashes: StateHashes,
     pub box_map: f64,
     pub pose_map: f64,
+    /// Whole process seconds, added by the `bench` parent.
+    #[serde(default)]
+    pub process_s: Option<f64>,
 }
 
 impl FitReport {
@@ -43,7 +46,14 @@ impl FitReport {
             hashes,
             box_map: last.map_or(f64::NAN, |r| r.box_map),
             pose_map: last.map_or(f64::NAN, |r| r.pose_map),
+            process_s: None,
         }
+    }
+
+    pub fn load(path: &Path) -> anyhow::Result<Self> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
     }
 
     pub fn write(&self, path: &Path) -> anyhow::Result<()> {
@@ -91,6 +101,10 @@ pub struct Plan {
     /// A peer's report (benches/peer/ultralytics_pose.py JSON), shown beside the two arms.
     #[arg(long)]
     pub peer: Option<PathBuf>,
+    /// Keep the fits an earlier `bench` with the same `--out` completed, run only the rest (to
+    /// split a benchmark over several device sessions).
+    #[arg(long)]
+    pub resume: bool,
 }
 
 pub fn run(config: &Path, plan: Plan) -> anyhow::Result<()> {
@@ -101,81 +115,63 @@ pub fn run(config: &Path, plan: Plan) -> anyhow::Result<()> {
         skip,
         cache,
         peer,
+        resume,
     } = plan;
     let out = out.as_path();
     anyhow::ensure!(pairs > 0, "--pairs must be at least 1");
     let setup = setup_line(&crate::config::Config::load(config)?);
     // Read before the fits, so a wrong path fails in seconds, not after them.
     let peer = peer.as_deref().map(PeerReport::load).transpose()?;
-    let exe = std::env::current_exe().context("locating the burnpose binary")?;
     let device_args: Vec<String> = device
         .map(|d| {
             let v = d.to_possible_value().expect("device values are named");
             vec!["--device".to_string(), v.get_name().to_string()]
         })
         .unwrap_or_default();
-    if cache == CacheState::Warm {
-        println!(
-            "warming the kernel cache: burnpose warmup {}",
-            config.display()
-        );
-        let status = std::process::Command::new(&exe)
-            .arg("warmup")
-            .arg(config)
-            .args(&device_args)
-            .status()
-            .context("starting burnpose warmup")?;
-        anyhow::ensure!(status.success(), "burnpose warmup failed ({status})");
+    let child = Child {
+        exe: std::env::current_exe().context("locating the burnpose binary")?,
+        config,
+        device_args,
+        out,
+        cache,
+    };
+    let plan: Vec<(usize, &'static str)> = (0..pairs)
+        .flat_map(|pair| [(pair, "native"), (pair, "replay")])
+        .collect();
+    let done = |pair: usize, arm: &str| -> Option<FitReport> {
+        let r = FitReport::load(&child.report_path(&run_name(arm, pair))).ok()?;
+        r.process_s.is_some().then_some(r)
+    };
+    let todo = plan
+        .iter()
+        .filter(|(p, a)| !resume || done(*p, a).is_none());
+    if cache == CacheState::Warm && todo.count() > 0 {
+        child.warmup()?;
     }
     let mut runs = Vec::new();
-    for pair in 0..pairs {
-        for (arm, replay) in [("native", false), ("replay", true)] {
-            let name = format!("bench-{arm}-{pair}");
-            let report_path = out.join("reports").join(format!("{name}.json"));
-            let log_path = out.join("logs").join(format!("{name}.log"));
-            std::fs::create_dir_all(log_path.parent().expect("has a parent"))?;
-            let log = std::fs::File::create(&log_path)
-                .with_context(|| format!("creating {}", log_path.display()))?;
-            let mut cmd = std::process::Command::new(&exe);
-            cmd.arg("fit")
-                .arg(config)
-                .args(["--name", &name, "--replay", &replay.to_string()])
-                .arg("--report")
-                .arg(&report_path)
-                .args(&device_args)
-                .stdout(log.try_clone()?)
-                .stderr(log);
-            if cache == CacheState::Cold {
-                // CubeCL's per-user cache lives under the XDG cache home: a fresh one is empty.
-                let empty = out.join("cold-cache").join(&name);
-                if empty.exists() {
-                    std::fs::remove_dir_all(&empty)
-                        .with_context(|| format!("clearing {}", empty.display()))?;
-                }
-                std::fs::create_dir_all(&empty)?;
-                cmd.env("XDG_CACHE_HOME", std::path::absolute(&empty)?);
+    for (pair, arm) in plan {
+        let name = run_name(arm, pair);
+        let report = match done(pair, arm).filter(|_| resume) {
+            Some(r) => {
+                println!(
+                    "pair {}/{pairs}: {arm} fit: kept from an earlier run",
+                    pair + 1
+                );
+                r
             }
-            println!("pair {}/{pairs}: {arm} fit ...", pair + 1);
-            let start = Instant::now();
-            let status = cmd.status().context("starting a fit process")?;
-            let process_s = start.elapsed().as_secs_f64();
-            anyhow::ensure!(
-                status.success(),
-                "the {arm} fit of pair {} failed ({status}); its output is in {}",
-                pair + 1,
-                log_path.display()
-            );
-            let text = std::fs::read_to_string(&report_path)
-                .with_context(|| format!("reading {}", report_path.display()))?;
-            let report: FitReport = serde_json::from_str(&text)
-                .with_context(|| format!("parsing {}", report_path.display()))?;
-            runs.push(Run {
-                arm,
-                pair,
-                process_s,
-                report,
-            });
-        }
+            None => {
+                println!("pair {}/{pairs}: {arm} fit ...", pair + 1);
+                child
+                    .fit(&name, arm == "replay")
+                    .with_context(|| format!("the {arm} fit of pair {}", pair + 1))?
+            }
+        };
+        runs.push(Run {
+            arm,
+            pair,
+            process_s: report.process_s.expect("set by the parent"),
+            report,
+        });
     }
     let csv = runs_csv(&runs, skip);
     write(&out.join("bench.csv"), &csv)?;
@@ -188,6 +184,81 @@ pub fn run(config: &Path, plan: Plan) -> anyhow::Result<()> {
         out.join("bench.md").display()
     );
     Ok(())
+}
+
+fn run_name(arm: &str, pair: usize) -> String {
+    format!("bench-{arm}-{pair}")
+}
+
+/// How the parent starts its child processes.
+struct Child<'a> {
+    exe: PathBuf,
+    config: &'a Path,
+    device_args: Vec<String>,
+    out: &'a Path,
+    cache: CacheState,
+}
+
+impl Child<'_> {
+    fn report_path(&self, name: &str) -> PathBuf {
+        self.out.join("reports").join(format!("{name}.json"))
+    }
+
+    fn warmup(&self) -> anyhow::Result<()> {
+        println!(
+            "warming the kernel cache: burnpose warmup {}",
+            self.config.display()
+        );
+        let status = std::process::Command::new(&self.exe)
+            .arg("warmup")
+            .arg(self.config)
+            .args(&self.device_args)
+            .status()
+            .context("starting burnpose warmup")?;
+        anyhow::ensure!(status.success(), "burnpose warmup failed ({status})");
+        Ok(())
+    }
+
+    /// One complete fit in a fresh process; its report, with the whole process time added
+    /// (and written back, so that `--resume` can keep it).
+    fn fit(&self, name: &str, replay: bool) -> anyhow::Result<FitReport> {
+        let report_path = self.report_path(name);
+        let log_path = self.out.join("logs").join(format!("{name}.log"));
+        std::fs::create_dir_all(log_path.parent().expect("has a parent"))?;
+        let log = std::fs::File::create(&log_path)
+            .with_context(|| format!("creating {}", log_path.display()))?;
+        let mut cmd = std::process::Command::new(&self.exe);
+        cmd.arg("fit")
+            .arg(self.config)
+            .args(["--name", name, "--replay", &replay.to_string()])
+            .arg("--report")
+            .arg(&report_path)
+            .args(&self.device_args)
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        if self.cache == CacheState::Cold {
+            // CubeCL's per-user cache lives under the XDG cache home: a fresh one is empty.
+            let empty = self.out.join("cold-cache").join(name);
+            if empty.exists() {
+                std::fs::remove_dir_all(&empty)
+                    .with_context(|| format!("clearing {}", empty.display()))?;
+            }
+            std::fs::create_dir_all(&empty)?;
+            cmd.env("XDG_CACHE_HOME", std::path::absolute(&empty)?);
+        }
+        let start = Instant::now();
+        let status = cmd.status().context("starting a fit process")?;
+        let process_s = start.elapsed().as_secs_f64();
+        anyhow::ensure!(
+            status.success(),
+            "failed ({status}); its output is in {}",
+            log_path.display()
+        );
+        let mut report = FitReport::load(&report_path)?;
+        report.process_s = Some(process_s);
+        report.write(&report_path)?;
+        Ok(report)
+    }
 }
 
 /// What was trained, for the table: the data (and whether it is the built-in synthetic set) and
