@@ -8,7 +8,7 @@
 //! never touch the trainer's state); after it the updated running statistics are copied back.
 
 use super::copy::{copy_into, duplicate};
-use super::stage::{Scope, seeded_root};
+use super::stage::{Scope, leaf, seeded_root};
 use crate::model::Yolo;
 use crate::optim::grads::{get_flat, put_flat};
 use crate::optim::groups::{ParamInfo, param_table};
@@ -123,10 +123,6 @@ fn outputs(net: &Yolo, input: &Tensor<4>, scope: Scope, control: Control) -> Vec
     out
 }
 
-fn root(outputs: &[Tensor<4>], seeds: &[Tensor<4>]) -> Tensor<1> {
-    seeded_root(&outputs.iter().collect::<Vec<_>>(), seeds)
-}
-
 impl Recorder {
     /// A recorder of `scope` for `device` (the autodiff CUDA device); it records on the first
     /// forward.
@@ -183,10 +179,7 @@ impl Recorder {
             "running statistics not in the model: {missing:?}"
         );
         *model = updated;
-        r.outputs
-            .iter()
-            .map(|t| Tensor::from_inner(t.clone().inner()).require_grad())
-            .collect()
+        r.outputs.iter().map(leaf).collect()
     }
 
     /// Replays the backward graph with the gradients at the stage's outputs (`seeds`) and returns
@@ -254,7 +247,7 @@ fn record(
     Dispatch::graph_prepare(dispatch).map_err(|e| err("prepare", &e))?;
     for _ in 0..WARMUPS {
         let f = run(&net);
-        let grads = root(&f, &seeds).backward();
+        let grads = seeded_root(&f, &seeds).backward();
         inner.sync().map_err(|e| err("warm-up sync", &e))?;
         drop((f, grads));
     }
@@ -277,12 +270,12 @@ fn record(
     {
         let twin = net.valid().train();
         let f = run(&twin);
-        let grads = root(&f, &seeds).backward();
+        let grads = seeded_root(&f, &seeds).backward();
         inner.sync().map_err(|e| err("backward warm-up sync", &e))?;
         drop((f, grads, twin));
     }
     Dispatch::graph_start_capture(dispatch).map_err(|e| err("start backward capture", &e))?;
-    let all = GradientsParams::from_grads(root(&taped, &seeds).backward(), &net);
+    let all = GradientsParams::from_grads(seeded_root(&taped, &seeds).backward(), &net);
     let grads: Vec<(ParamInfo, Tensor<1>)> = param_table(&net)
         .into_iter()
         .filter(|p| is_recorded(&p.path, scope, control))

@@ -107,12 +107,12 @@ impl FeatureStage {
         features: StepFeatures,
         grads: &Gradients,
     ) -> GradientsParams {
-        let outputs: Vec<&Tensor<4>> = features.leaves.iter().collect();
-        let unreached: Vec<bool> = outputs.iter().map(|l| l.grad(grads).is_none()).collect();
-        let seeds = seeds(&outputs, grads);
+        let found: Vec<Option<Tensor<4>>> = features.leaves.iter().map(|l| l.grad(grads)).collect();
+        let unreached: Vec<bool> = found.iter().map(Option::is_none).collect();
+        let seeds = seeds(&features.leaves, found);
         let mut out = match (self, features.taped) {
             (FeatureStage::Native(_), Some(taped)) => {
-                let root = seeded_root(&taped.iter().collect::<Vec<_>>(), &seeds);
+                let root = seeded_root(&taped, &seeds);
                 GradientsParams::from_grads(root.backward(), model)
             }
             #[cfg(feature = "cuda")]
@@ -152,17 +152,8 @@ impl StepFeatures {
 }
 
 /// A fresh leaf sharing `t`'s buffer, so a backward from above stops at it.
-fn leaf(t: &Tensor<4>) -> Tensor<4> {
+pub(super) fn leaf(t: &Tensor<4>) -> Tensor<4> {
     Tensor::from_inner(t.clone().inner()).require_grad()
-}
-
-/// Fresh leaves sharing the features' buffers, so the head's backward stops at them.
-pub fn leaves_of(f: &Features) -> Features {
-    Features {
-        p3: leaf(&f.p3),
-        p4: leaf(&f.p4),
-        p5: leaf(&f.p5),
-    }
 }
 
 /// The fields of a branch copy in output order; `kpts`/`sigma` only for a pose head.
@@ -216,25 +207,23 @@ fn unreached_prefixes(unreached: &[bool]) -> Vec<String> {
     out
 }
 
-/// The head's gradient at each leaf (zeros where the loss did not reach), on the inner device.
-pub fn seeds(leaves: &[&Tensor<4>], grads: &Gradients) -> Vec<Tensor<4>> {
+/// The gradient `found` at each leaf, zeros where the loss did not reach, on the inner device.
+fn seeds(leaves: &[Tensor<4>], found: Vec<Option<Tensor<4>>>) -> Vec<Tensor<4>> {
     leaves
         .iter()
-        .map(|l| {
-            l.grad(grads)
-                .unwrap_or_else(|| Tensor::zeros(l.dims(), &l.device().inner()))
-        })
+        .zip(found)
+        .map(|(l, g)| g.unwrap_or_else(|| Tensor::zeros(l.dims(), &l.device().inner())))
         .collect()
 }
 
 /// `Σ_i sum(f_i ⊙ s_i)`: its backward sends exactly `s_i` into `f_i` (the product's gradient is
 /// `1 · s_i`), then on through the backbone and neck.
-pub fn seeded_root(outputs: &[&Tensor<4>], seeds: &[Tensor<4>]) -> Tensor<1> {
+pub fn seeded_root(outputs: &[Tensor<4>], seeds: &[Tensor<4>]) -> Tensor<1> {
     assert_eq!(outputs.len(), seeds.len(), "one seed per output");
     let terms: Vec<Tensor<1>> = outputs
         .iter()
         .zip(seeds)
-        .map(|(f, s)| sum_all((*f).clone() * Tensor::from_inner(s.clone())))
+        .map(|(f, s)| sum_all(f.clone() * Tensor::from_inner(s.clone())))
         .collect();
     sum_all(Tensor::cat(terms, 0))
 }

@@ -68,7 +68,6 @@ fn write(path: &Path, text: &str) -> anyhow::Result<()> {
 struct Run {
     arm: &'static str,
     pair: usize,
-    process_s: f64,
     report: FitReport,
 }
 
@@ -138,20 +137,22 @@ pub fn run(config: &Path, plan: Plan) -> anyhow::Result<()> {
     let plan: Vec<(usize, &'static str)> = (0..pairs)
         .flat_map(|pair| [(pair, "native"), (pair, "replay")])
         .collect();
-    let done = |pair: usize, arm: &str| -> Option<FitReport> {
-        let r = FitReport::load(&child.report_path(&run_name(arm, pair))).ok()?;
-        r.process_s.is_some().then_some(r)
-    };
-    let todo = plan
+    // A fit is complete once the parent has added its whole-process seconds.
+    let kept: Vec<Option<FitReport>> = plan
         .iter()
-        .filter(|(p, a)| !resume || done(*p, a).is_none());
-    if cache == CacheState::Warm && todo.count() > 0 {
+        .map(|&(pair, arm)| {
+            let path = child.report_path(&run_name(arm, pair));
+            let r = FitReport::load(&path).ok().filter(|_| resume)?;
+            r.process_s.is_some().then_some(r)
+        })
+        .collect();
+    if cache == CacheState::Warm && kept.iter().any(Option::is_none) {
         child.warmup()?;
     }
     let mut runs = Vec::new();
-    for (pair, arm) in plan {
+    for ((pair, arm), kept) in plan.into_iter().zip(kept) {
         let name = run_name(arm, pair);
-        let report = match done(pair, arm).filter(|_| resume) {
+        let report = match kept {
             Some(r) => {
                 println!(
                     "pair {}/{pairs}: {arm} fit: kept from an earlier run",
@@ -166,12 +167,7 @@ pub fn run(config: &Path, plan: Plan) -> anyhow::Result<()> {
                     .with_context(|| format!("the {arm} fit of pair {}", pair + 1))?
             }
         };
-        runs.push(Run {
-            arm,
-            pair,
-            process_s: report.process_s.expect("set by the parent"),
-            report,
-        });
+        runs.push(Run { arm, pair, report });
     }
     let csv = runs_csv(&runs, skip);
     write(&out.join("bench.csv"), &csv)?;
@@ -336,7 +332,7 @@ const METRICS: [Metric; 5] = [
     ),
     (
         "whole process (s)",
-        |r, _| Some(r.process_s),
+        |r, _| r.report.process_s,
         |p, _| p.process_s,
     ),
     (

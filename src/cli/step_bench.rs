@@ -93,11 +93,7 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
     let blocks: Vec<String> = timing
         .step_ms
         .chunks(16)
-        .map(|c| {
-            let mut c = c.to_vec();
-            c.sort_by(f64::total_cmp);
-            format!("{:.0}", quantile(&c, 0.5))
-        })
+        .map(|c| format!("{:.0}", median(c.to_vec())))
         .collect();
     println!("per 16 steps (median ms): {}", blocks.join(" "));
     if o.phases {
@@ -105,9 +101,8 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
             .iter()
             .enumerate()
             .map(|(i, name)| {
-                let mut v: Vec<f64> = timing.phase_ms[o.skip..].iter().map(|p| p[i]).collect();
-                v.sort_by(f64::total_cmp);
-                format!("{name} {:.2}", quantile(&v, 0.5))
+                let v: Vec<f64> = timing.phase_ms[o.skip..].iter().map(|p| p[i]).collect();
+                format!("{name} {:.2}", median(v))
             })
             .collect();
         println!("phases (median ms, synced): {}", cols.join(", "));
@@ -116,6 +111,12 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
         println!("feature stage native: {why}");
     }
     Ok(())
+}
+
+/// The median (nearest rank) of `v`, in any order.
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    quantile(&v, 0.5)
 }
 
 /// The `f` quantile (nearest rank) of ascending `sorted`.
