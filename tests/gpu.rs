@@ -90,8 +90,14 @@ fn hsv_kernel_matches_cpu_reference() {
         [0.007, 0.2, 0.1],
     ];
     let want = values(on_host(images.clone(), &gains).reshape([4, 3, 96 * 128]));
-    let got = on_cuda(images.to_device(&gpu), &gains).expect("the CUDA kernel path");
+    let got = on_cuda(images.clone().to_device(&gpu), &gains).expect("the CUDA kernel path");
     let got = values(got.reshape([4, 3, 96 * 128]));
+    // Training uploads batches on the autodiff device: the kernel must take them too, and give
+    // the same bytes.
+    let taped = on_cuda(images.to_device(&gpu).autodiff(), &gains)
+        .expect("the CUDA kernel path for a taped batch");
+    assert!(taped.is_autodiff());
+    assert_eq!(values(taped.inner().reshape([4, 3, 96 * 128])), got);
     let off: Vec<f32> = want.iter().zip(&got).map(|(a, b)| (a - b).abs()).collect();
     let worst = off.iter().fold(0.0f32, |a, b| a.max(*b));
     let exact = off.iter().filter(|d| **d == 0.0).count() as f64 / off.len() as f64;
@@ -163,5 +169,31 @@ fn cuda_reduced_precision_learns() {
             totals.last().unwrap() < &(0.6 * totals[0]),
             "{precision}: loss did not fall: {totals:?}"
         );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn both_uploads_give_pixel_over_255_on_cuda() {
+    use burnpose::data::Batch;
+    use burnpose::data::batch::Upload;
+    // Every byte value, in a batch big enough to take the large-copy path (over 10 MB as i32).
+    let bytes: Vec<u8> = (0..4 * 3 * 640 * 640)
+        .map(|i| (i * 7 % 256) as u8)
+        .collect();
+    let batch = Batch {
+        images: TensorData::new(bytes.clone(), [4, 3, 640, 640]),
+        samples: Vec::new(),
+        hsv_gains: None,
+    };
+    let want: Vec<u32> = bytes
+        .iter()
+        .map(|&b| (f32::from(b) / 255.0).to_bits())
+        .collect();
+    for how in [Upload::U8, Upload::I32] {
+        let x = batch.augment(batch.upload(&cuda(), how));
+        let got: Vec<f32> = x.into_data().convert::<f32>().try_into_vec().unwrap();
+        let got: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
+        assert!(got == want, "{how:?} upload differs from pixel / 255");
     }
 }

@@ -30,10 +30,13 @@ pub struct Options {
     /// Timed steps.
     #[arg(long, default_value_t = 64)]
     pub steps: usize,
-    /// Also break every step down into phases between device syncs (forward, assign, loss,
-    /// backward, optimizer, readback); the syncs make the steps themselves slower.
+    /// Also break every step down into phases between device syncs (upload, augment, forward,
+    /// assign, loss, backward, optimizer, readback); the syncs make the steps themselves slower.
     #[arg(long)]
     pub phases: bool,
+    /// How batches reach the device: bytes widened there (u8) or on the host (i32).
+    #[arg(long, value_enum, default_value = "u8")]
+    pub upload: crate::data::batch::Upload,
 }
 
 pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
@@ -55,6 +58,7 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
     let mut t = Trainer::new(cfg, config_path, device)?;
     t.timing = Some(crate::train::StepTiming {
         phases: o.phases,
+        upload: o.upload,
         ..Default::default()
     });
     let order = t.epoch_order(0);
@@ -71,10 +75,11 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
     let (peak_use, peak_reserved) = (timing.peak_in_use, timing.peak_reserved);
     let h = t.state_hashes();
     println!(
-        "bench-step {what} replay={} precision={:?} batch={} steps={} skip={}: median {:.2} ms (min {:.2}, p10 {:.2}, p90 {:.2}, max {:.2}); peak in use {:.0} MiB, reserved {:.0} MiB; hashes model {} optimizer {} losses {}",
+        "bench-step {what} replay={} precision={:?} batch={} upload={:?} steps={} skip={}: median {:.2} ms (min {:.2}, p10 {:.2}, p90 {:.2}, max {:.2}); peak in use {:.0} MiB, reserved {:.0} MiB; hashes model {} optimizer {} losses {}",
         t.stage.is_replay(),
         t.cfg.train.precision,
         t.cfg.train.batch,
+        o.upload,
         o.steps,
         o.skip,
         q(0.5),

@@ -41,13 +41,40 @@ impl Batch {
 
     /// Images on `device` as floats in [0, 1], with any deferred HSV jitter applied there.
     pub fn images_f32(&self, device: &Device) -> Tensor<4> {
-        let x = Tensor::<4, Int>::from_data(self.images.clone().convert::<i32>(), device).float();
+        self.augment(self.upload(device, Upload::default()))
+    }
+
+    /// The pixels on `device` as floats holding 0–255.
+    pub fn upload(&self, device: &Device, how: Upload) -> Tensor<4> {
+        match how {
+            Upload::U8 => {
+                Tensor::<4, Int>::from_data(self.images.clone(), (device, burn::tensor::DType::U8))
+                    .float()
+            }
+            Upload::I32 => {
+                Tensor::<4, Int>::from_data(self.images.clone().convert::<i32>(), device).float()
+            }
+        }
+    }
+
+    /// `pixels` (from [`Batch::upload`]) with the deferred HSV jitter, scaled to [0, 1].
+    pub fn augment(&self, pixels: Tensor<4>) -> Tensor<4> {
         let x = match &self.hsv_gains {
-            Some(gains) => super::device_hsv::hsv_jitter(x, gains),
-            None => x,
+            Some(gains) => super::device_hsv::hsv_jitter(pixels, gains),
+            None => pixels,
         };
         x / 255.0
     }
+}
+
+/// How a batch's bytes reach the device. `U8` sends the bytes as they are and widens them there
+/// (a quarter of the transfer, no host conversion); `I32` widens them on the host first (the
+/// original path, kept so `bench-step --upload` can compare the two in one sitting).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Upload {
+    #[default]
+    U8,
+    I32,
 }
 
 impl Batch {
@@ -86,17 +113,17 @@ mod tests {
             samples: Vec::new(),
             hsv_gains: None,
         };
-        let got: Vec<f32> = batch
-            .images_f32(&device)
-            .into_data()
-            .try_into_vec()
-            .unwrap();
         let want: Vec<f32> = bytes.iter().map(|&b| f32::from(b) / 255.0).collect();
-        assert_eq!(got.len(), want.len());
-        assert!(
-            got.iter()
-                .zip(&want)
-                .all(|(a, b)| a.to_bits() == b.to_bits())
-        );
+        for how in [Upload::U8, Upload::I32] {
+            let x = batch.augment(batch.upload(&device, how));
+            let got: Vec<f32> = x.into_data().try_into_vec().unwrap();
+            assert_eq!(got.len(), want.len());
+            assert!(
+                got.iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{how:?}"
+            );
+        }
     }
 }

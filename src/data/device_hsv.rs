@@ -19,23 +19,30 @@ pub fn hsv_jitter(images: Tensor<4>, gains: &[[f32; 3]]) -> Tensor<4> {
     on_host(images, gains)
 }
 
-/// The CUDA kernel, or `None` when the images are not on a CUDA device.
+/// The CUDA kernel, or `None` when the images are not on a CUDA device. Images on the autodiff
+/// device are taken off the tape first (they need no gradient): their dispatch kind is an
+/// autodiff wrapper, which the kernel cannot take and which used to send training batches down
+/// the host path.
 #[cfg(feature = "cuda")]
 pub fn on_cuda(images: Tensor<4>, gains: &[[f32; 3]]) -> Option<Tensor<4>> {
     use burn::backend::{BackendTensor, DispatchTensor, DispatchTensorKind};
+    let taped = images.is_autodiff();
+    let images = images.inner();
     let flat: Vec<f32> = gains.iter().flatten().copied().collect();
-    let g = Tensor::<2>::from_data(TensorData::new(flat, [gains.len(), 3]), &images.device());
+    let g =
+        Tensor::<2>::from_data(TensorData::new(flat, [gains.len(), 3]), &images.device()).inner();
     let x = images.into_dispatch();
-    match (x.kind, g.into_dispatch().kind) {
+    let out = match (x.kind, g.into_dispatch().kind) {
         (
             DispatchTensorKind::Cube(BackendTensor::Float(xc)),
             DispatchTensorKind::Cube(BackendTensor::Float(gc)),
-        ) => Some(Tensor::from_dispatch(DispatchTensor {
+        ) => Tensor::from_dispatch(DispatchTensor {
             kind: DispatchTensorKind::Cube(BackendTensor::Float(kernel::hsv_jitter(xc, gc))),
             autodiff: x.autodiff,
-        })),
-        _ => None,
-    }
+        }),
+        _ => return None,
+    };
+    Some(if taped { Tensor::from_inner(out) } else { out })
 }
 
 /// The CPU reference on any device (a round trip through host memory).

@@ -7,6 +7,7 @@ use crate::capture::eligibility::{self, Setup};
 use crate::capture::stage::{Scope, merge};
 use crate::config::{Config, LastBatch, OptimizerKind, Precision};
 use crate::data::augment::mosaic_active;
+use crate::data::batch::Upload;
 use crate::data::loader::batches_per_epoch;
 use crate::data::source::Dataset;
 use crate::data::{Batch, COCO_FLIP_IDX, DataError, Instance, Loader, Source};
@@ -105,13 +106,17 @@ pub struct StepTiming {
     pub phases: bool,
     /// Per step, ms of each of [`PHASES`] (when `phases`).
     pub phase_ms: Vec<[f64; PHASES.len()]>,
+    /// How batches reach the device (compared by `bench-step --upload`).
+    pub upload: Upload,
 }
 
 /// The phases of [`Trainer::train_step`] that [`StepTiming::phases`] times.
-/// `input`: the batch's upload and device HSV; `feature backward`: the stage's (replayed or
+/// `upload`: the batch's bytes to device floats; `augment`: device HSV and scaling;
+/// `feature backward`: the stage's (replayed or
 /// native) backbone + neck backward; `optimizer` includes accumulation, clipping and the EMA.
-pub const PHASES: [&str; 9] = [
-    "input",
+pub const PHASES: [&str; 10] = [
+    "upload",
+    "augment",
     "features",
     "head",
     "assign",
@@ -322,7 +327,10 @@ impl Trainer {
         let mut clock = PhaseClock::new(self.timing.as_ref(), &self.device);
         let (out, features) = {
             let _reduced = autocast(self.cfg.train.precision.compute_dtype());
-            let images = batch.images_f32(&self.device);
+            let how = self.timing.as_ref().map(|t| t.upload).unwrap_or_default();
+            let pixels = batch.upload(&self.device, how);
+            clock.mark();
+            let images = batch.augment(pixels);
             clock.mark();
             let features = self.stage.forward(&mut self.model, images);
             clock.mark();
