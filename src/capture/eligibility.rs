@@ -26,11 +26,6 @@ pub fn check(s: &Setup) -> Result<(), String> {
     if s.multi_device {
         return Err("data-parallel training (multi-device) replays per rank untested".into());
     }
-    if s.task != Task::Pose {
-        // Built (the whole network, `Scope::Network`) and CPU-tested; switched on once
-        // tests/gpu/replay.rs `detection_*` have passed on a GPU.
-        return Err("detection recording is not verified on a GPU yet".into());
-    }
     let scope = super::Scope::of(s.task);
     let frozen: Vec<String> = frozen_params(s.model)
         .into_iter()
@@ -47,7 +42,13 @@ pub fn check(s: &Setup) -> Result<(), String> {
             .find(|(a, b)| a != b)
             .map(|(a, b)| format!("{a} instead of {b}"))
             .unwrap_or_else(|| format!("{} head tensors instead of {}", got.len(), want.len()));
-        return Err(format!("the head is not the registered pose head: {diff}"));
+        let task = match s.task {
+            Task::Pose => "pose",
+            Task::Detect => "detection",
+        };
+        return Err(format!(
+            "the head is not the registered {task} head: {diff}"
+        ));
     }
     if !cfg!(feature = "cuda") {
         return Err("this build has no CUDA backend".into());
@@ -124,13 +125,28 @@ mod tests {
             })
             .contains("multi-device")
         );
-        assert!(
-            why(Setup {
-                task: Task::Detect,
-                ..ok
-            })
-            .contains("detection")
-        );
+        // Detection records the whole network: the same rules, its own head certificate.
+        let detect = YoloConfig::new(Scale::N, Task::Detect).init(&device);
+        let detect_ref = YoloConfig::new(Scale::N, Task::Detect).init(&device);
+        let d = Setup {
+            task: Task::Detect,
+            model: &detect,
+            reference: &detect_ref,
+            ..ok
+        };
+        assert!(why(d).contains("CUDA"), "{}", why(d));
+        let e = why(Setup {
+            reference: &reference,
+            ..d
+        });
+        assert!(e.contains("registered detection head"), "{e}");
+        let mut frozen_head = YoloConfig::new(Scale::N, Task::Detect).init(&device);
+        frozen_head.head.one2many = frozen_head.head.one2many.clone().no_grad();
+        let e = why(Setup {
+            model: &frozen_head,
+            ..d
+        });
+        assert!(e.contains("frozen") && e.contains("head.one2many."), "{e}");
         let other = pose(1, 5);
         let e = why(Setup {
             model: &other,

@@ -28,8 +28,11 @@ pub struct HeadConfig {
 impl HeadConfig {
     pub fn init(&self, device: &Device) -> Head {
         let one2many = self.init_branches(device);
-        // The one-to-one branches start as exact copies with their own parameter ids.
-        let one2one = one2many.clone().map(&mut FreshCopy {
+        // The one-to-one branches start as exact copies with their own parameter ids and their
+        // own BatchNorm running statistics: `clone()` shares a running state (one Arc), and a
+        // mapper only replaces the value inside it, so the copies would both update one state;
+        // `valid().train()` gives each running state a new Arc first.
+        let one2one = one2many.valid().train().map(&mut FreshCopy {
             device: device.clone(),
         });
         Head {
@@ -341,6 +344,20 @@ mod tests {
         let b = &head.one2one.point_stems_weight();
         assert_eq!(a.1, b.1);
         assert_ne!(a.0, b.0);
+    }
+
+    /// The copies' BatchNorm running statistics are separate states, as after PyTorch's
+    /// `deepcopy`: updating one leaves the other as it was.
+    #[test]
+    fn copies_keep_their_own_running_statistics() {
+        let d = Device::flex();
+        let head = pose_head(&d);
+        let bn = |b: &Branches| b.boxes[0].cv1.bn.running_mean.clone();
+        let before = bn(&head.one2one).value_sync().into_data();
+        let other = bn(&head.one2many).value_sync().ones_like();
+        bn(&head.one2many).update(other);
+        assert_eq!(bn(&head.one2one).value_sync().into_data(), before);
+        assert_ne!(bn(&head.one2many).value_sync().into_data(), before);
     }
 
     /// Handing the head its own point stems' outputs changes nothing; handing it others changes
