@@ -60,12 +60,23 @@ fn fit_trains_and_writes_run_folder() {
         "cpu",
         "--name",
         "tiny",
+        "--phases",
     ]);
     assert!(ok, "{text}");
     assert!(
         text.contains("epoch 2/2: loss") && text.contains("state hashes"),
         "{text}"
     );
+    // --phases: each epoch's step median and phase medians, every phase named.
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains("step median")).collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    for phase in burnpose::train::trainer::PHASES {
+        assert!(
+            lines[1].contains(&format!("{phase} ")),
+            "{phase}: {}",
+            lines[1]
+        );
+    }
     let run = runs.join("tiny");
     let csv = std::fs::read_to_string(run.join("results.csv")).unwrap();
     assert_eq!(csv.lines().count(), 3, "{csv}");

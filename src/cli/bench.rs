@@ -309,12 +309,7 @@ fn differing(a: &StateHashes, b: &StateHashes) -> String {
 
 /// Median of the steps after the first `skip`, if there are any.
 fn step_median(step_ms: &[f64], skip: usize) -> Option<f64> {
-    let mut v: Vec<f64> = step_ms.iter().skip(skip).copied().collect();
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    Some(v[v.len() / 2])
+    (skip < step_ms.len()).then(|| crate::train::median(&step_ms[skip..]))
 }
 
 /// A row of the table: its name, a burnpose run's value, the peer's value.

@@ -20,6 +20,8 @@ pub struct FitOptions {
     pub replay: Option<bool>,
     /// Write a benchmark report (JSON, `bench::FitReport`) here; also times every step.
     pub report: Option<PathBuf>,
+    /// Time every step's phases and print their medians per epoch.
+    pub phases: bool,
 }
 
 pub fn run(config_path: &Path, o: FitOptions) -> anyhow::Result<()> {
@@ -29,6 +31,7 @@ pub fn run(config_path: &Path, o: FitOptions) -> anyhow::Result<()> {
         device: device_arg,
         replay,
         report: report_path,
+        phases,
     } = o;
     let process_start = std::time::Instant::now();
     let mut cfg = match &resume {
@@ -45,8 +48,11 @@ pub fn run(config_path: &Path, o: FitOptions) -> anyhow::Result<()> {
     let run_dir = cfg.output.dir.join(&cfg.output.name);
     let fit_start = std::time::Instant::now();
     let mut trainer = Trainer::new(cfg, config_path, device.clone())?;
-    if report_path.is_some() {
-        trainer.timing = Some(Default::default());
+    if report_path.is_some() || phases {
+        trainer.timing = Some(crate::train::StepTiming {
+            phases,
+            ..Default::default()
+        });
     }
     if let Some(ckpt) = &resume {
         checkpoint::load_into(&mut trainer, ckpt)?;
@@ -80,6 +86,7 @@ pub fn run(config_path: &Path, o: FitOptions) -> anyhow::Result<()> {
     let mut watch = Some(KernelWatch::start(&work_name(&cfg)));
     while !trainer.finished() {
         let epoch = trainer.epoch;
+        let timed_before = trainer.timing.as_ref().map_or(0, |t| t.step_ms.len());
         let bar = ProgressBar::new(trainer.batches_per_epoch() as u64);
         bar.set_style(
             ProgressStyle::with_template(
@@ -128,6 +135,20 @@ pub fn run(config_path: &Path, o: FitOptions) -> anyhow::Result<()> {
             record.seconds,
             record.data_wait
         );
+        // Per epoch: the step can drift as training goes on (docs/PERF.md S).
+        if let Some(t) = &trainer.timing {
+            let mut line = format!(
+                "  step median {:.1} ms",
+                crate::train::median(&t.step_ms[timed_before..])
+            );
+            if phases {
+                line += &format!(
+                    "; phases (median ms, synced): {}",
+                    t.phase_line(timed_before)
+                );
+            }
+            bar.suspend(|| println!("{line}"));
+        }
         if trainer.skipped_records > 0 {
             println!(
                 "  ({} bad images/records skipped, data.skip_bad = true)",

@@ -45,6 +45,10 @@ pub enum Command {
         /// device syncs.
         #[arg(long)]
         report: Option<PathBuf>,
+        /// Time every step between device syncs and print, per epoch, the median step and the
+        /// median of each phase (the syncs make the steps slower: a breakdown, not a speed).
+        #[arg(long)]
+        phases: bool,
     },
     /// Print the model summary: layers, parameters, GFLOPs.
     Info {
@@ -163,6 +167,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             device,
             replay,
             report,
+            phases,
         } => fit::run(
             &config,
             fit::FitOptions {
@@ -171,6 +176,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 device,
                 replay,
                 report,
+                phases,
             },
         ),
         Command::Bench { config, plan } => bench::run(&config, plan),

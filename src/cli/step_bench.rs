@@ -5,7 +5,7 @@
 
 use super::DeviceArg;
 use crate::config::Precision;
-use crate::train::Trainer;
+use crate::train::{Trainer, median};
 use std::path::Path;
 
 #[derive(clap::Args, Debug)]
@@ -98,30 +98,16 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
     let blocks: Vec<String> = timing
         .step_ms
         .chunks(16)
-        .map(|c| format!("{:.0}", median(c.to_vec())))
+        .map(|c| format!("{:.0}", median(c)))
         .collect();
     println!("per 16 steps (median ms): {}", blocks.join(" "));
     if o.phases {
-        let cols: Vec<String> = crate::train::trainer::PHASES
-            .iter()
-            .enumerate()
-            .map(|(i, name)| {
-                let v: Vec<f64> = timing.phase_ms[o.skip..].iter().map(|p| p[i]).collect();
-                format!("{name} {:.2}", median(v))
-            })
-            .collect();
-        println!("phases (median ms, synced): {}", cols.join(", "));
+        println!("phases (median ms, synced): {}", timing.phase_line(o.skip));
     }
     if let Some(why) = &t.replay_off {
         println!("feature stage native: {why}");
     }
     Ok(())
-}
-
-/// The median (nearest rank) of `v`, in any order.
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    quantile(&v, 0.5)
 }
 
 /// The `f` quantile (nearest rank) of ascending `sorted`.

@@ -7,4 +7,4 @@ pub mod report;
 pub mod trainer;
 pub mod validate;
 
-pub use trainer::{EpochRecord, StateHashes, StepTiming, TrainError, Trainer};
+pub use trainer::{EpochRecord, StateHashes, StepTiming, TrainError, Trainer, median};

@@ -110,6 +110,31 @@ pub struct StepTiming {
     pub upload: Upload,
 }
 
+impl StepTiming {
+    /// "phase ms, …": the median of each of [`PHASES`] over the steps from `from` on.
+    pub fn phase_line(&self, from: usize) -> String {
+        PHASES
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                let v: Vec<f64> = self.phase_ms[from..].iter().map(|p| p[i]).collect();
+                format!("{name} {:.2}", median(&v))
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// The median (nearest rank: index `round((n − 1) / 2)`) of `v`, in any order; NaN when empty.
+pub fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * 0.5).round() as usize]
+}
+
 /// The phases of [`Trainer::train_step`] that [`StepTiming::phases`] times.
 /// `upload`: the batch's bytes to device floats; `augment`: device HSV and scaling;
 /// `feature backward`: the stage's (replayed or
