@@ -105,6 +105,12 @@ fn hsv_kernel(images: &Tensor<f32>, gains: &Tensor<f32>, output: &mut Tensor<f32
 
 /// HSV jitter of a contiguous `[B, 3, H, W]` f32 batch (values 0–255) with gains `[B, 3]`.
 pub fn hsv_jitter(images: CubeTensor, gains: CubeTensor) -> CubeTensor {
+    // The kernel reads and writes f32: any other dtype would be reinterpreted, not converted.
+    assert_eq!(
+        (images.dtype, gains.dtype),
+        (burn::tensor::DType::F32, burn::tensor::DType::F32),
+        "device HSV takes f32 images and gains"
+    );
     let images = burn_cubecl::kernel::into_contiguous(images);
     let gains = burn_cubecl::kernel::into_contiguous(gains);
     let shape = images.meta.shape().clone();
