@@ -29,8 +29,7 @@ pub fn on_cuda(images: Tensor<4>, gains: &[[f32; 3]]) -> Option<Tensor<4>> {
     let taped = images.is_autodiff();
     let images = images.inner();
     let flat: Vec<f32> = gains.iter().flatten().copied().collect();
-    let g =
-        Tensor::<2>::from_data(TensorData::new(flat, [gains.len(), 3]), &images.device()).inner();
+    let g = Tensor::<2>::from_data(TensorData::new(flat, [gains.len(), 3]), &images.device());
     let x = images.into_dispatch();
     let out = match (x.kind, g.into_dispatch().kind) {
         (

@@ -136,9 +136,10 @@ pub fn median(v: &[f64]) -> f64 {
 }
 
 /// The phases of [`Trainer::train_step`] that [`StepTiming::phases`] times.
-/// `upload`: the batch's bytes to device floats; `augment`: device HSV and scaling;
-/// `feature backward`: the stage's (replayed or
-/// native) backbone + neck backward; `optimizer` includes accumulation, clipping and the EMA.
+/// `upload`: the batch's bytes to device floats; `augment`: device HSV and scaling; `features`
+/// and `feature backward`: the recorded-or-native stage (backbone + neck, or the whole detection
+/// network, whose `head` is then only the leaves' reshape); `optimizer` includes accumulation,
+/// clipping and the EMA.
 pub const PHASES: [&str; 10] = [
     "upload",
     "augment",

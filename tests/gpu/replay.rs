@@ -21,11 +21,13 @@ fn config_for(task: &str, precision: &str, capture: bool) -> Config {
 
 fn trainer(cfg: &Config, control: Control) -> Trainer {
     let mut t = Trainer::new(cfg.clone(), Path::new("replay.toml"), cuda()).unwrap();
-    let scope = Scope::of(cfg.model.task);
     if cfg.model.capture_network {
         assert!(t.stage.is_replay(), "replay refused: {:?}", t.replay_off);
-        // Rebuilt to switch a negative control on (`Control::None` is the trainer's own).
-        t.stage = FeatureStage::Replay(Box::new(Recorder::with_control(&t.device, scope, control)));
+        if control != Control::None {
+            let scope = Scope::of(cfg.model.task);
+            t.stage =
+                FeatureStage::Replay(Box::new(Recorder::with_control(&t.device, scope, control)));
+        }
     } else {
         assert!(!t.stage.is_replay());
     }
