@@ -379,7 +379,8 @@ fn summary(v: &[f64]) -> String {
     }
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
-    format!("{:.1} ({:.1}–{:.1})", s[s.len() / 2], s[0], s[s.len() - 1])
+    let median = crate::train::median(&s);
+    format!("{median:.1} ({:.1}–{:.1})", s[0], s[s.len() - 1])
 }
 
 fn table(
