@@ -77,7 +77,26 @@ fn fit_trains_and_writes_run_folder() {
             lines[1]
         );
     }
+    assert!(
+        lines[1].contains("2 with an optimizer step"),
+        "{}",
+        lines[1]
+    );
     let run = runs.join("tiny");
+    // steps.csv: a row per timed step, with its phases.
+    let steps = std::fs::read_to_string(run.join("steps.csv")).unwrap();
+    let rows: Vec<&str> = steps.lines().collect();
+    assert_eq!(rows.len(), 5, "{steps}");
+    assert!(
+        rows[0].starts_with("iteration,optimizer_step,step_ms,in_use_mib,reserved_mib,upload_ms")
+    );
+    assert!(rows[0].ends_with("readback_ms"), "{}", rows[0]);
+    for (i, row) in rows[1..].iter().enumerate() {
+        let cells: Vec<&str> = row.split(',').collect();
+        assert_eq!(cells.len(), rows[0].split(',').count(), "{row}");
+        assert_eq!((cells[0], cells[1]), (i.to_string().as_str(), "1"), "{row}");
+        assert!(cells[2].parse::<f64>().unwrap() > 0.0, "{row}");
+    }
     let csv = std::fs::read_to_string(run.join("results.csv")).unwrap();
     assert_eq!(csv.lines().count(), 3, "{csv}");
     assert!(run.join("last.safetensors").is_file() && run.join("config.toml").is_file());

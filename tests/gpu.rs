@@ -13,6 +13,8 @@ use std::path::Path;
 
 #[path = "gpu/kernels.rs"]
 mod kernels;
+#[path = "gpu/optim.rs"]
+mod optim;
 #[path = "gpu/replay.rs"]
 mod replay;
 

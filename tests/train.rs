@@ -65,6 +65,24 @@ fn same_seed_same_state() {
 }
 
 #[test]
+fn flat_update_trains_the_same_bits_as_per_tensor() {
+    // With a clip limit that never bites (the two sum the norm in different orders), the flat
+    // optimizer and EMA give a whole fit — accumulation, AdamW, EMA, checkpoints' state — the
+    // per-tensor bits.
+    let run = |flat: bool| {
+        let mut t = trainer(&config(&format!(
+            "epochs = 2\nnbs = 4\n[optim]\nclip_norm = 1e30\nflat_update = {flat}\n"
+        )));
+        assert_eq!(t.optimizer.flat_active(), flat);
+        while !t.finished() {
+            t.run_epoch(&mut no_log()).unwrap();
+        }
+        t.state_hashes()
+    };
+    assert_eq!(run(true), run(false));
+}
+
+#[test]
 fn resume_continues_exactly() {
     // batch 2, nbs 6: three micro-batches per optimizer step, so gradients are pending at the
     // epoch boundary (4 micro-batches per epoch) and must survive the checkpoint.

@@ -83,6 +83,7 @@ pub fn run(config_path: &Path, o: FitOptions) -> anyhow::Result<()> {
         .iter()
         .map(|r| r.fitness())
         .fold(f64::MIN, f64::max);
+    let first_timed_ni = trainer.ni;
     let mut watch = Some(KernelWatch::start(&work_name(&cfg)));
     while !trainer.finished() {
         let epoch = trainer.epoch;
@@ -138,8 +139,9 @@ pub fn run(config_path: &Path, o: FitOptions) -> anyhow::Result<()> {
         // Per epoch: the step can drift as training goes on (docs/PERF.md S).
         if let Some(t) = &trainer.timing {
             let mut line = format!(
-                "  step median {:.1} ms",
-                crate::train::median(&t.step_ms[timed_before..])
+                "  step median {:.1} ms ({})",
+                crate::train::median(&t.step_ms[timed_before..]),
+                t.optimizer_split(timed_before)
             );
             if phases {
                 line += &format!(
@@ -156,6 +158,11 @@ pub fn run(config_path: &Path, o: FitOptions) -> anyhow::Result<()> {
             );
         }
         report::write_results(&run_dir, &trainer.history)?;
+        if let Some(t) = &trainer.timing {
+            let path = run_dir.join("steps.csv");
+            report::write_atomic(&path, report::steps_csv(t, first_timed_ni).as_bytes())
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
         plot::write_plot(&run_dir, &trainer.history)
             .with_context(|| format!("writing {}", run_dir.join("results.png").display()))?;
         checkpoint::save(&trainer, &run_dir.join("last.safetensors"))?;

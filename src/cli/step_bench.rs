@@ -101,6 +101,7 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
         .map(|c| format!("{:.0}", median(c)))
         .collect();
     println!("per 16 steps (median ms): {}", blocks.join(" "));
+    println!("steps {}", timing.optimizer_split(o.skip));
     if o.phases {
         println!("phases (median ms, synced): {}", timing.phase_line(o.skip));
     }

@@ -29,9 +29,11 @@ fn cuda(index: usize) -> Result<(Device, String), String> {
 }
 
 /// Compiled kernels and autotune results are kept in the per-user cache directory (not the
-/// working directory or a `target/` folder), so every run of every checkout reuses them. Must run
+/// working directory or a `target/` folder), so every run of every checkout reuses them, and the
+/// memory pool reuses same-size buffers (`size-match`). Must run
 /// before the first CUDA device is created; a `cubecl.toml`/`burn.toml` found from the current
-/// directory is still read first and only these two settings are forced.
+/// directory is still read first; the cache settings are forced, size-match only replaces the
+/// default mode.
 #[cfg(feature = "cuda")]
 fn configure_kernel_cache() {
     use burn::cubecl::config::cache::CacheConfig;
@@ -49,6 +51,13 @@ fn configure_kernel_cache() {
             logger.level = CompilationLogLevel::Basic;
             logger.file = Some(super::kernels::log_path());
             logger.append = false;
+        }
+        // Serve recurring sizes from exact-size persistent buckets: the dynamic pool's slice
+        // search was half of every training step's host time on the H200 (docs/PERF.md T:
+        // 640 → 320 ms at b4/640, same bits). A `cubecl.toml` choosing another mode is kept.
+        use burn::cubecl::config::memory::PersistentMemory;
+        if matches!(config.memory.persistent_memory, PersistentMemory::Enabled) {
+            config.memory.persistent_memory = PersistentMemory::SizeMatch;
         }
         CubeClRuntimeConfig::try_set(config);
     });

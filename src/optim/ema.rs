@@ -1,6 +1,7 @@
 //! Exponential moving average of the model (yolo_spec §4.7): every float tensor, parameters and
 //! BN running statistics, with decay d = 0.9999·(1 − exp(−k/2000)).
 
+use super::flat::Layout;
 use super::hash::StateHasher;
 use super::tensors::{float_tensors, replace_float_tensors};
 use burn::module::Module;
@@ -14,6 +15,12 @@ pub struct Ema<M> {
     pub updates: u64,
     pub decay: f64,
     pub tau: f64,
+    /// Average every tensor as one flat buffer (`optim.flat_update`): the same bits in ~3×
+    /// fewer kernel launches.
+    pub flat_update: bool,
+    /// The averaged tensors' flat buffer, paths and layout; `model`'s tensors are views of it.
+    /// Dropped by [`Ema::reset_flat`] when `model` is replaced from outside.
+    flat: Option<(Vec<String>, Layout, Tensor<1>)>,
 }
 
 impl<M: Module> Ema<M> {
@@ -30,6 +37,8 @@ impl<M: Module> Ema<M> {
             updates: 0,
             decay: 0.9999,
             tau: 2000.0,
+            flat_update: false,
+            flat: None,
         }
     }
 
@@ -38,7 +47,15 @@ impl<M: Module> Ema<M> {
         self.decay * (1.0 - (-((self.updates + 1) as f64) / self.tau).exp())
     }
 
+    /// Forgets the flat buffer; call after replacing `model` from outside (checkpoint load).
+    pub fn reset_flat(&mut self) {
+        self.flat = None;
+    }
+
     pub fn update(&mut self, model: &M) {
+        if self.flat_update {
+            return self.update_flat(model);
+        }
         let d = self.next_decay();
         self.updates += 1;
         let current: HashMap<String, Tensor<1>> =
@@ -52,6 +69,42 @@ impl<M: Module> Ema<M> {
             .collect();
         let (model, _) = replace_float_tensors(self.model.clone(), &mut next);
         self.model = model;
+    }
+
+    fn update_flat(&mut self, model: &M) {
+        let d = self.next_decay();
+        self.updates += 1;
+        let (paths, layout, averaged) = match self.flat.take() {
+            Some(f) => f,
+            None => {
+                let (paths, tensors): (Vec<String>, Vec<Tensor<1>>) =
+                    float_tensors(&self.model).into_iter().unzip();
+                let device = tensors[0].device();
+                let layout = Layout::new(tensors.iter().map(|t| t.dims()[0]).collect());
+                let flat = layout.gather(tensors.into_iter().map(Some).collect(), &device);
+                (paths, layout, flat)
+            }
+        };
+        let mut current: HashMap<String, Tensor<1>> =
+            float_tensors(&model.valid()).into_iter().collect();
+        let parts = paths
+            .iter()
+            .map(|p| {
+                let t = current.remove(p);
+                assert!(t.is_some(), "EMA: the model has no tensor {p}");
+                t
+            })
+            .collect();
+        let m = layout.gather(parts, &averaged.device());
+        let averaged = averaged * d + m * (1.0 - d);
+        let mut views: HashMap<String, Tensor<1>> = paths
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p.clone(), layout.view(&averaged, i)))
+            .collect();
+        let (model, _) = replace_float_tensors(self.model.clone(), &mut views);
+        self.model = model;
+        self.flat = Some((paths, layout, averaged));
     }
 
     pub fn state_hash(&self) -> String {

@@ -3,6 +3,7 @@
 
 pub mod clip;
 pub mod ema;
+pub mod flat;
 pub mod grads;
 pub mod groups;
 pub mod hash;

@@ -2,6 +2,8 @@
 //! parameter groups. A parameter whose gradient is absent this step is skipped entirely: no
 //! momentum decay, no weight decay, no step count — as a PyTorch optimizer skips `grad is None`.
 
+use super::clip::clip_global_norm;
+use super::flat::{self, FlatState};
 use super::groups::{Group, ParamInfo, param_table};
 use super::hash::StateHasher;
 use super::newton_schulz::orthogonalize;
@@ -51,6 +53,10 @@ pub struct Optimizer {
     pub sgd_weight: f64,
     pub beta2: f64,
     pub eps: f64,
+    /// Update through [`flat`] (SGD and AdamW; MuSGD orthogonalises per matrix, so it stays
+    /// per tensor). Same bits either way; flat is ~20× fewer kernel launches.
+    pub flat_update: bool,
+    flat: Option<FlatState>,
 }
 
 impl Optimizer {
@@ -66,7 +72,79 @@ impl Optimizer {
             sgd_weight: 1.0,
             beta2: 0.999,
             eps: 1e-8,
+            flat_update: false,
+            flat: None,
         }
+    }
+
+    /// Whether steps go through the flat update.
+    pub fn flat_active(&self) -> bool {
+        self.flat_update && self.rule != Rule::MuSgd
+    }
+
+    /// Forgets the flat buffers; call after replacing the model's parameters or the optimizer
+    /// state from outside (checkpoint load): the next step gathers them again.
+    pub fn reset_flat(&mut self) {
+        self.flat = None;
+    }
+
+    /// Global-norm clipping (`clip_norm`) then [`Optimizer::step`]; through the flat update
+    /// when [`Optimizer::flat_active`].
+    pub fn step_clipped<M: Module>(
+        &mut self,
+        model: M,
+        mut grads: GradientsParams,
+        hyper: &Hyper,
+        clip_norm: f64,
+    ) -> M {
+        if self.flat_active() {
+            return self.step_flat(model, grads, hyper, Some(clip_norm));
+        }
+        clip_global_norm(&mut grads, &self.table, clip_norm);
+        self.step(model, grads, hyper)
+    }
+
+    fn step_flat<M: Module>(
+        &mut self,
+        model: M,
+        mut grads: GradientsParams,
+        hyper: &Hyper,
+        clip_norm: Option<f64>,
+    ) -> M {
+        if self.flat.is_none() {
+            let params = param_values(&model, &self.index, self.table.len());
+            let device = params[0].device();
+            self.flat = Some(FlatState::gather(params, &self.state, &device));
+        }
+        let f = self.flat.as_mut().expect("gathered above");
+        let constants = flat::RuleConstants {
+            rule: self.rule,
+            beta2: self.beta2,
+            eps: self.eps,
+        };
+        let done = flat::step(
+            constants,
+            f,
+            &self.table,
+            &mut self.state,
+            &mut grads,
+            hyper,
+            clip_norm,
+        );
+        let adam = self.rule == Rule::AdamW;
+        for (i, s) in self.state.iter_mut().enumerate() {
+            if s.buf.is_some() || done.present[i] {
+                s.buf = Some(f.layout.view(&f.buf, i));
+                if adam {
+                    s.second = Some(f.layout.view(&f.second, i));
+                }
+            }
+        }
+        let mut mapper = ViewMapper {
+            index: &self.index,
+            flat: f,
+        };
+        model.map(&mut mapper)
     }
 
     /// One update of every parameter that has a gradient in `grads` (consumed).
@@ -177,6 +255,50 @@ fn orthogonalized(u: Tensor<1>, dims: &[usize]) -> Tensor<1> {
     let o = orthogonalize(m, 5) * (rows as f64 / cols as f64).max(1.0).sqrt();
     let o = if linear { o.transpose() } else { o };
     o.reshape([n])
+}
+
+/// The current value of every parameter in the table (inner, `[numel]`), in table order.
+fn param_values<M: Module>(model: &M, index: &HashMap<ParamId, usize>, n: usize) -> Vec<Tensor<1>> {
+    struct V<'a> {
+        index: &'a HashMap<ParamId, usize>,
+        out: Vec<Option<Tensor<1>>>,
+    }
+    impl burn::module::ModuleVisitor for V<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            if let Some(&i) = self.index.get(&param.id) {
+                let t = param.val().inner();
+                let n = t.shape().num_elements();
+                self.out[i] = Some(t.reshape([n]));
+            }
+        }
+    }
+    let mut v = V {
+        index,
+        out: vec![None; n],
+    };
+    model.visit(&mut v);
+    v.out
+        .into_iter()
+        .map(|t| t.expect("every table parameter is in the model"))
+        .collect()
+}
+
+/// Points every table parameter at its segment of the flat value buffer.
+struct ViewMapper<'a> {
+    index: &'a HashMap<ParamId, usize>,
+    flat: &'a FlatState,
+}
+
+impl ModuleMapper for ViewMapper<'_> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        let Some(&i) = self.index.get(&param.id) else {
+            return param; // BN running statistics
+        };
+        let (id, tensor, mapper) = param.consume();
+        let dims = tensor.dims();
+        let view = self.flat.layout.view(&self.flat.p, i).reshape(dims);
+        Param::from_mapped_value(id, Tensor::from_inner(view).require_grad(), mapper)
+    }
 }
 
 struct StepMapper<'a> {

@@ -1,10 +1,11 @@
 use super::clip::clip_global_norm;
-use super::groups::Group;
+use super::groups::{Group, ParamInfo};
 use super::newton_schulz::orthogonalize;
 use super::*;
 use burn::module::Param;
 use burn::optim::GradientsParams;
 use burn::prelude::*;
+use burn::tensor::TensorData;
 
 #[derive(Module, Debug)]
 struct Tiny {
@@ -243,4 +244,141 @@ fn loss_scaler_unscales_skips_on_overflow_and_grows() {
     }
     s.update(false);
     assert_eq!((s.scale, s.growth_tracker, s.skipped), (4.0, 0, 1));
+}
+
+/// One gradient per table parameter (the point stems left out when `skip_stems`), small enough
+/// that clipping multiplies by exactly 1, from a seeded generator (the same for both arms).
+fn model_grads(
+    table: &[ParamInfo],
+    d: &Device,
+    seed: u64,
+    scale: f32,
+    skip_stems: bool,
+) -> Vec<Option<Tensor<1>>> {
+    use rand::{Rng, SeedableRng, rngs::StdRng};
+    let mut rng = StdRng::seed_from_u64(seed);
+    let inner = d.clone().inner();
+    table
+        .iter()
+        .map(|p| {
+            let n: usize = p.dims.iter().product();
+            let v: Vec<f32> = (0..n).map(|_| rng.random_range(-scale..scale)).collect();
+            let absent = skip_stems && p.path.contains("point_stems");
+            (!absent).then(|| Tensor::from_data(TensorData::new(v, [n]), &inner))
+        })
+        .collect()
+}
+
+fn registered(table: &[ParamInfo], g: &[Option<Tensor<1>>]) -> GradientsParams {
+    let mut out = GradientsParams::new();
+    for (p, g) in table.iter().zip(g) {
+        if let Some(g) = g {
+            grads::put_flat(&mut out, p, g.clone());
+        }
+    }
+    out
+}
+
+/// Three steps of the nano pose model (the second without point-stem gradients), per tensor and
+/// flat: the models and optimizer states must be the same bits. `scale` large enough makes the
+/// clip bite, where the two sum the norm in different orders and only agree to rounding.
+fn flat_against_per_tensor(rule: Rule, scale: f32) -> (String, String, Vec<f32>, Vec<f32>) {
+    use crate::model::{Scale, Task, YoloConfig};
+    let d = device();
+    let model = YoloConfig::new(Scale::N, Task::Pose).init(&d);
+    let mut per_tensor = Optimizer::new(rule, &model);
+    let mut flat = per_tensor.clone();
+    flat.flat_update = true;
+    assert!(flat.flat_active());
+    let stems = per_tensor
+        .table
+        .iter()
+        .filter(|p| p.path.contains("point_stems"))
+        .count();
+    assert!(stems > 0, "the nano pose model has point stems");
+    let (mut a, mut b) = (model.clone(), model);
+    for step in 0..3u64 {
+        let g = model_grads(&per_tensor.table, &d, step, scale, step == 1);
+        let h = Hyper {
+            lr: [0.01, 0.02, 0.1 - 0.01 * step as f64],
+            momentum: 0.8 + 0.05 * step as f64,
+            weight_decay: 5e-4,
+        };
+        a = per_tensor.step_clipped(a, registered(&per_tensor.table, &g), &h, 10.0);
+        b = flat.step_clipped(b, registered(&flat.table, &g), &h, 10.0);
+    }
+    for (s, t) in per_tensor.state.iter().zip(&flat.state) {
+        assert_eq!(s.steps, t.steps);
+        assert_eq!(s.buf.is_some(), t.buf.is_some());
+        assert_eq!(s.second.is_some(), t.second.is_some());
+    }
+    let stem = per_tensor
+        .table
+        .iter()
+        .position(|p| p.path.contains("point_stems"))
+        .unwrap();
+    assert_eq!(
+        flat.state[stem].steps, 2,
+        "a stem without a gradient must not count a step"
+    );
+    let first = |m: &crate::model::Yolo| {
+        let (_, t) = tensors::float_tensors(m).into_iter().next().unwrap();
+        values(t)
+    };
+    (
+        format!("{} {}", hash::module_hash(&a), per_tensor.state_hash()),
+        format!("{} {}", hash::module_hash(&b), flat.state_hash()),
+        first(&a),
+        first(&b),
+    )
+}
+
+#[test]
+fn flat_update_equals_per_tensor_adamw() {
+    let (a, b, _, _) = flat_against_per_tensor(Rule::AdamW, 1e-4);
+    assert_eq!(a, b);
+}
+
+#[test]
+fn flat_update_equals_per_tensor_sgd() {
+    let (a, b, _, _) = flat_against_per_tensor(Rule::Sgd, 1e-4);
+    assert_eq!(a, b);
+}
+
+#[test]
+fn flat_update_clips_like_per_tensor() {
+    let (_, _, a, b) = flat_against_per_tensor(Rule::Sgd, 1.0);
+    let worst = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max);
+    let size = a.iter().map(|x| x.abs()).fold(0f32, f32::max);
+    assert!(
+        worst <= 1e-6 * size,
+        "largest difference {worst} for values up to {size}"
+    );
+}
+
+#[test]
+fn flat_ema_equals_per_tensor() {
+    use crate::model::{Scale, Task, YoloConfig};
+    let d = device();
+    let model = YoloConfig::new(Scale::N, Task::Pose).init(&d);
+    let mut per_tensor = Ema::new(&model);
+    let mut flat = per_tensor.clone();
+    flat.flat_update = true;
+    let mut m = model;
+    for k in 0..3 {
+        // Move every float tensor, running statistics included, differently per step.
+        let mut moved: std::collections::HashMap<String, Tensor<1>> = tensors::float_tensors(&m)
+            .into_iter()
+            .map(|(p, t)| (p, t.inner().mul_scalar(0.5).add_scalar(0.1 * k as f64)))
+            .collect();
+        m = tensors::replace_float_tensors(m, &mut moved).0;
+        per_tensor.update(&m);
+        flat.update(&m);
+    }
+    assert_eq!(per_tensor.state_hash(), flat.state_hash());
+    assert_ne!(per_tensor.state_hash(), Ema::new(&m).state_hash());
 }

@@ -252,7 +252,9 @@ pub fn load_into(trainer: &mut Trainer, path: &Path) -> Result<(), CheckpointErr
         ));
     }
     trainer.model = model;
+    trainer.optimizer.reset_flat();
     trainer.ema.model = ema;
+    trainer.ema.reset_flat();
     trainer.ema.updates = meta.ema_updates;
     trainer.epoch = meta.epoch;
     trainer.ni = meta.ni;

@@ -1,7 +1,7 @@
 //! Run outputs: `results.csv` (one row per epoch, rewritten atomically), and the atomic write
 //! every run output (checkpoints, plots, benchmark reports) goes through.
 
-use super::trainer::EpochRecord;
+use super::trainer::{EpochRecord, PHASES, StepTiming};
 use crate::loss::TERMS;
 use std::io::Write;
 use std::path::Path;
@@ -21,6 +21,42 @@ pub fn results_csv(history: &[EpochRecord]) -> String {
             ",{:.6e},{:.5},{:.5},{:.5},{:.5},{:.2},{:.2}\n",
             r.lr, r.box_map50, r.box_map, r.pose_map50, r.pose_map, r.seconds, r.data_wait
         );
+    }
+    s
+}
+
+/// `steps.csv`: one row per timed step — iteration, whether it ended with an optimizer step,
+/// step ms, the memory pool's MiB in use and reserved after it, and each phase's ms when phases
+/// are timed. `first_ni` is the iteration of the first timed step.
+pub fn steps_csv(t: &StepTiming, first_ni: usize) -> String {
+    let mib = |v: &[u64], i: usize| {
+        v.get(i)
+            .map_or(String::new(), |b| format!("{:.1}", *b as f64 / 1048576.0))
+    };
+    let mut s = String::from("iteration,optimizer_step,step_ms,in_use_mib,reserved_mib");
+    if !t.phase_ms.is_empty() {
+        for p in PHASES {
+            s += &format!(",{}_ms", p.replace(' ', "_"));
+        }
+    }
+    s.push('\n');
+    for (i, ms) in t.step_ms.iter().enumerate() {
+        let stepped = t
+            .optimizer_step
+            .get(i)
+            .map_or(String::new(), |b| (*b as u8).to_string());
+        s += &format!(
+            "{},{stepped},{ms:.3},{},{}",
+            first_ni + i,
+            mib(&t.in_use, i),
+            mib(&t.reserved, i)
+        );
+        if let Some(p) = t.phase_ms.get(i) {
+            for v in p {
+                s += &format!(",{v:.3}");
+            }
+        }
+        s.push('\n');
     }
     s
 }

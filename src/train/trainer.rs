@@ -14,7 +14,6 @@ use crate::data::{Batch, COCO_FLIP_IDX, DataError, Instance, Loader, Source};
 use crate::loss::E2eLoss;
 use crate::model::precision::autocast;
 use crate::model::{Task, Yolo};
-use crate::optim::clip::clip_global_norm;
 use crate::optim::grads::{put_flat, take_flat};
 use crate::optim::hash::{StateHasher, module_hash};
 use crate::optim::{Ema, LossScaler, Optimizer, Rule, Schedule};
@@ -106,11 +105,38 @@ pub struct StepTiming {
     pub phases: bool,
     /// Per step, ms of each of [`PHASES`] (when `phases`).
     pub phase_ms: Vec<[f64; PHASES.len()]>,
+    /// Per step: whether it ended with an optimizer step, and the pool's bytes in use and
+    /// reserved after it (the in-fit step drift, docs/PERF.md S, is read from these).
+    pub optimizer_step: Vec<bool>,
+    pub in_use: Vec<u64>,
+    pub reserved: Vec<u64>,
     /// How batches reach the device (compared by `bench-step --upload`).
     pub upload: Upload,
 }
 
 impl StepTiming {
+    /// "N with an optimizer step: median X ms; M accumulating only: median Y ms" over the steps
+    /// from `from` on. A step median alone hides the optimizer step when gradients accumulate
+    /// (at nbs 64, batch 4 only one step in 16 runs it; docs/PERF.md T).
+    pub fn optimizer_split(&self, from: usize) -> String {
+        let pick = |want: bool| -> Vec<f64> {
+            self.step_ms[from..]
+                .iter()
+                .zip(&self.optimizer_step[from..])
+                .filter(|(_, s)| **s == want)
+                .map(|(ms, _)| *ms)
+                .collect()
+        };
+        let (with, without) = (pick(true), pick(false));
+        format!(
+            "{} with an optimizer step: median {:.1} ms; {} accumulating only: median {:.1} ms",
+            with.len(),
+            median(&with),
+            without.len(),
+            median(&without)
+        )
+    }
+
     /// "phase ms, …": the median of each of [`PHASES`] over the steps from `from` on.
     pub fn phase_line(&self, from: usize) -> String {
         PHASES
@@ -233,9 +259,11 @@ impl Trainer {
             crate::optim::tensors::float_tensors(&model);
             model
         };
-        let ema = Ema::new(&model);
+        let mut ema = Ema::new(&model);
+        ema.flat_update = cfg.optim.flat_update;
         let (rule, lr0, momentum, warmup_bias_lr) = resolve_optimizer(&cfg, train.len());
-        let optimizer = Optimizer::new(rule, &model);
+        let mut optimizer = Optimizer::new(rule, &model);
+        optimizer.flat_update = cfg.optim.flat_update;
         let wrap_last = cfg.data.last_batch == LastBatch::Wrap;
         let nb = batches_per_epoch(train.len(), batch, wrap_last);
         let o = &cfg.optim;
@@ -385,7 +413,9 @@ impl Trainer {
             self.model = broadcast_buffers(c.as_ref(), self.model.clone(), &self.device);
         }
         self.accumulate(grads);
-        if self.ni as i64 - self.last_opt_step >= self.schedule.accumulate(self.ni) as i64 {
+        let stepped =
+            self.ni as i64 - self.last_opt_step >= self.schedule.accumulate(self.ni) as i64;
+        if stepped {
             self.optimizer_step();
             self.last_opt_step = self.ni as i64;
         }
@@ -398,8 +428,11 @@ impl Trainer {
             .try_into_vec()
             .expect("f32 items");
         clock.mark();
-        if let (Some(t), Some(_)) = (self.timing.as_mut(), clock.device) {
-            t.phase_ms.push(clock.ms);
+        if let Some(t) = self.timing.as_mut() {
+            t.optimizer_step.push(stepped);
+            if clock.device.is_some() {
+                t.phase_ms.push(clock.ms);
+            }
         }
         let items = [items[0], items[1], items[2], items[3], items[4], items[5]];
         self.step_losses.push(items);
@@ -426,6 +459,8 @@ impl Trainer {
         if let Some(u) = usage {
             t.peak_in_use = t.peak_in_use.max(u.bytes_in_use);
             t.peak_reserved = t.peak_reserved.max(u.bytes_reserved);
+            t.in_use.push(u.bytes_in_use);
+            t.reserved.push(u.bytes_reserved);
         }
         Ok(items)
     }
@@ -450,10 +485,11 @@ impl Trainer {
         // A skipped FP16 step leaves parameters and optimizer state as they are; the EMA still
         // updates, as in Ultralytics' `optimizer_step`.
         if finite {
-            clip_global_norm(&mut grads, table, self.cfg.optim.clip_norm);
             let hyper = self.schedule.hyper(self.epoch, self.ni);
             let model = self.model.clone();
-            self.model = self.optimizer.step(model, grads, &hyper);
+            self.model =
+                self.optimizer
+                    .step_clipped(model, grads, &hyper, self.cfg.optim.clip_norm);
         }
         self.ema.update(&self.model);
     }

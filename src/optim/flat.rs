@@ -1,0 +1,248 @@
+//! The flat (multi-tensor) update: all gradients, values and AdamW/SGD state live in one `[N]`
+//! buffer each, every parameter a segment of it, so an optimizer step is ~30 kernels for the whole
+//! model instead of ~15 per parameter. CubeCL spends ~40 µs of host time per launch, so the
+//! per-tensor step of the nano model (~540 tensors) took 0.4–0.7 s on the H200 (docs/PERF.md T).
+//!
+//! Per element the arithmetic is the per-tensor update's, in the same order, with the per-step
+//! scalars read from a small table instead of kernel arguments, so both give the same bits
+//! (`optim::tests::flat_update_equals_per_tensor_*`). Parameters and state are handed back as
+//! views of the new buffers; segments start on 512-byte boundaries so that a view needs no copy
+//! on CUDA. Absent gradients: the segment is masked, so the parameter and its state keep their
+//! values and its step count does not move, as in the per-tensor update.
+
+use super::grads::take_flat;
+use super::groups::{Group, ParamInfo};
+use super::optimizer::{Hyper, ParamState, Rule};
+use super::reduce::sum_all;
+use burn::optim::GradientsParams;
+use burn::prelude::*;
+use burn::tensor::{DType, TensorData};
+
+/// Segment alignment in f32 elements (512 bytes, CubeCL's CUDA memory alignment).
+const ALIGN: usize = 128;
+
+/// Where each parameter sits in the flat buffers.
+#[derive(Clone, Debug)]
+pub struct Layout {
+    pub offsets: Vec<usize>,
+    pub sizes: Vec<usize>,
+    /// Padded length of every flat buffer.
+    pub len: usize,
+}
+
+impl Layout {
+    pub fn new(sizes: Vec<usize>) -> Self {
+        let mut offsets = Vec::with_capacity(sizes.len());
+        let mut len = 0;
+        for n in &sizes {
+            offsets.push(len);
+            len += n.div_ceil(ALIGN) * ALIGN;
+        }
+        Self {
+            offsets,
+            sizes,
+            len,
+        }
+    }
+
+    /// Per element, the index of its segment (`sizes.len()` for padding).
+    fn segment_of_each(&self) -> Vec<i32> {
+        let mut seg = vec![self.sizes.len() as i32; self.len];
+        for (i, (&o, &n)) in self.offsets.iter().zip(&self.sizes).enumerate() {
+            seg[o..o + n].fill(i as i32);
+        }
+        seg
+    }
+
+    /// `parts` (each `[size]`, or absent → zeros) written into one zeroed `[len]` buffer.
+    pub fn gather(&self, parts: Vec<Option<Tensor<1>>>, device: &Device) -> Tensor<1> {
+        let mut flat = Tensor::<1>::zeros([self.len], (device, DType::F32));
+        for (i, t) in parts.into_iter().enumerate() {
+            if let Some(t) = t {
+                let o = self.offsets[i];
+                flat = flat.slice_assign(o..o + self.sizes[i], f32_of(t));
+            }
+        }
+        flat
+    }
+
+    /// Segment `i` of `flat`.
+    pub fn view(&self, flat: &Tensor<1>, i: usize) -> Tensor<1> {
+        let o = self.offsets[i];
+        flat.clone().slice(o..o + self.sizes[i])
+    }
+}
+
+fn f32_of(t: Tensor<1>) -> Tensor<1> {
+    if t.dtype() == DType::F32 {
+        t
+    } else {
+        t.cast(DType::F32)
+    }
+}
+
+/// The flat buffers between steps: the model's parameters and the per-parameter state are views
+/// of `p`, `buf` and `second`. Anything that replaces parameters or state from outside (a
+/// checkpoint load) must drop it (`Optimizer::reset_flat`).
+#[derive(Clone, Debug)]
+pub struct FlatState {
+    pub layout: Layout,
+    /// Per element, its segment's row of the per-step table.
+    seg: Tensor<1, Int>,
+    pub p: Tensor<1>,
+    pub buf: Tensor<1>,
+    pub second: Tensor<1>,
+}
+
+impl FlatState {
+    /// Gathers the current values (`params[i]` flattened) and state into new flat buffers.
+    pub fn gather(params: Vec<Tensor<1>>, state: &[ParamState], device: &Device) -> Self {
+        let layout = Layout::new(params.iter().map(|t| t.dims()[0]).collect());
+        let seg = Tensor::<1, Int>::from_data(
+            TensorData::new(layout.segment_of_each(), [layout.len]),
+            device,
+        );
+        let p = layout.gather(params.into_iter().map(Some).collect(), device);
+        let buf = layout.gather(state.iter().map(|s| s.buf.clone()).collect(), device);
+        let second = layout.gather(state.iter().map(|s| s.second.clone()).collect(), device);
+        Self {
+            layout,
+            seg,
+            p,
+            buf,
+            second,
+        }
+    }
+}
+
+/// Σ x² over a flat buffer, in two stages (rows of [`ALIGN`], then the row sums): one pass over
+/// millions of f32 values drifts (CPU: 1e-3 relative on the nano model), two stay at the
+/// per-tensor sum's accuracy.
+pub fn sum_of_squares(x: &Tensor<1>, len: usize) -> Tensor<1> {
+    let rows = x
+        .clone()
+        .powi_scalar(2)
+        .reshape([len / ALIGN, ALIGN])
+        .sum_dim(1);
+    sum_all(rows)
+}
+
+/// What one flat step produced: which parameters moved.
+pub struct FlatStep {
+    pub present: Vec<bool>,
+}
+
+/// Per-step scalars of one parameter, in table column order.
+const COLUMNS: usize = 7;
+const PRESENT: usize = 0;
+const INIT: usize = 1;
+
+/// The update rule and its fixed constants.
+#[derive(Clone, Copy, Debug)]
+pub struct RuleConstants {
+    pub rule: Rule,
+    pub beta2: f64,
+    pub eps: f64,
+}
+
+/// One update of every parameter with a gradient in `grads` (consumed), clipped to `clip_norm`
+/// over all gradients first. `state[i].steps` is advanced for the present ones; the caller
+/// re-points parameters and state at the new buffers.
+pub fn step(
+    constants: RuleConstants,
+    flat: &mut FlatState,
+    table: &[ParamInfo],
+    state: &mut [ParamState],
+    grads: &mut GradientsParams,
+    hyper: &Hyper,
+    clip_norm: Option<f64>,
+) -> FlatStep {
+    let RuleConstants { rule, beta2, eps } = constants;
+    let device = flat.p.device();
+    let layout = &flat.layout;
+    let parts: Vec<Option<Tensor<1>>> = table.iter().map(|p| take_flat(grads, p)).collect();
+    let present: Vec<bool> = parts.iter().map(Option::is_some).collect();
+    let mut g = layout.gather(parts, &device);
+    if let Some(max_norm) = clip_norm {
+        // `clip::clip_global_norm`'s rule, over the one buffer (padding adds zeros).
+        let norm = sum_of_squares(&g, layout.len).sqrt();
+        let coef = (norm.add_scalar(1e-6).recip() * max_norm).clamp_max(1.0);
+        g = g * coef;
+    }
+    let mu = hyper.momentum;
+    // Row per parameter, plus one for padding (never present, harmless values).
+    let mut rows = vec![0f32; (table.len() + 1) * COLUMNS];
+    for (i, info) in table.iter().enumerate() {
+        let s = &mut state[i];
+        let lr = hyper.lr[info.group as usize];
+        let wd = if info.group == Group::Weight {
+            hyper.weight_decay
+        } else {
+            0.0
+        };
+        let init = s.buf.is_some();
+        if present[i] {
+            s.steps += 1;
+        }
+        let t = s.steps.max(1) as i32;
+        let r = &mut rows[i * COLUMNS..(i + 1) * COLUMNS];
+        r[PRESENT] = present[i] as u8 as f32;
+        r[INIT] = init as u8 as f32;
+        match rule {
+            Rule::AdamW => {
+                r[2] = (1.0 - lr * wd) as f32;
+                r[3] = (1.0 - beta2.powi(t)) as f32;
+                r[4] = (lr / (1.0 - mu.powi(t))) as f32;
+            }
+            _ => {
+                r[2] = wd as f32;
+                r[3] = lr as f32;
+            }
+        }
+    }
+    let pad = table.len() * COLUMNS;
+    rows[pad + 3] = 1.0;
+    let per_row = Tensor::<2>::from_data(
+        TensorData::new(rows, [table.len() + 1, COLUMNS]),
+        (&device, DType::F32),
+    );
+    let per_elem = per_row.select(0, flat.seg.clone());
+    let col = |j: usize| {
+        per_elem
+            .clone()
+            .slice([0..layout.len, j..j + 1])
+            .reshape([layout.len])
+    };
+    let present_mask = col(PRESENT).equal_elem(1.0);
+    let init_mask = col(INIT).equal_elem(1.0);
+    let (p, buf, second) = (flat.p.clone(), flat.buf.clone(), flat.second.clone());
+    let (p_new, buf_new, second_new) = match rule {
+        Rule::AdamW => {
+            let first_m = g.clone() * (1.0 - mu);
+            let m =
+                first_m.mask_where(init_mask.clone(), buf.clone() * mu + g.clone() * (1.0 - mu));
+            let first_v = g.clone().powi_scalar(2) * (1.0 - beta2);
+            let v = first_v.mask_where(
+                init_mask,
+                second.clone() * beta2 + g.powi_scalar(2) * (1.0 - beta2),
+            );
+            let denom = (v.clone() / col(3)).sqrt() + eps;
+            let p_new = p.clone() * col(2) - m.clone() / denom * col(4);
+            (p_new, m, Some(v))
+        }
+        _ => {
+            let gd = g + p.clone() * col(2);
+            let b = gd
+                .clone()
+                .mask_where(init_mask, buf.clone() * mu + gd.clone());
+            let p_new = p.clone() - (gd + b.clone() * mu) * col(3);
+            (p_new, b, None)
+        }
+    };
+    flat.p = p.mask_where(present_mask.clone(), p_new);
+    flat.buf = buf.mask_where(present_mask.clone(), buf_new);
+    if let Some(v) = second_new {
+        flat.second = second.mask_where(present_mask, v);
+    }
+    FlatStep { present }
+}
