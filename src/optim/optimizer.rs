@@ -296,8 +296,14 @@ impl ModuleMapper for ViewMapper<'_> {
         };
         let (id, tensor, mapper) = param.consume();
         let dims = tensor.dims();
-        let view = self.flat.layout.view(&self.flat.p, i).reshape(dims);
-        Param::from_mapped_value(id, Tensor::from_inner(view).require_grad(), mapper)
+        let view = Tensor::from_inner(self.flat.layout.view(&self.flat.p, i).reshape(dims));
+        // A frozen parameter (no gradient ever, its segment masked) stays frozen.
+        let value = if tensor.is_require_grad() {
+            view.require_grad()
+        } else {
+            view
+        };
+        Param::from_mapped_value(id, value, mapper)
     }
 }
 

@@ -382,3 +382,24 @@ fn flat_ema_equals_per_tensor() {
     assert_eq!(per_tensor.state_hash(), flat.state_hash());
     assert_ne!(per_tensor.state_hash(), Ema::new(&m).state_hash());
 }
+
+#[test]
+fn flat_update_keeps_frozen_parameters_frozen() {
+    let d = device();
+    let m = tiny(&d);
+    let m = Tiny {
+        weight: m.weight,
+        bias: m.bias.set_require_grad(false),
+    };
+    let mut opt = Optimizer::new(Rule::AdamW, &m);
+    opt.flat_update = true;
+    let bias = values(m.bias.val());
+    let g = grads_for(&opt, [[0.1, 0.2, -0.3], [1.0, 0.0, 0.5]], &d);
+    let m = opt.step_clipped(m, g, &hyper(0.01, 0.9, 0.1), 10.0);
+    assert!(m.weight.val().is_require_grad());
+    assert!(
+        !m.bias.val().is_require_grad(),
+        "the frozen bias was unfrozen"
+    );
+    assert_eq!(values(m.bias.val()), bias);
+}
