@@ -61,6 +61,7 @@ fn fit_trains_and_writes_run_folder() {
         "--name",
         "tiny",
         "--phases",
+        "--events",
     ]);
     assert!(ok, "{text}");
     assert!(
@@ -87,15 +88,17 @@ fn fit_trains_and_writes_run_folder() {
     let steps = std::fs::read_to_string(run.join("steps.csv")).unwrap();
     let rows: Vec<&str> = steps.lines().collect();
     assert_eq!(rows.len(), 5, "{steps}");
-    assert!(
-        rows[0].starts_with("iteration,optimizer_step,step_ms,in_use_mib,reserved_mib,upload_ms")
-    );
+    assert!(rows[0].starts_with(
+        "iteration,optimizer_step,step_ms,event_ms,in_use_mib,reserved_mib,upload_ms"
+    ));
     assert!(rows[0].ends_with("readback_ms"), "{}", rows[0]);
     for (i, row) in rows[1..].iter().enumerate() {
         let cells: Vec<&str> = row.split(',').collect();
         assert_eq!(cells.len(), rows[0].split(',').count(), "{row}");
         assert_eq!((cells[0], cells[1]), (i.to_string().as_str(), "1"), "{row}");
         assert!(cells[2].parse::<f64>().unwrap() > 0.0, "{row}");
+        // --events: the device's clock (wall clock between syncs on the CPU).
+        assert!(cells[3].parse::<f64>().unwrap() > 0.0, "{row}");
     }
     let csv = std::fs::read_to_string(run.join("results.csv")).unwrap();
     assert_eq!(csv.lines().count(), 3, "{csv}");
@@ -164,7 +167,7 @@ fn bench_runs_pairs_and_writes_tables() {
         args.extend(extra);
         burnpose(&args)
     };
-    let (ok, text) = bench(&["--peer", peer.to_str().unwrap()]);
+    let (ok, text) = bench(&["--peer", peer.to_str().unwrap(), "--events"]);
     assert!(ok, "{text}");
     let md = std::fs::read_to_string(out.join("bench.md")).unwrap();
     assert!(md.contains("| complete fit (s) |"), "{md}");
@@ -188,6 +191,16 @@ fn bench_runs_pairs_and_writes_tables() {
     // Two steps per fit, one skipped: the step column is filled.
     let row: Vec<&str> = csv.lines().nth(1).unwrap().split(',').collect();
     assert!(row[5].parse::<f64>().unwrap() > 0.0, "{csv}");
+    // --events: the device-clock step column too (wall clock between syncs on the CPU).
+    assert!(
+        csv.lines().next().unwrap().contains("device clock"),
+        "{csv}"
+    );
+    assert!(row[6].parse::<f64>().unwrap() > 0.0, "{csv}");
+    assert!(
+        md.contains("| post-warm-up step, device clock (ms) |"),
+        "{md}"
+    );
 
     // `--resume` keeps the finished native fit and runs only the missing replay fit.
     std::fs::remove_file(out.join("reports/bench-replay-0.json")).unwrap();

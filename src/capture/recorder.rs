@@ -140,6 +140,10 @@ impl Recorder {
         }
     }
 
+    pub fn is_recorded(&self) -> bool {
+        self.state.is_some()
+    }
+
     pub fn scope(&self) -> Scope {
         self.scope
     }

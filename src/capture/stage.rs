@@ -73,6 +73,16 @@ pub struct StepFeatures {
 }
 
 impl FeatureStage {
+    /// Whether the next forward records (replay not yet recorded): a step that must not run
+    /// inside a profiling window.
+    pub fn records_next(&self) -> bool {
+        match self {
+            FeatureStage::Native(_) => false,
+            #[cfg(feature = "cuda")]
+            FeatureStage::Replay(r) => !r.is_recorded(),
+        }
+    }
+
     pub fn is_replay(&self) -> bool {
         !matches!(self, FeatureStage::Native(_))
     }

@@ -22,6 +22,9 @@ pub struct FitReport {
     pub fit_s: f64,
     /// Every training step, device-synchronised at both ends.
     pub step_ms: Vec<f64>,
+    /// Every training step by the device's clock (`fit --events`; NaN for the recording step).
+    #[serde(default)]
+    pub event_ms: Vec<f64>,
     pub peak_in_use_mib: f64,
     pub peak_reserved_mib: f64,
     pub hashes: StateHashes,
@@ -41,6 +44,7 @@ impl FitReport {
             replay_off: t.replay_off.clone(),
             fit_s,
             step_ms: timing.step_ms,
+            event_ms: timing.event_ms,
             peak_in_use_mib: timing.peak_in_use as f64 / 1048576.0,
             peak_reserved_mib: timing.peak_reserved as f64 / 1048576.0,
             hashes,
@@ -97,6 +101,9 @@ pub struct Plan {
     /// Kernel cache each fit starts from.
     #[arg(long, value_enum, default_value = "warm")]
     pub cache: CacheState,
+    /// Also time every step by the device's clock (CUDA events) in each fit (`fit --events`).
+    #[arg(long)]
+    pub events: bool,
     /// A peer's report (benches/peer/ultralytics_pose.py JSON), shown beside the two arms.
     #[arg(long)]
     pub peer: Option<PathBuf>,
@@ -115,6 +122,7 @@ pub fn run(config: &Path, plan: Plan) -> anyhow::Result<()> {
         cache,
         peer,
         resume,
+        events,
     } = plan;
     let out = out.as_path();
     anyhow::ensure!(pairs > 0, "--pairs must be at least 1");
@@ -133,6 +141,7 @@ pub fn run(config: &Path, plan: Plan) -> anyhow::Result<()> {
         device_args,
         out,
         cache,
+        events,
     };
     let plan: Vec<(usize, &'static str)> = (0..pairs)
         .flat_map(|pair| [(pair, "native"), (pair, "replay")])
@@ -193,6 +202,7 @@ struct Child<'a> {
     device_args: Vec<String>,
     out: &'a Path,
     cache: CacheState,
+    events: bool,
 }
 
 impl Child<'_> {
@@ -229,6 +239,7 @@ impl Child<'_> {
             .args(["--name", name, "--replay", &replay.to_string()])
             .arg("--report")
             .arg(&report_path)
+            .args(self.events.then_some("--events"))
             .args(&self.device_args)
             .stdout(log.try_clone()?)
             .stderr(log);
@@ -307,9 +318,16 @@ fn differing(a: &StateHashes, b: &StateHashes) -> String {
     }
 }
 
-/// Median of the steps after the first `skip`, if there are any.
+/// Median of the steps after the first `skip` (NaN entries — steps not timed — left out), if
+/// there are any.
 fn step_median(step_ms: &[f64], skip: usize) -> Option<f64> {
-    (skip < step_ms.len()).then(|| crate::train::median(&step_ms[skip..]))
+    let timed: Vec<f64> = step_ms
+        .iter()
+        .skip(skip)
+        .copied()
+        .filter(|v| !v.is_nan())
+        .collect();
+    (!timed.is_empty()).then(|| crate::train::median(&timed))
 }
 
 /// A row of the table: its name, a burnpose run's value, the peer's value.
@@ -319,7 +337,7 @@ type Metric = (
     fn(&PeerReport, usize) -> Option<f64>,
 );
 
-const METRICS: [Metric; 5] = [
+const METRICS: [Metric; 6] = [
     (
         "complete fit (s)",
         |r, _| Some(r.report.fit_s),
@@ -334,6 +352,12 @@ const METRICS: [Metric; 5] = [
         "post-warm-up step (ms)",
         |r, skip| step_median(&r.report.step_ms, skip),
         |p, skip| step_median(&p.step_ms, skip),
+    ),
+    // Only with `bench --events`; the peer's script times with synchronised wall clock.
+    (
+        "post-warm-up step, device clock (ms)",
+        |r, skip| step_median(&r.report.event_ms, skip),
+        |_, _| None,
     ),
     // The peer's is PyTorch's in-step peak, ours is sampled between steps.
     (

@@ -22,6 +22,8 @@ pub struct FitOptions {
     pub report: Option<PathBuf>,
     /// Time every step's phases and print their medians per epoch.
     pub phases: bool,
+    /// Also time every step with the device's clock (`StepTiming::events`).
+    pub events: bool,
 }
 
 pub fn run(config_path: &Path, o: FitOptions) -> anyhow::Result<()> {
@@ -32,6 +34,7 @@ pub fn run(config_path: &Path, o: FitOptions) -> anyhow::Result<()> {
         replay,
         report: report_path,
         phases,
+        events,
     } = o;
     let process_start = std::time::Instant::now();
     let mut cfg = match &resume {
@@ -48,9 +51,10 @@ pub fn run(config_path: &Path, o: FitOptions) -> anyhow::Result<()> {
     let run_dir = cfg.output.dir.join(&cfg.output.name);
     let fit_start = std::time::Instant::now();
     let mut trainer = Trainer::new(cfg, config_path, device.clone())?;
-    if report_path.is_some() || phases {
+    if report_path.is_some() || phases || events {
         trainer.timing = Some(crate::train::StepTiming {
             phases,
+            events,
             ..Default::default()
         });
     }

@@ -49,6 +49,10 @@ pub enum Command {
         /// median of each phase (the syncs make the steps slower: a breakdown, not a speed).
         #[arg(long)]
         phases: bool,
+        /// Also time every step with the device's clock (CUDA events; not yet verified on a
+        /// GPU, so off by default) into the report's `event_ms` and `steps.csv`.
+        #[arg(long)]
+        events: bool,
     },
     /// Print the model summary: layers, parameters, GFLOPs.
     Info {
@@ -168,6 +172,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             replay,
             report,
             phases,
+            events,
         } => fit::run(
             &config,
             fit::FitOptions {
@@ -177,6 +182,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 replay,
                 report,
                 phases,
+                events,
             },
         ),
         Command::Bench { config, plan } => bench::run(&config, plan),

@@ -26,14 +26,14 @@ pub fn results_csv(history: &[EpochRecord]) -> String {
 }
 
 /// `steps.csv`: one row per timed step — iteration, whether it ended with an optimizer step,
-/// step ms, the memory pool's MiB in use and reserved after it, and each phase's ms when phases
-/// are timed. `first_ni` is the iteration of the first timed step.
+/// step ms, the device-clock step ms (`fit --events`; empty otherwise), the memory pool's MiB in
+/// use and reserved after it, and each phase's ms when phases are timed. `first_ni` is the iteration of the first timed step.
 pub fn steps_csv(t: &StepTiming, first_ni: usize) -> String {
     let mib = |v: &[u64], i: usize| {
         v.get(i)
             .map_or(String::new(), |b| format!("{:.1}", *b as f64 / 1048576.0))
     };
-    let mut s = String::from("iteration,optimizer_step,step_ms,in_use_mib,reserved_mib");
+    let mut s = String::from("iteration,optimizer_step,step_ms,event_ms,in_use_mib,reserved_mib");
     if !t.phase_ms.is_empty() {
         for p in PHASES {
             s += &format!(",{}_ms", p.replace(' ', "_"));
@@ -45,8 +45,13 @@ pub fn steps_csv(t: &StepTiming, first_ni: usize) -> String {
             .optimizer_step
             .get(i)
             .map_or(String::new(), |b| (*b as u8).to_string());
+        let event = t
+            .event_ms
+            .get(i)
+            .filter(|v| !v.is_nan())
+            .map_or(String::new(), |v| format!("{v:.3}"));
         s += &format!(
-            "{},{stepped},{ms:.3},{},{}",
+            "{},{stepped},{ms:.3},{event},{},{}",
             first_ni + i,
             mib(&t.in_use, i),
             mib(&t.reserved, i)

@@ -110,6 +110,11 @@ pub struct StepTiming {
     pub optimizer_step: Vec<bool>,
     pub in_use: Vec<u64>,
     pub reserved: Vec<u64>,
+    /// Also time each step with the device's own clock (`Device::profile`: CUDA events on the
+    /// training stream; wall clock between syncs on the CPU) into `event_ms` (NaN for a step
+    /// that records the feature graphs, which runs outside a profiling window).
+    pub events: bool,
+    pub event_ms: Vec<f64>,
     /// How batches reach the device (compared by `bench-step --upload`).
     pub upload: Upload,
 }
@@ -450,12 +455,28 @@ impl Trainer {
         };
         sync(&self.device)?;
         let start = std::time::Instant::now();
-        let items = self.train_step(batch);
+        let events = self.timing.as_ref().is_some_and(|t| t.events) && !self.stage.records_next();
+        let (items, window) = if events {
+            let device = self.device.clone();
+            let (items, window) = device
+                .profile(|| self.train_step(batch))
+                .map_err(|e| TrainError::Setup(format!("device profiling failed: {e:?}")))?;
+            (items, Some(window))
+        } else {
+            (self.train_step(batch), None)
+        };
         sync(&self.device)?;
         let ms = start.elapsed().as_secs_f64() * 1e3;
+        let event_ms = window.map(|w| {
+            burn::tensor::read_sync(w.resolve())
+                .map_or(f64::NAN, |ticks| ticks.duration().as_secs_f64() * 1e3)
+        });
         let usage = self.device.memory_pool_usage();
         let t = self.timing.as_mut().expect("checked above");
         t.step_ms.push(ms);
+        if t.events {
+            t.event_ms.push(event_ms.unwrap_or(f64::NAN));
+        }
         if let Some(u) = usage {
             t.peak_in_use = t.peak_in_use.max(u.bytes_in_use);
             t.peak_reserved = t.peak_reserved.max(u.bytes_reserved);
