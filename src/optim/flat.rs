@@ -132,10 +132,19 @@ pub struct FlatStep {
     pub present: Vec<bool>,
 }
 
-/// Per-step scalars of one parameter, in table column order.
-const COLUMNS: usize = 7;
+/// Columns of the per-step table: one row of scalars per parameter.
+const COLUMNS: usize = 5;
+/// 1 when the parameter has a gradient this step.
 const PRESENT: usize = 0;
+/// 1 when its state exists (the first step's formula differs).
 const INIT: usize = 1;
+/// AdamW: 1 − lr·wd, 1 − β2^t, lr / (1 − β1^t).
+const ADAM_DECAY: usize = 2;
+const ADAM_BC2: usize = 3;
+const ADAM_STEP: usize = 4;
+/// SGD: weight decay, learning rate.
+const SGD_WD: usize = 2;
+const SGD_LR: usize = 3;
 
 /// The update rule and its fixed constants.
 #[derive(Clone, Copy, Debug)]
@@ -190,18 +199,18 @@ pub fn step(
         r[INIT] = init as u8 as f32;
         match rule {
             Rule::AdamW => {
-                r[2] = (1.0 - lr * wd) as f32;
-                r[3] = (1.0 - beta2.powi(t)) as f32;
-                r[4] = (lr / (1.0 - mu.powi(t))) as f32;
+                r[ADAM_DECAY] = (1.0 - lr * wd) as f32;
+                r[ADAM_BC2] = (1.0 - beta2.powi(t)) as f32;
+                r[ADAM_STEP] = (lr / (1.0 - mu.powi(t))) as f32;
             }
             _ => {
-                r[2] = wd as f32;
-                r[3] = lr as f32;
+                r[SGD_WD] = wd as f32;
+                r[SGD_LR] = lr as f32;
             }
         }
     }
-    let pad = table.len() * COLUMNS;
-    rows[pad + 3] = 1.0;
+    // Padding divides by its bias correction: 1, not 0 (masked out either way).
+    rows[table.len() * COLUMNS + ADAM_BC2] = 1.0;
     let per_row = Tensor::<2>::from_data(
         TensorData::new(rows, [table.len() + 1, COLUMNS]),
         (&device, DType::F32),
@@ -226,16 +235,16 @@ pub fn step(
                 init_mask,
                 second.clone() * beta2 + g.powi_scalar(2) * (1.0 - beta2),
             );
-            let denom = (v.clone() / col(3)).sqrt() + eps;
-            let p_new = p.clone() * col(2) - m.clone() / denom * col(4);
+            let denom = (v.clone() / col(ADAM_BC2)).sqrt() + eps;
+            let p_new = p.clone() * col(ADAM_DECAY) - m.clone() / denom * col(ADAM_STEP);
             (p_new, m, Some(v))
         }
         _ => {
-            let gd = g + p.clone() * col(2);
+            let gd = g + p.clone() * col(SGD_WD);
             let b = gd
                 .clone()
                 .mask_where(init_mask, buf.clone() * mu + gd.clone());
-            let p_new = p.clone() - (gd + b.clone() * mu) * col(3);
+            let p_new = p.clone() - (gd + b.clone() * mu) * col(SGD_LR);
             (p_new, b, None)
         }
     };
