@@ -14,18 +14,27 @@ fn empty_config_gives_defaults() {
 
 #[test]
 fn shipped_configs_parse() {
-    for name in [
-        "configs/pose_nano.toml",
-        "configs/pose_minicoco.toml",
-        "configs/minicoco_overfit.toml",
-        "configs/coldstart.toml",
-        "configs/bench_seed.toml",
-        "configs/bench_small.toml",
-        "configs/minicoco_overfit_cpu.toml",
-    ] {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(name);
-        Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs");
+    let mut n = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
+            n += 1;
+        }
     }
+    assert!(n >= 8, "{n} configs in {}", dir.display());
+}
+
+#[test]
+fn b16_bench_config_differs_from_the_seed_shape_only_in_batch() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs");
+    let seed = Config::load(&dir.join("bench_seed.toml")).unwrap();
+    let mut b16 = Config::load(&dir.join("bench_seed_b16.toml")).unwrap();
+    assert_eq!(b16.train.batch, 16);
+    b16.train.batch = seed.train.batch;
+    b16.output.name = seed.output.name.clone();
+    assert_eq!(b16, seed);
 }
 
 #[test]
