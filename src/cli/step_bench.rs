@@ -72,7 +72,7 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
     let mut times = timing.step_ms[o.skip..].to_vec();
     times.sort_by(f64::total_cmp);
     let q = |f: f64| quantile(&times, f);
-    let (peak_use, peak_reserved) = (timing.peak_in_use, timing.peak_reserved);
+    let (peak_use, peak_reserved) = (timing.peak_in_use(), timing.peak_reserved());
     let h = t.state_hashes();
     println!(
         "bench-step {what} replay={} precision={:?} batch={} upload={:?} steps={} skip={}: median {:.2} ms (min {:.2}, p10 {:.2}, p90 {:.2}, max {:.2}); peak in use {:.0} MiB, reserved {:.0} MiB; hashes model {} optimizer {} losses {}",

@@ -11,7 +11,7 @@
 //! values and its step count does not move, as in the per-tensor update.
 
 use super::grads::take_flat;
-use super::groups::{Group, ParamInfo};
+use super::groups::ParamInfo;
 use super::optimizer::{Hyper, ParamState, Rule};
 use super::reduce::sum_all;
 use burn::optim::GradientsParams;
@@ -155,7 +155,7 @@ pub struct RuleConstants {
 }
 
 /// One update of every parameter with a gradient in `grads` (consumed), clipped to `clip_norm`
-/// over all gradients first. `state[i].steps` is advanced for the present ones; the caller
+/// over all gradients first (`clip::clip_global_norm`'s rule). `state[i].steps` is advanced for the present ones; the caller
 /// re-points parameters and state at the new buffers.
 pub fn step(
     constants: RuleConstants,
@@ -164,31 +164,23 @@ pub fn step(
     state: &mut [ParamState],
     grads: &mut GradientsParams,
     hyper: &Hyper,
-    clip_norm: Option<f64>,
+    clip_norm: f64,
 ) -> FlatStep {
     let RuleConstants { rule, beta2, eps } = constants;
     let device = flat.p.device();
     let layout = &flat.layout;
     let parts: Vec<Option<Tensor<1>>> = table.iter().map(|p| take_flat(grads, p)).collect();
     let present: Vec<bool> = parts.iter().map(Option::is_some).collect();
-    let mut g = layout.gather(parts, &device);
-    if let Some(max_norm) = clip_norm {
-        // `clip::clip_global_norm`'s rule, over the one buffer (padding adds zeros).
-        let norm = sum_of_squares(&g, layout.len).sqrt();
-        let coef = (norm.add_scalar(1e-6).recip() * max_norm).clamp_max(1.0);
-        g = g * coef;
-    }
+    let g = layout.gather(parts, &device);
+    // Over the one buffer (padding adds zeros).
+    let norm = sum_of_squares(&g, layout.len).sqrt();
+    let g = g * (norm.add_scalar(1e-6).recip() * clip_norm).clamp_max(1.0);
     let mu = hyper.momentum;
     // Row per parameter, plus one for padding (never present, harmless values).
     let mut rows = vec![0f32; (table.len() + 1) * COLUMNS];
     for (i, info) in table.iter().enumerate() {
         let s = &mut state[i];
-        let lr = hyper.lr[info.group as usize];
-        let wd = if info.group == Group::Weight {
-            hyper.weight_decay
-        } else {
-            0.0
-        };
+        let (lr, wd) = hyper.for_group(info.group);
         let init = s.buf.is_some();
         if present[i] {
             s.steps += 1;

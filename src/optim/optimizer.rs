@@ -7,6 +7,7 @@ use super::flat::{self, FlatState};
 use super::groups::{Group, ParamInfo, param_table};
 use super::hash::StateHasher;
 use super::newton_schulz::orthogonalize;
+use super::tensors::float_tensors;
 use burn::module::{Module, ModuleMapper, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
@@ -29,6 +30,19 @@ pub struct Hyper {
     pub momentum: f64,
     /// Decay of the weight group (already scaled by batch·accumulate/nbs).
     pub weight_decay: f64,
+}
+
+impl Hyper {
+    /// Learning rate and weight decay of a parameter of `group`: the group's rate; decay for
+    /// weights only.
+    pub fn for_group(&self, group: Group) -> (f64, f64) {
+        let wd = if group == Group::Weight {
+            self.weight_decay
+        } else {
+            0.0
+        };
+        (self.lr[group as usize], wd)
+    }
 }
 
 /// Optimizer state of one parameter, flattened to `[numel]`.
@@ -98,7 +112,7 @@ impl Optimizer {
         clip_norm: f64,
     ) -> M {
         if self.flat_active() {
-            return self.step_flat(model, grads, hyper, Some(clip_norm));
+            return self.step_flat(model, grads, hyper, clip_norm);
         }
         clip_global_norm(&mut grads, &self.table, clip_norm);
         self.step(model, grads, hyper)
@@ -109,10 +123,10 @@ impl Optimizer {
         model: M,
         mut grads: GradientsParams,
         hyper: &Hyper,
-        clip_norm: Option<f64>,
+        clip_norm: f64,
     ) -> M {
         if self.flat.is_none() {
-            let params = param_values(&model, &self.index, self.table.len());
+            let params = param_values(&model, &self.table);
             let device = params[0].device();
             self.flat = Some(FlatState::gather(params, &self.state, &device));
         }
@@ -181,12 +195,8 @@ impl Optimizer {
         } else {
             1.0
         };
-        let lr = hyper.lr[group as usize] * boost;
-        let wd = if group == Group::Weight {
-            hyper.weight_decay
-        } else {
-            0.0
-        };
+        let (lr, wd) = hyper.for_group(group);
+        let lr = lr * boost;
         let mu = hyper.momentum;
         let muon = self.rule == Rule::MuSgd && group == Group::Weight && info.muon_eligible();
         let dims = info.dims.clone();
@@ -258,28 +268,15 @@ fn orthogonalized(u: Tensor<1>, dims: &[usize]) -> Tensor<1> {
 }
 
 /// The current value of every parameter in the table (inner, `[numel]`), in table order.
-fn param_values<M: Module>(model: &M, index: &HashMap<ParamId, usize>, n: usize) -> Vec<Tensor<1>> {
-    struct V<'a> {
-        index: &'a HashMap<ParamId, usize>,
-        out: Vec<Option<Tensor<1>>>,
-    }
-    impl burn::module::ModuleVisitor for V<'_> {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            if let Some(&i) = self.index.get(&param.id) {
-                let t = param.val().inner();
-                let n = t.shape().num_elements();
-                self.out[i] = Some(t.reshape([n]));
-            }
-        }
-    }
-    let mut v = V {
-        index,
-        out: vec![None; n],
-    };
-    model.visit(&mut v);
-    v.out
-        .into_iter()
-        .map(|t| t.expect("every table parameter is in the model"))
+fn param_values<M: Module>(model: &M, table: &[ParamInfo]) -> Vec<Tensor<1>> {
+    let mut by_path: HashMap<String, Tensor<1>> = float_tensors(model).into_iter().collect();
+    table
+        .iter()
+        .map(|p| {
+            let t = by_path.remove(&p.path);
+            t.unwrap_or_else(|| panic!("parameter {} is not in the model", p.path))
+                .inner()
+        })
         .collect()
 }
 

@@ -27,7 +27,8 @@ pub fn results_csv(history: &[EpochRecord]) -> String {
 
 /// `steps.csv`: one row per timed step — iteration, whether it ended with an optimizer step,
 /// step ms, the device-clock step ms (`fit --events`; empty otherwise), the memory pool's MiB in
-/// use and reserved after it, and each phase's ms when phases are timed. `first_ni` is the iteration of the first timed step.
+/// use and reserved after it, and each phase's ms when phases are timed. `first_ni` is the
+/// iteration of the first timed step.
 pub fn steps_csv(t: &StepTiming, first_ni: usize) -> String {
     let mib = |v: &[u64], i: usize| {
         v.get(i)

@@ -93,13 +93,11 @@ pub struct Trainer {
     pub timing: Option<StepTiming>,
 }
 
-/// Per-step wall times (device synchronised at both ends) and the memory pool's largest use seen
-/// after a step.
+/// Per-step wall times (device synchronised at both ends) and the memory pool's use after each
+/// step.
 #[derive(Clone, Debug, Default)]
 pub struct StepTiming {
     pub step_ms: Vec<f64>,
-    pub peak_in_use: u64,
-    pub peak_reserved: u64,
     /// Also time each phase ([`PHASES`]) between device syncs. The syncs remove the overlap of
     /// host and device work, so phase sums exceed an unphased step: a breakdown, not a speed.
     pub phases: bool,
@@ -120,6 +118,15 @@ pub struct StepTiming {
 }
 
 impl StepTiming {
+    /// The memory pool's largest bytes in use / reserved seen after a step (0 without a pool).
+    pub fn peak_in_use(&self) -> u64 {
+        self.in_use.iter().copied().max().unwrap_or(0)
+    }
+
+    pub fn peak_reserved(&self) -> u64 {
+        self.reserved.iter().copied().max().unwrap_or(0)
+    }
+
     /// "N with an optimizer step: median X ms; M accumulating only: median Y ms" over the steps
     /// from `from` on. A step median alone hides the optimizer step when gradients accumulate
     /// (at nbs 64, batch 4 only one step in 16 runs it; docs/PERF.md T).
@@ -478,8 +485,6 @@ impl Trainer {
             t.event_ms.push(event_ms.unwrap_or(f64::NAN));
         }
         if let Some(u) = usage {
-            t.peak_in_use = t.peak_in_use.max(u.bytes_in_use);
-            t.peak_reserved = t.peak_reserved.max(u.bytes_reserved);
             t.in_use.push(u.bytes_in_use);
             t.reserved.push(u.bytes_reserved);
         }
