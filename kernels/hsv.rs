@@ -16,17 +16,24 @@ fn round_u8(x: f32) -> f32 {
 
 #[cube(launch_unchecked)]
 fn hsv_kernel(images: &Tensor<f32>, gains: &Tensor<f32>, output: &mut Tensor<f32>) {
-    let plane = images.shape(2) * images.shape(3);
+    let width = images.shape(3);
+    let plane = images.shape(2) * width;
     let pixels = images.shape(0) * plane;
     if ABSOLUTE_POS >= pixels {
         terminate!();
     }
     let b = ABSOLUTE_POS / plane;
     let p = ABSOLUTE_POS % plane;
-    let base = b * 3 * plane + p;
-    let r = images[base];
-    let g = images[base + plane];
-    let bl = images[base + 2 * plane];
+    let y = p / width;
+    let x = p % width;
+    // Both sides by their own strides: CubeCL's optimised allocation pads each row to 512 bytes
+    // when a row is not a multiple of that (416 f32 pixels take 512 slots), so a linear index
+    // would shift rows and leave the padding's uninitialised memory in the image.
+    let src = b * images.stride(0) + y * images.stride(2) + x * images.stride(3);
+    let src_c = images.stride(1);
+    let r = images[src];
+    let g = images[src + src_c];
+    let bl = images[src + 2 * src_c];
 
     // RGB -> HSV (OpenCV 8-bit: H in [0, 180)).
     let v = f32::max(f32::max(r, g), bl);
@@ -56,9 +63,11 @@ fn hsv_kernel(images: &Tensor<f32>, gains: &Tensor<f32>, output: &mut Tensor<f32
     }
 
     // The lookup tables, computed per value (truncated as the u8 tables are).
-    let rh = gains[b * 3];
-    let rs = gains[b * 3 + 1];
-    let rv = gains[b * 3 + 2];
+    let gain = b * gains.stride(0);
+    let gain_k = gains.stride(1);
+    let rh = gains[gain];
+    let rs = gains[gain + gain_k];
+    let rv = gains[gain + 2 * gain_k];
     let mut hh = h + 180.0f32 * rh;
     hh = hh - 180.0f32 * f32::floor(hh / 180.0f32);
     hh = f32::floor(hh);
@@ -98,12 +107,16 @@ fn hsv_kernel(images: &Tensor<f32>, gains: &Tensor<f32>, output: &mut Tensor<f32
         go = pp;
         bo = q;
     }
-    output[base] = round_u8(ro);
-    output[base + plane] = round_u8(go);
-    output[base + 2 * plane] = round_u8(bo);
+    let dst = b * output.stride(0) + y * output.stride(2) + x * output.stride(3);
+    let dst_c = output.stride(1);
+    output[dst] = round_u8(ro);
+    output[dst + dst_c] = round_u8(go);
+    output[dst + 2 * dst_c] = round_u8(bo);
 }
 
-/// HSV jitter of a contiguous `[B, 3, H, W]` f32 batch (values 0–255) with gains `[B, 3]`.
+/// HSV jitter of a `[B, 3, H, W]` f32 batch (values 0–255) with gains `[B, 3]`, both with any
+/// strides. The output has CubeCL's optimised (possibly row-padded) layout and is written by its
+/// strides.
 pub fn hsv_jitter(images: CubeTensor, gains: CubeTensor) -> CubeTensor {
     // The kernel reads and writes f32: any other dtype would be reinterpreted, not converted.
     assert_eq!(
@@ -111,9 +124,8 @@ pub fn hsv_jitter(images: CubeTensor, gains: CubeTensor) -> CubeTensor {
         (burn::tensor::DType::F32, burn::tensor::DType::F32),
         "device HSV takes f32 images and gains"
     );
-    let images = burn_cubecl::kernel::into_contiguous(images);
-    let gains = burn_cubecl::kernel::into_contiguous(gains);
     let shape = images.meta.shape().clone();
+    assert_eq!(shape[1], 3, "device HSV takes RGB images");
     let pixels = shape[0] * shape[2] * shape[3];
     let output = empty_device_dtype(
         images.client.clone(),

@@ -64,6 +64,30 @@ fn same_seed_same_state() {
     assert_ne!(t.state_hashes().model, a.model);
 }
 
+/// Batch 3 at 96 px (not a multiple of 64), with every augmentation on, rotation and device HSV
+/// included, prefetch threads and a wrapped last batch: two trainers give the same state.
+#[test]
+fn odd_batch_with_augmentation_repeats() {
+    let cfg = Config::parse(
+        "[data]\nimgsz = 96\ntrain_images = 10\nval_images = 2\nworkers = 2\nlast_batch = \"wrap\"\n[augment]\ndegrees = 5.0\nhsv_device = true\n[train]\nbatch = 3\nnbs = 6\nepochs = 2\nclose_mosaic = 1\nseed = 9\n",
+        Path::new("odd.toml"),
+    )
+    .unwrap();
+    let run = || {
+        let mut t = trainer(&cfg);
+        while !t.finished() {
+            t.run_epoch(&mut no_log()).unwrap();
+        }
+        (t.state_hashes(), t.step_losses.len())
+    };
+    let (a, steps) = run();
+    assert_eq!(
+        steps, 8,
+        "4 full batches of 3 per epoch (the last one wrapped)"
+    );
+    assert_eq!(run().0, a);
+}
+
 #[test]
 fn flat_update_trains_the_same_bits_as_per_tensor() {
     // With a clip limit that never bites (the two sum the norm in different orders), the flat

@@ -1,0 +1,88 @@
+//! Repeatability on the GPU at shapes the other tests do not use: odd batches, image sizes that are
+//! not multiples of 64 (whose rows CubeCL pads), device HSV on, real COCO images.
+
+use super::cuda;
+use burnpose::config::Config;
+use burnpose::train::{StateHashes, Trainer};
+use std::path::Path;
+
+/// Built-in data with every augmentation on, HSV on the device, FP32, MuSGD.
+fn augmented(batch: usize, imgsz: usize, seed: u64) -> Config {
+    let text = format!(
+        "[data]\nimgsz = {imgsz}\ntrain_images = {}\nval_images = 3\n[augment]\nhsv_device = true\ndegrees = 5.0\n[train]\nbatch = {batch}\nnbs = {}\nepochs = 2\nclose_mosaic = 1\nseed = {seed}\n[optim]\noptimizer = \"musgd\"\n",
+        3 * batch + 1,
+        2 * batch
+    );
+    Config::parse(&text, Path::new("repeat.toml")).unwrap()
+}
+
+fn fit(cfg: &Config) -> (StateHashes, Vec<[f32; 6]>) {
+    let mut t = Trainer::new(cfg.clone(), Path::new("repeat.toml"), cuda()).unwrap();
+    assert!(t.cfg.augment.hsv_device);
+    while !t.finished() {
+        t.run_epoch(&mut |_, _, _| {}).unwrap();
+    }
+    (t.state_hashes(), t.step_losses.clone())
+}
+
+/// Two trainers in one process (the second gets memory the first used) give the same state and
+/// per-step losses, at batches 1, 3 and 5 and at 160 and 416 px.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn device_hsv_fits_repeat_at_odd_shapes() {
+    for (batch, imgsz) in [(1, 160), (3, 416), (5, 160)] {
+        let cfg = augmented(batch, imgsz, 5);
+        let (a, la) = fit(&cfg);
+        let (b, lb) = fit(&cfg);
+        assert_eq!(la, lb, "batch {batch}, {imgsz} px: per-step losses differ");
+        assert_eq!(a, b, "batch {batch}, {imgsz} px: state hashes differ");
+        println!("batch {batch}, {imgsz} px: {} steps equal, {a:?}", la.len());
+    }
+}
+
+/// The check above can fail: another seed gives other hashes.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn repeat_check_sees_a_changed_seed() {
+    let (a, _) = fit(&augmented(3, 416, 5));
+    let (b, _) = fit(&augmented(3, 416, 6));
+    assert_ne!(a.model, b.model);
+}
+
+/// Feature replay against native at batch 3 on the real COCO train images (416 px, device HSV,
+/// BF16), validated on the train split so only it needs to be present.
+#[test]
+#[ignore = "needs a CUDA GPU and ../shared/data/pose-real/pose_minicoco"]
+fn replay_matches_native_at_batch_3_on_coco() {
+    let root = Path::new("../shared/data/pose-real/pose_minicoco");
+    assert!(
+        root.join("annotations/person_keypoints_train2017.json")
+            .exists(),
+        "{} is missing",
+        root.display()
+    );
+    let config = |capture: bool| {
+        let text = format!(
+            "[model]\ncapture_network = {capture}\n[data]\nsource = \"coco\"\npath = \"{}\"\nval_split = \"train2017\"\nimgsz = 416\nworkers = 0\n[augment]\nhsv_device = true\n[train]\nbatch = 3\nnbs = 6\nepochs = 2\nclose_mosaic = 1\nseed = 2\nprecision = \"bf16\"\n",
+            root.display()
+        );
+        Config::parse(&text, Path::new("coco_b3.toml")).unwrap()
+    };
+    let run = |capture: bool| {
+        let mut t = Trainer::new(config(capture), Path::new("coco_b3.toml"), cuda()).unwrap();
+        assert_eq!(t.stage.is_replay(), capture, "{:?}", t.replay_off);
+        while !t.finished() {
+            t.run_epoch(&mut |_, _, _| {}).unwrap();
+        }
+        (t.state_hashes(), t.step_losses.clone())
+    };
+    let (native, native_losses) = run(false);
+    let (replay, replay_losses) = run(true);
+    let first = native_losses
+        .iter()
+        .zip(&replay_losses)
+        .position(|(a, b)| a != b);
+    assert_eq!(first, None, "per-step losses differ");
+    assert_eq!(native, replay, "state hashes differ");
+    println!("coco b3: {} steps equal, {native:?}", native_losses.len());
+}
