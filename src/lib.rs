@@ -8,4 +8,5 @@ pub mod eval;
 pub mod loss;
 pub mod model;
 pub mod optim;
+pub mod predict;
 pub mod train;

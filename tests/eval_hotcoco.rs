@@ -119,7 +119,15 @@ fn perturbed(gts: &[GtAnn], seed: u64) -> Vec<DtAnn> {
     dts
 }
 
-fn hotcoco_stats(gt_path: &Path, dts: &[DtAnn], kind: IouType, tag: &str) -> Vec<f64> {
+/// Hotcoco's summary stats; `cat`: one category only (pycocotools' `params.catIds = [c]`).
+fn hotcoco_eval(
+    gt_path: &Path,
+    dts: &[DtAnn],
+    kind: IouType,
+    cat: Option<u64>,
+    tag: &str,
+) -> Vec<f64> {
+    // Keypoint results without a box, as pycocotools' `loadRes` then takes the keypoint extent.
     let rows: Vec<Value> = dts
         .iter()
         .map(|d| match kind {
@@ -132,6 +140,9 @@ fn hotcoco_stats(gt_path: &Path, dts: &[DtAnn], kind: IouType, tag: &str) -> Vec
     let gt = COCO::new(gt_path).unwrap();
     let dt = gt.load_res(&path).unwrap();
     let mut ev = COCOeval::new(gt, dt, kind);
+    if let Some(cat) = cat {
+        ev.params.cat_ids = vec![cat];
+    }
     ev.evaluate().unwrap();
     ev.accumulate();
     ev.summarize();
@@ -147,7 +158,7 @@ fn compare(gt_path: &Path, seed: u64) {
         (IouKind::Bbox, IouType::Bbox, "bbox"),
     ] {
         let ours = evaluate(&gts, &dts, &images, kind, &sigmas);
-        let theirs = hotcoco_stats(gt_path, &dts, theirs_kind, &format!("{tag}{seed}"));
+        let theirs = hotcoco_eval(gt_path, &dts, theirs_kind, None, &format!("{tag}{seed}"));
         // hotcoco's stats start with the same AP rows: all, .50, .75, then per area range.
         let mut mine = vec![ours.map, ours.map50, ours.map75];
         mine.extend(&ours.by_area);
@@ -177,4 +188,212 @@ fn keypoint_and_box_map_equal_hotcoco_on_minicoco() {
         }
     }
     compare(&root.join("coco/test_coco.json"), 4);
+}
+
+/// A two-class pose dataset (the built-in images written as YOLO, every other object made
+/// class 1) read by burnpose: its ground truth carries category class + 1, and burnpose's mAP,
+/// overall and per class, equals hotcoco's on the same predictions.
+#[test]
+fn two_class_pose_dataset_scores_as_hotcoco() {
+    use burnpose::config::Config;
+    use burnpose::data::{BuiltinDataset, Source, export::write_yolo};
+    let dir = std::env::temp_dir().join(format!("burnpose-two-class-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let yaml = write_yolo(
+        &BuiltinDataset::new(2, 160, 1),
+        &BuiltinDataset::new(12, 160, 2),
+        &dir,
+    )
+    .unwrap();
+    let mut flipped = 0;
+    for entry in std::fs::read_dir(dir.join("labels/val")).unwrap() {
+        let path = entry.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let rows: Vec<String> = text
+            .lines()
+            .map(|row| {
+                flipped += 1;
+                match flipped % 2 {
+                    0 => format!("1{}", &row[1..]),
+                    _ => row.to_string(),
+                }
+            })
+            .collect();
+        std::fs::write(&path, rows.join("\n") + "\n").unwrap();
+    }
+    let text = std::fs::read_to_string(&yaml).unwrap();
+    std::fs::write(
+        &yaml,
+        text.replace("  0: person\n", "  0: person\n  1: robot\n"),
+    )
+    .unwrap();
+    let cfg = Config::parse(
+        &format!(
+            "[model]\nnc = 2\n[data]\nsource = \"yolo\"\npath = {:?}\nimgsz = 160\n",
+            yaml.to_str().unwrap()
+        ),
+        Path::new("two.toml"),
+    )
+    .unwrap();
+    let (_, val, _) = Source::open(&cfg, Path::new("two.toml")).unwrap();
+    let mut gts = Vec::new();
+    let mut images = Vec::new();
+    let mut json_images = Vec::new();
+    for i in 0..val.len() {
+        let (s, _, truth) = val.sample_with_truth(i).unwrap();
+        let (w, h) = s.image.dimensions();
+        images.push(val.image_id(i));
+        json_images.push(json!({"id": val.image_id(i), "width": w, "height": h, "file_name": format!("{i}.png")}));
+        gts.extend(truth);
+    }
+    let cats: Vec<u64> = gts.iter().map(|g| g.category_id).collect();
+    assert!(
+        cats.contains(&1) && cats.contains(&2) && cats.iter().all(|&c| c == 1 || c == 2),
+        "category ids follow the class: {cats:?}"
+    );
+    let annotations: Vec<Value> = gts
+        .iter()
+        .enumerate()
+        .map(|(n, g)| {
+            json!({"id": n + 1, "image_id": g.image_id, "category_id": g.category_id, "bbox": g.bbox,
+                   "area": g.area, "iscrowd": 0, "keypoints": g.keypoints, "num_keypoints": g.num_keypoints})
+        })
+        .collect();
+    let gt_path = dir.join("gt.json");
+    let gt_json = json!({"images": json_images, "annotations": annotations,
+        "categories": [{"id": 1, "name": "person"}, {"id": 2, "name": "robot"}]});
+    std::fs::write(&gt_path, gt_json.to_string()).unwrap();
+    let sigmas: Vec<f64> = COCO_SIGMAS.iter().map(|&s| s as f64).collect();
+    for seed in [5, 6] {
+        let mut dts = perturbed(&gts, seed);
+        // Some detections of the wrong class: they must not match the other class's truth.
+        for d in dts.iter_mut().step_by(7) {
+            d.category_id = 3 - d.category_id;
+        }
+        for (kind, theirs_kind, tag) in [
+            (IouKind::Keypoints, IouType::Keypoints, "keypoints"),
+            (IouKind::Bbox, IouType::Bbox, "bbox"),
+        ] {
+            let ours = evaluate(&gts, &dts, &images, kind, &sigmas);
+            let theirs = hotcoco_eval(
+                &gt_path,
+                &dts,
+                theirs_kind,
+                None,
+                &format!("two{tag}{seed}"),
+            );
+            assert!(
+                (ours.map - theirs[0]).abs() < 1e-6,
+                "{tag}: {} vs {}",
+                ours.map,
+                theirs[0]
+            );
+            assert!((ours.map50 - theirs[1]).abs() < 1e-6, "{tag} AP50");
+            assert_eq!(ours.per_class.len(), 2);
+            for &(cat, ap) in &ours.per_class {
+                let want = hotcoco_eval(
+                    &gt_path,
+                    &dts,
+                    theirs_kind,
+                    Some(cat),
+                    &format!("c{cat}{tag}{seed}"),
+                )[0];
+                assert!(
+                    (ap - want).abs() < 1e-6,
+                    "{tag} class {cat}: ours {ap} vs hotcoco {want}"
+                );
+            }
+            assert!(
+                ours.per_class[0].1 != ours.per_class[1].1,
+                "{tag}: per-class APs should differ on this data: {:?}",
+                ours.per_class
+            );
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `val --save-json`: hotcoco scores the written predictions against the written ground truth
+/// and gets the box and pose mAP50-95 that `val` printed.
+#[test]
+fn saved_json_scores_as_val_printed() {
+    let dir = std::env::temp_dir().join(format!("burnpose-savejson-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    // Four built-in images written as YOLO, validated on the same images (no augmentation), so a
+    // few epochs at 128 px find some of them.
+    let yaml = burnpose::data::export::write_yolo(
+        &burnpose::data::BuiltinDataset::new(4, 128, 0),
+        &burnpose::data::BuiltinDataset::new(1, 128, 1),
+        &dir.join("data"),
+    )
+    .unwrap();
+    let text = std::fs::read_to_string(&yaml).unwrap();
+    std::fs::write(&yaml, text.replace("val: images/val", "val: images/train")).unwrap();
+    let cfg = dir.join("tiny.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[data]\nsource = \"yolo\"\npath = {:?}\nimgsz = 128\nworkers = 0\n[augment]\nmosaic = 0.0\ntranslate = 0.0\nscale = 0.0\nfliplr = 0.0\nhsv_h = 0.0\nhsv_s = 0.0\nhsv_v = 0.0\n[train]\nepochs = 5\nbatch = 2\nnbs = 2\n[optim]\nwarmup_epochs = 1.0\n[device]\nkind = \"cpu\"\n[output]\ndir = {:?}\nname = \"fit\"\n",
+            yaml.to_str().unwrap(),
+            dir.join("runs").to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_burnpose"))
+            .args(args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{text}");
+        text
+    };
+    run(&["fit", cfg.to_str().unwrap()]);
+    let ckpt = dir.join("runs/fit/last.safetensors");
+    let json = dir.join("json");
+    let text = run(&[
+        "val",
+        cfg.to_str().unwrap(),
+        "--checkpoint",
+        ckpt.to_str().unwrap(),
+        "--save-json",
+        json.to_str().unwrap(),
+    ]);
+    let printed = |key: &str| -> f64 {
+        let line = text.lines().find(|l| l.starts_with("box mAP50")).unwrap();
+        let part = line
+            .split(key)
+            .nth(1)
+            .unwrap_or_else(|| panic!("{key} in {line}"));
+        // `<mAP50> mAP50-95 <mAP50-95>`
+        part.split_whitespace().nth(2).unwrap().parse().unwrap()
+    };
+    let (box_map, pose_map) = (printed("box mAP50 "), printed("pose mAP50 "));
+    let gt = json.join("ground_truth.json");
+    let dts: Vec<Value> =
+        serde_json::from_str(&std::fs::read_to_string(json.join("predictions.json")).unwrap())
+            .unwrap();
+    assert!(!dts.is_empty(), "no detections written");
+    for (kind, want) in [(IouType::Bbox, box_map), (IouType::Keypoints, pose_map)] {
+        let coco = COCO::new(&gt).unwrap();
+        let results = coco.load_res(&json.join("predictions.json")).unwrap();
+        let mut ev = COCOeval::new(coco, results, kind);
+        ev.evaluate().unwrap();
+        ev.accumulate();
+        ev.summarize();
+        let got = ev.stats().unwrap()[0];
+        assert_eq!(
+            format!("{got:.4}"),
+            format!("{want:.4}"),
+            "{kind:?}: {text}"
+        );
+    }
+    assert!(
+        box_map > 0.0,
+        "the test model should find something: {text}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -157,6 +157,73 @@ fn bad_checkpoint_is_named() {
     assert!(e.contains("missing.safetensors"), "{e}");
 }
 
+#[test]
+fn batch_larger_than_the_data_is_refused() {
+    let cfg = Config::parse(
+        "[data]\nimgsz = 64\ntrain_images = 3\nval_images = 1\n[train]\nbatch = 4\n",
+        Path::new("big_batch.toml"),
+    )
+    .unwrap();
+    let e = Trainer::new(cfg, Path::new("big_batch.toml"), Device::flex())
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        e.contains("big_batch.toml") && e.contains("3 training images but train.batch = 4"),
+        "{e}"
+    );
+}
+
+/// A model gone NaN: the next epoch stops at its first step with an error naming epoch and
+/// iteration, and a checkpoint of it is refused, leaving the file as it was.
+#[test]
+fn non_finite_state_is_never_saved() {
+    use burnpose::optim::tensors::{float_tensors, replace_float_tensors};
+    let mut t = trainer(&config("epochs = 2\nnbs = 2\n"));
+    t.run_epoch(&mut no_log()).unwrap();
+    let path = scratch("nan").join("last.safetensors");
+    checkpoint::save(&t, &path).unwrap();
+    let good = std::fs::read(&path).unwrap();
+    let mut values: std::collections::HashMap<String, Tensor<1>> = float_tensors(&t.model)
+        .into_iter()
+        .map(|(p, x)| (p, x.detach().mul_scalar(f32::NAN)))
+        .collect();
+    t.model = replace_float_tensors(t.model.clone(), &mut values).0;
+    let e = t.run_epoch(&mut no_log()).unwrap_err().to_string();
+    assert!(
+        e.contains("the loss became NaN at epoch 2, iteration 1 of 4"),
+        "{e}"
+    );
+    let e = checkpoint::save(&t, &path).unwrap_err().to_string();
+    assert!(
+        e.contains("last.safetensors") && e.contains("NaN or infinite"),
+        "{e}"
+    );
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        good,
+        "the good checkpoint was replaced"
+    );
+}
+
+/// A write that fails (here: the temporary file cannot be created, as on a full disk) is an
+/// error naming the checkpoint, and the earlier file is kept.
+#[test]
+fn failed_checkpoint_write_keeps_the_earlier_file() {
+    let mut t = trainer(&config("epochs = 1\nnbs = 2\n"));
+    t.run_epoch(&mut no_log()).unwrap();
+    let dir = scratch("full");
+    let path = dir.join("last.safetensors");
+    std::fs::write(&path, b"earlier").unwrap();
+    std::fs::create_dir_all(path.with_extension(format!("tmp.{}", std::process::id()))).unwrap();
+    let e = checkpoint::save(&t, &path).unwrap_err().to_string();
+    assert!(
+        e.contains("cannot write checkpoint") && e.contains("last.safetensors"),
+        "{e}"
+    );
+    assert_eq!(std::fs::read(&path).unwrap(), b"earlier");
+}
+
 /// A batch without any object: the keypoint point stems get no gradient, so the optimizer must
 /// leave them and their state untouched, while other parameters still train (class loss).
 #[test]
@@ -343,4 +410,38 @@ fn phase_timing_breaks_a_step_down_without_changing_it() {
     }
     // Syncs only: the same training.
     assert_eq!(with, without);
+}
+
+/// A YOLO yaml's `kpt_oks_sigmas` replace the default sigmas in the loss (and with them the
+/// assigner and validation, which read the loss's); without them 17 keypoints get COCO's.
+#[test]
+fn dataset_sigmas_reach_the_loss() {
+    use burnpose::data::{BuiltinDataset, export::write_yolo};
+    let dir = scratch("sigmas");
+    let yaml = write_yolo(
+        &BuiltinDataset::new(2, 64, 1),
+        &BuiltinDataset::new(1, 64, 2),
+        &dir,
+    )
+    .unwrap();
+    let cfg_for = |yaml: &Path| {
+        Config::parse(
+            &format!(
+                "[data]\nsource = \"yolo\"\npath = {:?}\nimgsz = 64\n[train]\nbatch = 2\n",
+                yaml.to_str().unwrap()
+            ),
+            Path::new("sigmas.toml"),
+        )
+        .unwrap()
+    };
+    let t = trainer(&cfg_for(&yaml));
+    assert_eq!(
+        t.loss.sigmas,
+        burnpose::loss::geometry::COCO_SIGMAS.to_vec()
+    );
+    let sigmas: Vec<f32> = (1..=17).map(|i| i as f32 / 100.0).collect();
+    let text = std::fs::read_to_string(&yaml).unwrap();
+    std::fs::write(&yaml, format!("{text}kpt_oks_sigmas: {sigmas:?}\n")).unwrap();
+    let t = trainer(&cfg_for(&yaml));
+    assert_eq!(t.loss.sigmas, sigmas);
 }

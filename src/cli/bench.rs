@@ -236,7 +236,13 @@ impl Child<'_> {
         let mut cmd = std::process::Command::new(&self.exe);
         cmd.arg("fit")
             .arg(self.config)
-            .args(["--name", name, "--replay", &replay.to_string()])
+            .args([
+                "--name",
+                name,
+                "--replay",
+                &replay.to_string(),
+                "--exist-ok",
+            ])
             .arg("--report")
             .arg(&report_path)
             .args(self.events.then_some("--events"))

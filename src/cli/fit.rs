@@ -24,6 +24,8 @@ pub struct FitOptions {
     pub phases: bool,
     /// Also time every step with the device's clock (`StepTiming::events`).
     pub events: bool,
+    /// Write into an existing run folder of the same name instead of a new `<name>2`, `<name>3`…
+    pub exist_ok: bool,
 }
 
 pub fn run(config_path: &Path, o: FitOptions) -> anyhow::Result<()> {
@@ -35,14 +37,39 @@ pub fn run(config_path: &Path, o: FitOptions) -> anyhow::Result<()> {
         report: report_path,
         phases,
         events,
+        exist_ok,
     } = o;
     let process_start = std::time::Instant::now();
     let mut cfg = match &resume {
-        Some(ckpt) => checkpoint::read_config(ckpt)?,
+        Some(ckpt) => {
+            let stored = checkpoint::read_config(ckpt)?;
+            let given = Config::load(config_path)?;
+            let differ = config_differences(&stored, &given);
+            anyhow::ensure!(
+                differ.is_empty(),
+                "{} differs from the config {} was trained with ({}); a resumed fit goes on with \
+                 the checkpoint's own config: pass that one (its run folder has config.toml)",
+                config_path.display(),
+                ckpt.display(),
+                differ.join("; ")
+            );
+            stored
+        }
         None => Config::load(config_path)?,
     };
     if let Some(n) = name {
         cfg.output.name = n;
+    }
+    if resume.is_none() && !exist_ok {
+        let chosen = unused_run_name(&cfg.output.dir, &cfg.output.name);
+        if chosen != cfg.output.name {
+            println!(
+                "{} exists; this run writes {} (--exist-ok reuses the folder)",
+                cfg.output.dir.join(&cfg.output.name).display(),
+                cfg.output.dir.join(&chosen).display()
+            );
+            cfg.output.name = chosen;
+        }
     }
     if let Some(r) = replay {
         cfg.model.capture_network = r;
@@ -82,11 +109,15 @@ pub fn run(config_path: &Path, o: FitOptions) -> anyhow::Result<()> {
     println!("run folder: {}", run_dir.display());
     std::fs::create_dir_all(&run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
     std::fs::write(run_dir.join("config.toml"), toml::to_string(&cfg)?)?;
-    let mut best = trainer
+    // The best fitness so far and its epoch (1-based; 0 before any).
+    let (mut best, mut best_epoch) = trainer
         .history
         .iter()
-        .map(|r| r.fitness())
-        .fold(f64::MIN, f64::max);
+        .map(|r| (r.fitness(), r.epoch + 1))
+        .fold((f64::MIN, 0), |a, b| if b.0 > a.0 { b } else { a });
+    if trainer.epoch == 0 {
+        picture(crate::train::pictures::training(&trainer, &run_dir));
+    }
     let first_timed_ni = trainer.ni;
     let mut watch = Some(KernelWatch::start(&work_name(&cfg)));
     while !trainer.finished() {
@@ -140,6 +171,14 @@ pub fn run(config_path: &Path, o: FitOptions) -> anyhow::Result<()> {
             record.seconds,
             record.data_wait
         );
+        print!(
+            "{}",
+            crate::train::validate::per_class_lines(
+                &record.per_class,
+                trainer.val.names(),
+                cfg.model.nc
+            )
+        );
         // Per epoch: the step can drift as training goes on (docs/PERF.md S).
         if let Some(t) = &trainer.timing {
             let mut line = format!(
@@ -161,18 +200,44 @@ pub fn run(config_path: &Path, o: FitOptions) -> anyhow::Result<()> {
                 trainer.skipped_records
             );
         }
+        // Checkpoints first: nothing written after them can lose the epoch.
+        checkpoint::save(&trainer, &run_dir.join("last.safetensors"))?;
+        if record.fitness() > best {
+            (best, best_epoch) = (record.fitness(), epoch + 1);
+            checkpoint::save(&trainer, &run_dir.join("best.safetensors"))?;
+        }
+        let period = cfg.train.save_period;
+        if period > 0 && (epoch + 1).is_multiple_of(period) {
+            checkpoint::save(
+                &trainer,
+                &run_dir.join(format!("epoch{}.safetensors", epoch + 1)),
+            )?;
+        }
+        let patience = cfg.train.patience;
+        let stop = patience > 0 && epoch + 1 - best_epoch >= patience && !trainer.finished();
         report::write_results(&run_dir, &trainer.history)?;
         if let Some(t) = &trainer.timing {
             let path = run_dir.join("steps.csv");
             report::write_atomic(&path, report::steps_csv(t, first_timed_ni).as_bytes())
                 .with_context(|| format!("writing {}", path.display()))?;
         }
-        plot::write_plot(&run_dir, &trainer.history)
-            .with_context(|| format!("writing {}", run_dir.join("results.png").display()))?;
-        checkpoint::save(&trainer, &run_dir.join("last.safetensors"))?;
-        if record.fitness() > best {
-            best = record.fitness();
-            checkpoint::save(&trainer, &run_dir.join("best.safetensors"))?;
+        // A picture is not worth a fit: a failure to draw it is reported and training goes on.
+        if let Err(e) = plot::write_plot(&run_dir, &trainer.history) {
+            eprintln!(
+                "warning: could not write {}: {e}",
+                run_dir.join("results.png").display()
+            );
+        }
+        if trainer.finished() || stop {
+            picture(crate::train::pictures::validation(&trainer, &run_dir));
+        }
+        if stop {
+            println!(
+                "stopping early: no improvement in {patience} epochs (train.patience); the best, \
+                 epoch {best_epoch}, is {}",
+                run_dir.join("best.safetensors").display()
+            );
+            break;
         }
     }
     device
@@ -209,4 +274,67 @@ pub fn work_name(cfg: &Config) -> String {
         cfg.train.batch,
         cfg.data.imgsz
     )
+}
+
+/// `name`, or the first of `name2`, `name3`, … that is not a non-empty folder under `dir`
+/// (Ultralytics' rule), so a fit never writes over an earlier run.
+pub fn unused_run_name(dir: &Path, name: &str) -> String {
+    let taken =
+        |n: &str| std::fs::read_dir(dir.join(n)).is_ok_and(|mut entries| entries.next().is_some());
+    if !taken(name) {
+        return name.to_string();
+    }
+    (2..)
+        .map(|i| format!("{name}{i}"))
+        .find(|n| !taken(n))
+        .expect("some suffix is free")
+}
+
+/// The keys whose values differ between two configs, as `key: a vs b`, leaving out what may
+/// change between a run and its resumption: the device, the output folder and the replay switch.
+pub fn config_differences(stored: &Config, given: &Config) -> Vec<String> {
+    let table = |c: &Config| {
+        let mut v = toml::Value::try_from(c).expect("config serialises");
+        if let Some(t) = v.as_table_mut() {
+            t.remove("device");
+            t.remove("output");
+            if let Some(m) = t.get_mut("model").and_then(|m| m.as_table_mut()) {
+                m.remove("capture_network");
+            }
+        }
+        v
+    };
+    let mut out = Vec::new();
+    diff("", &table(stored), &table(given), &mut out);
+    out
+}
+
+fn diff(prefix: &str, a: &toml::Value, b: &toml::Value, out: &mut Vec<String>) {
+    match (a.as_table(), b.as_table()) {
+        (Some(ta), Some(tb)) => {
+            let mut keys: Vec<&String> = ta.keys().chain(tb.keys()).collect();
+            keys.sort();
+            keys.dedup();
+            for k in keys {
+                let key = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                match (ta.get(k), tb.get(k)) {
+                    (Some(x), Some(y)) => diff(&key, x, y, out),
+                    (x, y) => out.push(format!("{key}: {x:?} vs {y:?}")),
+                }
+            }
+        }
+        _ if a != b => out.push(format!("{prefix}: checkpoint {a}, config {b}")),
+        _ => {}
+    }
+}
+
+/// Pictures are not worth a fit: a failure to draw one is a warning.
+fn picture(result: Result<(), crate::train::pictures::PictureError>) {
+    if let Err(e) = result {
+        eprintln!("warning: {e}");
+    }
 }

@@ -4,6 +4,7 @@ mod bench;
 mod fit;
 mod info;
 mod peer;
+mod predict;
 mod smoke;
 mod step_bench;
 mod val;
@@ -53,6 +54,10 @@ pub enum Command {
         /// GPU, so off by default) into the report's `event_ms` and `steps.csv`.
         #[arg(long)]
         events: bool,
+        /// Write into the run folder even if it holds an earlier run (default: a fresh
+        /// `<name>2`, `<name>3`, … so nothing is overwritten).
+        #[arg(long)]
+        exist_ok: bool,
     },
     /// Print the model summary: layers, parameters, GFLOPs.
     Info {
@@ -75,6 +80,10 @@ pub enum Command {
         checkpoint: Option<PathBuf>,
         #[arg(long, value_enum)]
         device: Option<DeviceArg>,
+        /// Write the detections as a COCO results file (predictions.json) and the ground truth
+        /// they were scored against (ground_truth.json) into this folder.
+        #[arg(long)]
+        save_json: Option<PathBuf>,
     },
     /// Compile every kernel a fit of the config needs into the per-user kernel cache, ahead of
     /// the fit (one training step, one optimizer step, one validation; nothing is saved).
@@ -86,8 +95,38 @@ pub enum Command {
     /// Write the config's built-in train/val images as a YOLO-pose dataset (PNG + labels +
     /// data.yaml), e.g. for training Ultralytics on the same images (benches/peer/).
     ExportYolo { config: PathBuf, dir: PathBuf },
-    /// Run a checkpoint on images (not available yet).
-    Predict { config: PathBuf },
+    /// Run a checkpoint's EMA model on images: annotated copies (boxes, keypoints, skeleton) and
+    /// predictions.json (boxes, scores, classes, keypoints in each image's pixels).
+    Predict {
+        /// A checkpoint written by `fit` (last.safetensors or best.safetensors).
+        checkpoint: PathBuf,
+        /// Image files and folders of images.
+        #[arg(required = true)]
+        sources: Vec<PathBuf>,
+        /// Folder to write into (default: a new runs/predict/predict<N>).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Keep detections scoring above this.
+        #[arg(long, default_value_t = 0.25)]
+        conf: f32,
+        /// NMS IoU threshold (only with --nms: the default one-to-one head needs no NMS).
+        #[arg(long, default_value_t = 0.7)]
+        iou: f32,
+        /// At most this many detections per image.
+        #[arg(long, default_value_t = 300)]
+        max_det: usize,
+        /// Network input size (default: the checkpoint's training size).
+        #[arg(long)]
+        imgsz: Option<usize>,
+        /// Use the one-to-many head with NMS instead of the one-to-one (NMS-free) head.
+        #[arg(long)]
+        nms: bool,
+        #[arg(long, value_enum)]
+        device: Option<DeviceArg>,
+        /// Images per forward pass.
+        #[arg(long, default_value_t = 8)]
+        batch: usize,
+    },
     /// Complete-fit benchmark: fresh `fit` processes, native and replay alternately, for N
     /// pairs; prints and writes (CSV + markdown) the comparison table.
     Bench {
@@ -173,6 +212,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             report,
             phases,
             events,
+            exist_ok,
         } => fit::run(
             &config,
             fit::FitOptions {
@@ -183,6 +223,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 report,
                 phases,
                 events,
+                exist_ok,
             },
         ),
         Command::Bench { config, plan } => bench::run(&config, plan),
@@ -204,7 +245,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             config,
             checkpoint,
             device,
-        } => val::run(&config, checkpoint, device),
+            save_json,
+        } => val::run(&config, checkpoint, device, save_json),
         Command::Warmup { config, device } => warmup::run(&config, device),
         Command::ExportYolo { config, dir } => {
             use anyhow::Context;
@@ -225,8 +267,32 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             );
             Ok(())
         }
-        Command::Predict { .. } => {
-            anyhow::bail!("this command is planned but not implemented yet (see the open issues)")
-        }
+        Command::Predict {
+            checkpoint,
+            sources,
+            out,
+            conf,
+            iou,
+            max_det,
+            imgsz,
+            nms,
+            device,
+            batch,
+        } => predict::run(
+            &checkpoint,
+            predict::PredictArgs {
+                sources,
+                out,
+                options: crate::predict::PredictOptions {
+                    conf,
+                    iou,
+                    max_det,
+                    imgsz: imgsz.unwrap_or(0),
+                    nms,
+                },
+                device,
+                batch,
+            },
+        ),
     }
 }

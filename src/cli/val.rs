@@ -3,18 +3,20 @@
 
 use super::DeviceArg;
 use crate::train::{Trainer, checkpoint, validate};
+use anyhow::Context;
 use std::path::{Path, PathBuf};
 
 pub fn run(
     config_path: &Path,
     ckpt: Option<PathBuf>,
     device_arg: Option<DeviceArg>,
+    save_json: Option<PathBuf>,
 ) -> anyhow::Result<()> {
     let (cfg, device, what) = super::config_and_device(config_path, device_arg)?;
     let mut trainer = Trainer::new(cfg, config_path, device)?;
     let source = match &ckpt {
         Some(p) => {
-            checkpoint::load_into(&mut trainer, p)?;
+            checkpoint::load_to_evaluate(&mut trainer, p)?;
             format!("EMA of {} (epoch {})", p.display(), trainer.epoch)
         }
         None => "freshly initialised model (no checkpoint)".to_string(),
@@ -35,5 +37,24 @@ pub fn run(
         m.pose_map,
         start.elapsed().as_secs_f64()
     );
+    print!(
+        "{}",
+        validate::per_class_lines(&m.per_class, trainer.val.names(), trainer.cfg.model.nc)
+    );
+    if let Some(dir) = save_json {
+        let (results, truth) = validate::coco_json(&m, trainer.cfg.model.nc, trainer.val.names());
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        for (name, value) in [("predictions.json", results), ("ground_truth.json", truth)] {
+            let path = dir.join(name);
+            crate::train::report::write_atomic(&path, value.to_string().as_bytes())
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
+        println!(
+            "wrote {} detections to {} and the ground truth they were scored against to {}",
+            m.detections.len(),
+            dir.join("predictions.json").display(),
+            dir.join("ground_truth.json").display()
+        );
+    }
     Ok(())
 }

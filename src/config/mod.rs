@@ -185,6 +185,10 @@ pub struct TrainSection {
     pub close_mosaic: usize,
     /// Validate with the one-to-many copy + NMS instead of the one-to-one (NMS-free) copy.
     pub val_nms: bool,
+    /// Stop early when fitness has not improved for this many epochs (0: never).
+    pub patience: usize,
+    /// Also keep every N-th epoch's checkpoint as `epoch<N>.safetensors` (0: only last/best).
+    pub save_period: usize,
 }
 
 impl Default for TrainSection {
@@ -197,6 +201,8 @@ impl Default for TrainSection {
             nbs: 64,
             close_mosaic: 10,
             val_nms: false,
+            patience: 100,
+            save_period: 0,
         }
     }
 }
@@ -343,6 +349,16 @@ impl Config {
             return bad(
                 "model.kpt_shape",
                 format!("expected [K >= 1, 2 or 3], got {:?}", m.kpt_shape),
+            );
+        }
+        if d.source == DataSource::Builtin && m.task == Task::Pose && m.kpt_shape[0] != 17 {
+            return bad(
+                "model.kpt_shape",
+                format!(
+                    "the built-in dataset draws COCO's 17 keypoints, got {:?}; use [17, 3] or a \
+                     dataset with your keypoints (data.source = \"yolo\" or \"coco\")",
+                    m.kpt_shape
+                ),
             );
         }
         if d.imgsz == 0 || d.imgsz % 32 != 0 {

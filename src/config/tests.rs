@@ -73,6 +73,7 @@ fn bad_values_name_the_key() {
         ("[data]\nlast_batch = \"pad\"\n", "last_batch"),
         ("[augment]\nscale = 1.0\n", "augment.scale"),
         ("[augment]\nhsv_v = -0.1\n", "augment.hsv_v"),
+        ("[model]\nkpt_shape = [5, 3]\n", "model.kpt_shape"),
     ] {
         let e = parse(text).unwrap_err().to_string();
         assert!(e.contains(key) && e.contains("cfg.toml"), "{text}: {e}");
@@ -85,4 +86,15 @@ fn missing_file_names_it() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("no/such.toml"), "{e}");
+}
+
+#[test]
+fn builtin_data_takes_17_keypoints_only() {
+    let e = parse("[model]\nkpt_shape = [5, 2]\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("17 keypoints") && e.contains("[5, 2]"), "{e}");
+    // Another keypoint count is fine with a dataset of its own, and detection has none.
+    parse("[model]\nkpt_shape = [5, 2]\n[data]\nsource = \"yolo\"\npath = \"d.yaml\"\n").unwrap();
+    parse("[model]\ntask = \"detect\"\nkpt_shape = [5, 2]\n").unwrap();
 }

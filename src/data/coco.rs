@@ -87,6 +87,24 @@ impl CocoDataset {
         let mut by_image: HashMap<u64, Vec<CocoAnnotation>> = HashMap::new();
         let mut skipped = 0;
         for ann in file.annotations {
+            // A keypoints file annotates people; other categories have no class here.
+            if ann.category_id > 1 {
+                let err = DataError::Label {
+                    path: json.to_path_buf(),
+                    record: format!("annotation {}", ann.id),
+                    message: format!(
+                        "category_id {}: COCO keypoint files hold one class, person (category \
+                         1); for several classes use a YOLO dataset",
+                        ann.category_id
+                    ),
+                };
+                if skip_bad {
+                    eprintln!("warning: {err}; skipped");
+                    skipped += 1;
+                    continue;
+                }
+                return Err(err);
+            }
             if ann.keypoints.len() != 3 * num_keypoints
                 && !(ann.keypoints.is_empty() && num_keypoints == 0)
             {

@@ -96,7 +96,7 @@ impl Source {
             }
             DataSource::Yolo => {
                 let (train, val, skipped) =
-                    YoloDataset::open_pair(&root(), cfg.model.kpt_shape, d.skip_bad)?;
+                    YoloDataset::open_pair(&root(), cfg.model.nc, cfg.model.kpt_shape, d.skip_bad)?;
                 (Dataset::Yolo(train), Dataset::Yolo(val), skipped)
             }
         };
@@ -189,6 +189,22 @@ impl Source {
         Ok((s, frame, gts))
     }
 
+    /// Class names, where the dataset names its classes (a YOLO yaml's `names`).
+    pub fn names(&self) -> Option<&[String]> {
+        match &self.dataset {
+            Dataset::Yolo(y) => y.names.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// Per-keypoint OKS sigmas, where the dataset gives them (a YOLO yaml's `kpt_oks_sigmas`).
+    pub fn kpt_oks_sigmas(&self) -> Option<&[f32]> {
+        match &self.dataset {
+            Dataset::Yolo(y) => y.kpt_oks_sigmas.as_deref(),
+            _ => None,
+        }
+    }
+
     /// Image id used for evaluation.
     pub fn image_id(&self, i: usize) -> u64 {
         match &self.dataset {
@@ -198,7 +214,7 @@ impl Source {
     }
 }
 
-/// Built-in labels as COCO ground truth (box area stands in for the segmentation area).
+/// Built-in or YOLO labels as COCO ground truth (box area stands in for the segmentation area).
 fn builtin_truth(image_id: u64, instances: &[Instance]) -> Vec<GtAnn> {
     instances
         .iter()
@@ -206,7 +222,8 @@ fn builtin_truth(image_id: u64, instances: &[Instance]) -> Vec<GtAnn> {
             let [x1, y1, x2, y2] = inst.bbox.map(|v| v as f64);
             GtAnn {
                 image_id,
-                category_id: 1,
+                // Category ids are class + 1, as the detections' (train::validate).
+                category_id: inst.class as u64 + 1,
                 bbox: [x1, y1, x2 - x1, y2 - y1],
                 area: (x2 - x1) * (y2 - y1),
                 iscrowd: false,
@@ -221,6 +238,7 @@ fn builtin_truth(image_id: u64, instances: &[Instance]) -> Vec<GtAnn> {
         .collect()
 }
 
+/// COCO keypoint annotations are all class 0 (person), category 1.
 fn coco_truth(annotations: &[CocoAnnotation]) -> Vec<GtAnn> {
     annotations
         .iter()

@@ -1,5 +1,5 @@
-//! Ultralytics YOLO datasets: a yaml (`path`, `train`, `val`, `kpt_shape`, `flip_idx`, `names`)
-//! and one `.txt` per image under `labels/` beside `images/`, a row per object:
+//! Ultralytics YOLO datasets: a yaml (`path`, `train`, `val`, `kpt_shape`, `flip_idx`, `names`,
+//! `kpt_oks_sigmas`) and one `.txt` per image under `labels/` beside `images/`, a row per object:
 //! `class cx cy w h` (+ `k × d` keypoint values for pose), normalised to the image size.
 
 use super::error::DataError;
@@ -17,6 +17,41 @@ struct YamlFile {
     kpt_shape: Option<[usize; 2]>,
     #[serde(default)]
     flip_idx: Option<Vec<usize>>,
+    /// A list, or a map from class id to name.
+    #[serde(default)]
+    names: Option<Names>,
+    /// Per-keypoint OKS sigmas for the keypoint loss and validation.
+    #[serde(default)]
+    kpt_oks_sigmas: Option<Vec<f32>>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Names {
+    List(Vec<String>),
+    Map(std::collections::BTreeMap<usize, String>),
+}
+
+impl Names {
+    /// Class names in id order; an error names the first id missing from a map.
+    fn ordered(self) -> Result<Vec<String>, String> {
+        match self {
+            Names::List(v) => Ok(v),
+            Names::Map(m) => m
+                .into_iter()
+                .enumerate()
+                .map(|(i, (id, name))| {
+                    if i == id {
+                        Ok(name)
+                    } else {
+                        Err(format!(
+                            "class ids must run 0, 1, 2, ...: id {i} is missing"
+                        ))
+                    }
+                })
+                .collect(),
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -48,16 +83,32 @@ pub struct YoloDataset {
     /// Keypoints per object and values per keypoint (2 or 3); `[0, 0]` for detection.
     pub kpt_shape: [usize; 2],
     pub flip_idx: Option<Vec<usize>>,
+    /// Class names from the yaml, when it has them (their count equals `model.nc`).
+    pub names: Option<Vec<String>>,
+    /// The yaml's `kpt_oks_sigmas`, one per keypoint.
+    pub kpt_oks_sigmas: Option<Vec<f32>>,
 }
 
-const IMAGE_EXTENSIONS: [&str; 6] = ["jpg", "jpeg", "png", "bmp", "webp", "tif"];
+/// Image extensions Ultralytics lists. Those this build cannot decode are reported as such rather
+/// than skipped (`image` is built with the decoders named in Cargo.toml).
+const IMAGE_EXTENSIONS: [&str; 11] = [
+    "jpg", "jpeg", "png", "bmp", "webp", "tif", "tiff", "dng", "mpo", "pfm", "heic",
+];
+
+/// Whether this build decodes files with extension `ext` (lower case).
+pub fn decodable(ext: &str) -> bool {
+    image::ImageFormat::from_extension(ext).is_some_and(|f| f.reading_enabled())
+}
 
 impl YoloDataset {
-    /// Train and val splits of the dataset yaml at `yaml`, whose `kpt_shape` must equal the
-    /// model's (`[0, 0]` for detection: no keypoint columns); and how many bad records
-    /// `skip_bad` dropped.
+    /// Train and val splits of the dataset yaml at `yaml`, checked against the model: `names` (if
+    /// given) must count `nc` classes, every label's class must be below `nc`, `kpt_shape` must
+    /// equal the model's (`[0, 0]` for detection: no keypoint columns), `flip_idx` must permute
+    /// the keypoints and `kpt_oks_sigmas` give one positive sigma per keypoint. Also returns how
+    /// many bad records `skip_bad` dropped.
     pub fn open_pair(
         yaml: &Path,
+        nc: usize,
         kpt_shape: [usize; 2],
         skip_bad: bool,
     ) -> Result<(Self, Self, usize), DataError> {
@@ -69,22 +120,49 @@ impl YoloDataset {
             path: yaml.to_path_buf(),
             message: e.to_string(),
         })?;
+        let bad = |record: &str, message: String| DataError::Label {
+            path: yaml.to_path_buf(),
+            record: record.into(),
+            message,
+        };
         let declared = file.kpt_shape.unwrap_or([0, 0]);
         if declared != kpt_shape {
-            return Err(DataError::Label {
-                path: yaml.to_path_buf(),
-                record: "kpt_shape".into(),
-                message: format!("{declared:?}, but the model expects {kpt_shape:?}"),
-            });
+            return Err(bad(
+                "kpt_shape",
+                format!("{declared:?}, but the model expects {kpt_shape:?}"),
+            ));
         }
-        if let Some(f) = &file.flip_idx
-            && (f.len() != kpt_shape[0] || f.iter().any(|&i| i >= kpt_shape[0]))
+        let k = kpt_shape[0];
+        if let Some(f) = &file.flip_idx {
+            let mut sorted = f.clone();
+            sorted.sort_unstable();
+            if !sorted.iter().copied().eq(0..k) {
+                return Err(bad(
+                    "flip_idx",
+                    format!("{f:?} is not a permutation of 0..{k} (each keypoint index once)"),
+                ));
+            }
+        }
+        let names = file
+            .names
+            .map(Names::ordered)
+            .transpose()
+            .map_err(|m| bad("names", m))?;
+        if let Some(n) = &names
+            && n.len() != nc
         {
-            return Err(DataError::Label {
-                path: yaml.to_path_buf(),
-                record: "flip_idx".into(),
-                message: format!("must permute 0..{}", kpt_shape[0]),
-            });
+            return Err(bad(
+                "names",
+                format!("{} class names, but model.nc = {nc}", n.len()),
+            ));
+        }
+        if let Some(s) = &file.kpt_oks_sigmas
+            && (s.len() != k || s.iter().any(|v| !(*v > 0.0 && v.is_finite())))
+        {
+            return Err(bad(
+                "kpt_oks_sigmas",
+                format!("expected {k} positive sigmas, one per keypoint, got {s:?}"),
+            ));
         }
         let here = yaml.parent().unwrap_or(Path::new("."));
         let root = match file.path {
@@ -100,15 +178,17 @@ impl YoloDataset {
             };
             let mut items = Vec::new();
             for folder in folders {
-                let (found, bad) = scan(&root.join(folder), kpt_shape, skip_bad)?;
+                let (found, dropped) = scan(&root.join(folder), nc, kpt_shape, skip_bad)?;
                 items.extend(found);
-                skipped += bad;
+                skipped += dropped;
             }
             Ok(Self {
                 yaml: yaml.to_path_buf(),
                 items,
                 kpt_shape,
                 flip_idx: file.flip_idx.clone(),
+                names: names.clone(),
+                kpt_oks_sigmas: file.kpt_oks_sigmas.clone(),
             })
         };
         let train = split(&file.train)?;
@@ -172,6 +252,7 @@ impl YoloDataset {
 /// (and line), or with `skip_bad` a warning and a skipped image.
 fn scan(
     folder: &Path,
+    nc: usize,
     kpt_shape: [usize; 2],
     skip_bad: bool,
 ) -> Result<(Vec<YoloItem>, usize), DataError> {
@@ -191,7 +272,7 @@ fn scan(
     let mut items = Vec::new();
     let mut skipped = 0;
     for image in images {
-        match load_item(&image, kpt_shape) {
+        match load_item(&image, nc, kpt_shape) {
             Ok(item) => items.push(item),
             Err(e) if skip_bad => {
                 eprintln!("warning: {e}; skipped");
@@ -203,14 +284,33 @@ fn scan(
     Ok((items, skipped))
 }
 
-fn load_item(image: &Path, kpt_shape: [usize; 2]) -> Result<YoloItem, DataError> {
+fn load_item(image: &Path, nc: usize, kpt_shape: [usize; 2]) -> Result<YoloItem, DataError> {
+    let ext = image
+        .extension()
+        .and_then(|e| e.to_str())
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    if !decodable(&ext) {
+        return Err(DataError::Image {
+            path: image.to_path_buf(),
+            message: format!(
+                "this build cannot decode .{ext} images (it decodes {}); convert it to one of those",
+                IMAGE_EXTENSIONS
+                    .iter()
+                    .filter(|e| decodable(e))
+                    .copied()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        });
+    }
     image::image_dimensions(image).map_err(|e| DataError::Image {
         path: image.to_path_buf(),
         message: e.to_string(),
     })?;
     let label = label_path(image);
     let rows = match std::fs::read_to_string(&label) {
-        Ok(text) => parse_rows(&text, &label, kpt_shape)?,
+        Ok(text) => parse_rows(&text, &label, nc, kpt_shape)?,
         // No label file: a background image, as in Ultralytics.
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
         Err(error) => {
@@ -238,7 +338,12 @@ pub fn label_path(image: &Path) -> PathBuf {
     out.with_extension("txt")
 }
 
-fn parse_rows(text: &str, path: &Path, [k, d]: [usize; 2]) -> Result<Vec<Row>, DataError> {
+fn parse_rows(
+    text: &str,
+    path: &Path,
+    nc: usize,
+    [k, d]: [usize; 2],
+) -> Result<Vec<Row>, DataError> {
     let want = 5 + k * d;
     let mut rows: Vec<Row> = Vec::new();
     for (n, line) in text.lines().enumerate() {
@@ -270,6 +375,12 @@ fn parse_rows(text: &str, path: &Path, [k, d]: [usize; 2]) -> Result<Vec<Row>, D
         let class = values[0];
         if class < 0.0 || class.fract() != 0.0 {
             return Err(bad(format!("class {class} is not a non-negative integer")));
+        }
+        if class as usize >= nc {
+            return Err(bad(format!(
+                "class {class}, but model.nc = {nc} (classes 0..{})",
+                nc - 1
+            )));
         }
         let bbox = [values[1], values[2], values[3], values[4]];
         if bbox.iter().any(|v| !(0.0..=1.01).contains(v)) {

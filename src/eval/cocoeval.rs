@@ -42,6 +42,22 @@ pub struct Summary {
     pub map75: f64,
     /// AP per area range (bbox: small, medium, large; keypoints: medium, large).
     pub by_area: Vec<f64>,
+    /// AP at 0.50:0.95, all areas, per category id with ground truth (ascending ids); -1 where
+    /// a category's ground truth is all ignored.
+    pub per_class: Vec<(u64, f64)>,
+}
+
+impl Summary {
+    /// What an evaluation that did not run reports (detection has no keypoint mAP).
+    pub fn absent() -> Self {
+        Self {
+            map: -1.0,
+            map50: -1.0,
+            map75: -1.0,
+            by_area: Vec::new(),
+            per_class: Vec::new(),
+        }
+    }
 }
 
 struct Params {
@@ -218,11 +234,23 @@ pub fn evaluate(
         v
     };
     let all: Vec<usize> = (0..t_len).collect();
+    let per_class = cats
+        .iter()
+        .enumerate()
+        .map(|(k, &cat)| {
+            let v = precision
+                .iter()
+                .flat_map(|per_recall| per_recall.iter().map(|per_cat| per_cat[k][0]))
+                .collect();
+            (cat, mean(v))
+        })
+        .collect();
     Summary {
         map: mean(collect(&all, 0)),
         map50: mean(collect(&[0], 0)),
         map75: mean(collect(&[5], 0)),
         by_area: (1..a_len).map(|a| mean(collect(&all, a))).collect(),
+        per_class,
     }
 }
 

@@ -4,7 +4,7 @@
 
 use super::report::write_atomic;
 use super::trainer::{EpochRecord, Trainer};
-use crate::config::Config;
+use crate::config::{Config, ModelSection};
 use crate::optim::grads::{get_flat, put_flat};
 use crate::optim::tensors::{float_tensors, replace_float_tensors};
 use crate::optim::{LossScaler, Rule};
@@ -29,6 +29,13 @@ pub enum CheckpointError {
     },
     #[error("invalid checkpoint {path}: {message}")]
     Format { path: PathBuf, message: String },
+    #[error(
+        "not writing checkpoint {path}: {tensor} holds NaN or infinite values (the file keeps its \
+         earlier contents)"
+    )]
+    NonFinite { path: PathBuf, tensor: String },
+    #[error("checkpoint {path} does not fit this run: {message}")]
+    Mismatch { path: PathBuf, message: String },
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -47,6 +54,9 @@ struct Meta {
     /// FP16 loss scaler state.
     #[serde(default)]
     scaler: Option<LossScaler>,
+    /// Training images the run's epochs were counted over (absent in older checkpoints).
+    #[serde(default)]
+    train_images: Option<usize>,
 }
 
 const FORMAT: &str = "burnpose-checkpoint-1";
@@ -79,15 +89,36 @@ fn view(t: &Tensor<1>) -> F32View {
     }
 }
 
-/// Writes the trainer's complete state to `path` atomically.
+/// [`view`], refusing NaN and infinite values: a diverged model never replaces a saved one.
+fn finite_view(
+    name: String,
+    t: &Tensor<1>,
+    path: &Path,
+) -> Result<(String, F32View), CheckpointError> {
+    let v = view(t);
+    let finite = v
+        .bytes
+        .chunks_exact(4)
+        .all(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]).is_finite());
+    if !finite {
+        return Err(CheckpointError::NonFinite {
+            path: path.to_path_buf(),
+            tensor: name,
+        });
+    }
+    Ok((name, v))
+}
+
+/// Writes the trainer's complete state to `path` atomically; refuses (and leaves the file as it
+/// was) when the model or its EMA holds a NaN or infinite value.
 pub fn save(trainer: &Trainer, path: &Path) -> Result<(), CheckpointError> {
     let mut tensors: Vec<(String, F32View)> = Vec::new();
     // `valid()` merges pending BatchNorm running-stat updates into the values we save.
     for (p, t) in float_tensors(&trainer.model.valid()) {
-        tensors.push((format!("model.{p}"), view(&t)));
+        tensors.push(finite_view(format!("model.{p}"), &t, path)?);
     }
     for (p, t) in float_tensors(&trainer.ema.model) {
-        tensors.push((format!("ema.{p}"), view(&t)));
+        tensors.push(finite_view(format!("ema.{p}"), &t, path)?);
     }
     let opt = &trainer.optimizer;
     for (info, s) in opt.table.iter().zip(&opt.state) {
@@ -118,6 +149,7 @@ pub fn save(trainer: &Trainer, path: &Path) -> Result<(), CheckpointError> {
         one2many_weight: trainer.loss.one2many_weight,
         history: trainer.history.clone(),
         scaler: trainer.scaler.clone(),
+        train_images: Some(trainer.loader.source.len()),
     };
     let info = HashMap::from([(
         "burnpose".to_string(),
@@ -168,9 +200,124 @@ fn read(path: &Path) -> Result<(Meta, Vec<u8>), CheckpointError> {
     Ok((meta, bytes))
 }
 
-/// Restores a trainer built from the checkpoint's config to the saved state.
-pub fn load_into(trainer: &mut Trainer, path: &Path) -> Result<(), CheckpointError> {
+/// The checkpoint's config and its EMA weights (what `val` scores and `predict` runs) in a model
+/// on `device`; needs neither a trainer nor the training data.
+pub fn load_model(
+    path: &Path,
+    device: &Device,
+) -> Result<(Config, crate::model::Yolo), CheckpointError> {
     let (meta, bytes) = read(path)?;
+    let bad = |message: String| CheckpointError::Format {
+        path: path.to_path_buf(),
+        message,
+    };
+    let cfg: Config =
+        toml::from_str(&meta.config).map_err(|e| bad(format!("stored config: {e}")))?;
+    let st = SafeTensors::deserialize(&bytes).map_err(|e| bad(e.to_string()))?;
+    let mut ema: HashMap<String, Tensor<1>> = HashMap::new();
+    for (name, t) in st.tensors() {
+        let Some(rest) = name.strip_prefix("ema.") else {
+            continue;
+        };
+        ema.insert(rest.to_string(), f32_tensor(&name, &t, device, path)?);
+    }
+    let model = cfg.model.yolo().init(device);
+    let expected = float_tensors(&model).len();
+    let stored = ema.len();
+    let (model, extra) = replace_float_tensors(model, &mut ema);
+    if !extra.is_empty() || stored != expected {
+        return Err(bad(format!(
+            "its EMA holds {stored} tensors for a model of {expected} (not in the model: {extra:?})"
+        )));
+    }
+    Ok((cfg, model))
+}
+
+/// One stored tensor as a flat f32 tensor on `device`.
+fn f32_tensor(
+    name: &str,
+    t: &safetensors::tensor::TensorView<'_>,
+    device: &Device,
+    path: &Path,
+) -> Result<Tensor<1>, CheckpointError> {
+    if t.dtype() != Dtype::F32 {
+        return Err(CheckpointError::Format {
+            path: path.to_path_buf(),
+            message: format!("tensor {name} is {:?}, expected F32", t.dtype()),
+        });
+    }
+    let values: Vec<f32> = t
+        .data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    let n = values.len();
+    Ok(Tensor::<1>::from_data(TensorData::new(values, [n]), device))
+}
+
+/// The model a config builds, as a checkpoint check names it.
+fn model_of(m: &ModelSection) -> String {
+    format!(
+        "{} (nc {}, kpt_shape {:?})",
+        m.yolo().name(),
+        m.nc,
+        m.kpt_shape
+    )
+}
+
+/// Whether the checkpoint's stored config builds the model `trainer` has; and, to resume, whether
+/// it counted its epochs over as many training images as `trainer` has now.
+fn check_fit(
+    trainer: &Trainer,
+    path: &Path,
+    meta: &Meta,
+    resume: bool,
+) -> Result<(), CheckpointError> {
+    let mismatch = |message: String| CheckpointError::Mismatch {
+        path: path.to_path_buf(),
+        message,
+    };
+    let stored: Config = toml::from_str(&meta.config).map_err(|e| CheckpointError::Format {
+        path: path.to_path_buf(),
+        message: format!("stored config: {e}"),
+    })?;
+    let (theirs, ours) = (&stored.model, &trainer.cfg.model);
+    if (theirs.scale, theirs.task, theirs.nc, theirs.kpt_shape)
+        != (ours.scale, ours.task, ours.nc, ours.kpt_shape)
+    {
+        return Err(mismatch(format!(
+            "it holds {}, but the config builds {}; use the config it was trained with (its run \
+             folder has config.toml)",
+            model_of(theirs),
+            model_of(ours)
+        )));
+    }
+    let now = trainer.loader.source.len();
+    if let (true, Some(then)) = (resume, meta.train_images)
+        && then != now
+    {
+        return Err(mismatch(format!(
+            "it was trained on {then} training images, the data now has {now}; resuming would \
+             skip or repeat images (its epoch and iteration counts assume {then})"
+        )));
+    }
+    Ok(())
+}
+
+/// Restores a trainer built from the checkpoint's config to the saved state, to go on training:
+/// the model and the training data must be those the checkpoint was trained with.
+pub fn load_into(trainer: &mut Trainer, path: &Path) -> Result<(), CheckpointError> {
+    load(trainer, path, true)
+}
+
+/// As [`load_into`], to evaluate: the model must match, the data may differ.
+pub fn load_to_evaluate(trainer: &mut Trainer, path: &Path) -> Result<(), CheckpointError> {
+    load(trainer, path, false)
+}
+
+fn load(trainer: &mut Trainer, path: &Path, resume: bool) -> Result<(), CheckpointError> {
+    let (meta, bytes) = read(path)?;
+    check_fit(trainer, path, &meta, resume)?;
     let bad = |message: String| CheckpointError::Format {
         path: path.to_path_buf(),
         message,
@@ -179,17 +326,6 @@ pub fn load_into(trainer: &mut Trainer, path: &Path) -> Result<(), CheckpointErr
     let inner = trainer.device.clone().inner();
     let mut groups: HashMap<String, HashMap<String, Tensor<1>>> = HashMap::new();
     for (name, t) in st.tensors() {
-        if t.dtype() != Dtype::F32 {
-            return Err(bad(format!(
-                "tensor {name} is {:?}, expected F32",
-                t.dtype()
-            )));
-        }
-        let values: Vec<f32> = t
-            .data()
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
         let (prefix, rest) = name
             .split_once('.')
             .ok_or_else(|| bad(format!("tensor name {name}")))?;
@@ -198,8 +334,7 @@ pub fn load_into(trainer: &mut Trainer, path: &Path) -> Result<(), CheckpointErr
         } else {
             &inner
         };
-        let n = values.len();
-        let tensor = Tensor::<1>::from_data(TensorData::new(values, [n]), device);
+        let tensor = f32_tensor(&name, &t, device, path)?;
         if !matches!(prefix, "model" | "ema" | "optim" | "pending") {
             return Err(bad(format!("unknown tensor group {prefix}")));
         }

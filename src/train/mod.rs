@@ -2,6 +2,7 @@
 
 pub mod checkpoint;
 pub mod dist;
+pub mod pictures;
 pub mod plot;
 pub mod report;
 pub mod trainer;

@@ -122,6 +122,7 @@ mod tests {
             pose_map: map,
             seconds: 1.0,
             data_wait: 0.0,
+            per_class: Vec::new(),
         }
     }
 

@@ -32,6 +32,18 @@ pub enum TrainError {
     Data(#[from] DataError),
     #[error("{0}")]
     Setup(String),
+    #[error(
+        "the loss became {value} at epoch {epoch}, iteration {iteration} of {of}: the fit stops \
+         here and its run folder keeps the last good checkpoint (try a lower optim.lr0, or \
+         train.precision = \"fp32\")"
+    )]
+    NonFinite {
+        /// 1-based, as the progress lines count.
+        epoch: usize,
+        iteration: usize,
+        of: usize,
+        value: f32,
+    },
 }
 
 /// Mean loss items of an epoch and what validation measured.
@@ -49,6 +61,9 @@ pub struct EpochRecord {
     /// Seconds the training thread waited for batches (decoding, augmentation).
     #[serde(default)]
     pub data_wait: f64,
+    /// Per-class box and pose mAP50-95.
+    #[serde(default)]
+    pub per_class: Vec<super::validate::ClassMap>,
 }
 
 impl EpochRecord {
@@ -293,7 +308,13 @@ impl Trainer {
             weight_decay: o.weight_decay,
         };
         let imgsz = cfg.data.imgsz;
-        let loss = E2eLoss::new(cfg.model.task, cfg.model.kpt_shape[0], [imgsz, imgsz]);
+        let mut loss = E2eLoss::new(cfg.model.task, cfg.model.kpt_shape[0], [imgsz, imgsz]);
+        // The dataset's own OKS sigmas, where its yaml gives them, for the loss and validation.
+        if let Some(sigmas) = train.kpt_oks_sigmas()
+            && cfg.model.task == Task::Pose
+        {
+            loss.sigmas = sigmas.to_vec();
+        }
         let scaler = (cfg.train.precision == Precision::Fp16).then(LossScaler::default);
         let (stage, replay_off) = choose_stage(&cfg, &model, &device, false);
         Ok(Self {
@@ -555,6 +576,18 @@ impl Trainer {
         while let Some(batch) = batches.next() {
             let (b, batch) = (batches.position() - 1, batch?);
             let items = self.timed_step(&batch)?;
+            // FP16's loss scaler skips non-finite steps itself; in FP32 and BF16 such a step has
+            // already spread NaN into the weights, so nothing after it may be saved.
+            if self.scaler.is_none()
+                && let Some(&value) = items.iter().find(|v| !v.is_finite())
+            {
+                return Err(TrainError::NonFinite {
+                    epoch: self.epoch + 1,
+                    iteration: b + 1,
+                    of: nb,
+                    value,
+                });
+            }
             for (s, v) in sums.iter_mut().zip(items) {
                 *s += v as f64;
             }
@@ -573,6 +606,7 @@ impl Trainer {
             pose_map: metrics.pose_map,
             seconds: start.elapsed().as_secs_f64(),
             data_wait: batches.wait.as_secs_f64(),
+            per_class: metrics.per_class,
         };
         self.history.push(record.clone());
         self.epoch += 1;

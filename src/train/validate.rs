@@ -8,11 +8,26 @@ use crate::loss::E2eLoss;
 use crate::loss::assign::Anchors;
 use crate::model::{Task, Yolo};
 
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Metrics {
     pub box_map50: f64,
     pub box_map: f64,
     pub pose_map50: f64,
+    pub pose_map: f64,
+    /// Box and pose mAP50-95 per class with ground truth in the val split (pose: -1 for
+    /// detection).
+    pub per_class: Vec<ClassMap>,
+    /// What was scored: every detection and ground truth (original pixels) and the image ids.
+    pub detections: Vec<DtAnn>,
+    pub truth: Vec<GtAnn>,
+    pub image_ids: Vec<u64>,
+}
+
+/// One class's mAP50-95.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ClassMap {
+    pub class: usize,
+    pub box_map: f64,
     pub pose_map: f64,
 }
 
@@ -94,17 +109,94 @@ pub fn validate(
     let pose = if nk > 0 {
         evaluate(&gts, &dts, &ids, IouKind::Keypoints, &sigmas)
     } else {
-        crate::eval::Summary {
-            map: -1.0,
-            map50: -1.0,
-            map75: -1.0,
-            by_area: vec![],
-        }
+        crate::eval::Summary::absent()
     };
+    let per_class = boxes
+        .per_class
+        .iter()
+        .map(|&(cat, box_map)| ClassMap {
+            class: cat as usize - 1,
+            box_map,
+            pose_map: pose
+                .per_class
+                .iter()
+                .find(|(c, _)| *c == cat)
+                .map_or(-1.0, |p| p.1),
+        })
+        .collect();
     Ok(Metrics {
         box_map50: boxes.map50,
         box_map: boxes.map,
         pose_map50: pose.map50,
         pose_map: pose.map,
+        per_class,
+        detections: dts,
+        truth: gts,
+        image_ids: ids,
     })
+}
+
+/// Per-class lines (`class 0 (person): box mAP50-95 …`) for a model with several classes; empty
+/// for one class, whose numbers are the overall ones.
+pub fn per_class_lines(per_class: &[ClassMap], names: Option<&[String]>, nc: usize) -> String {
+    if nc < 2 {
+        return String::new();
+    }
+    let mut out = String::new();
+    for c in per_class {
+        let name = names
+            .and_then(|n| n.get(c.class))
+            .map_or(String::new(), |n| format!(" ({n})"));
+        out += &format!("  class {}{name}: box mAP50-95 {:.4}", c.class, c.box_map);
+        if c.pose_map >= 0.0 {
+            out += &format!(" | pose mAP50-95 {:.4}", c.pose_map);
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// What `val --save-json` writes: the detections as a COCO results file (`image_id`,
+/// `category_id` = class + 1, `bbox` as `[x, y, w, h]`, `score`, and for pose `keypoints` as
+/// `x, y, confidence` triples), and the ground truth it was scored against as a COCO annotation
+/// file, so that pycocotools or hotcoco can score the same predictions.
+pub fn coco_json(
+    m: &Metrics,
+    nc: usize,
+    names: Option<&[String]>,
+) -> (serde_json::Value, serde_json::Value) {
+    use serde_json::json;
+    let results: Vec<serde_json::Value> = m
+        .detections
+        .iter()
+        .map(|d| {
+            let mut r = json!({"image_id": d.image_id, "category_id": d.category_id,
+                "bbox": d.bbox, "score": d.score});
+            if !d.keypoints.is_empty() {
+                r["keypoints"] = json!(d.keypoints);
+            }
+            r
+        })
+        .collect();
+    let annotations: Vec<serde_json::Value> = m
+        .truth
+        .iter()
+        .enumerate()
+        .map(|(n, g)| {
+            json!({"id": n + 1, "image_id": g.image_id, "category_id": g.category_id,
+                "bbox": g.bbox, "area": g.area, "iscrowd": u8::from(g.iscrowd),
+                "keypoints": g.keypoints, "num_keypoints": g.num_keypoints})
+        })
+        .collect();
+    let images: Vec<serde_json::Value> = m.image_ids.iter().map(|id| json!({"id": id})).collect();
+    let categories: Vec<serde_json::Value> = (0..nc)
+        .map(|c| {
+            let name = names
+                .and_then(|n| n.get(c).cloned())
+                .unwrap_or(c.to_string());
+            json!({"id": c + 1, "name": name})
+        })
+        .collect();
+    let truth = json!({"images": images, "annotations": annotations, "categories": categories});
+    (json!(results), truth)
 }

@@ -110,3 +110,25 @@ fn shared_minicoco_loads() {
     let anns: usize = train.records.iter().map(|r| r.annotations.len()).sum();
     assert_eq!(anns, 87);
 }
+
+#[test]
+fn other_categories_than_person_are_errors() {
+    let dir = scratch("category");
+    write_image(&dir.join("img/a.png"));
+    write_image(&dir.join("img/b.png"));
+    std::fs::write(
+        dir.join("ann.json"),
+        JSON.replace("\"category_id\": 1", "\"category_id\": 3"),
+    )
+    .unwrap();
+    let e = CocoDataset::from_files(&dir.join("ann.json"), &dir.join("img"), 2, false)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("ann.json: annotation 7: category_id 3") && e.contains("person"),
+        "{e}"
+    );
+    let (ds, skipped) =
+        CocoDataset::from_files(&dir.join("ann.json"), &dir.join("img"), 2, true).unwrap();
+    assert_eq!((ds.len(), skipped), (2, 1));
+}

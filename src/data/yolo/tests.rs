@@ -24,7 +24,7 @@ fn dataset(name: &str, label: &str) -> PathBuf {
 }
 
 fn open(dir: &Path, skip_bad: bool) -> Result<(YoloDataset, YoloDataset, usize), DataError> {
-    YoloDataset::open_pair(&dir.join("data.yaml"), [2, 3], skip_bad)
+    YoloDataset::open_pair(&dir.join("data.yaml"), 1, [2, 3], skip_bad)
 }
 
 #[test]
@@ -83,7 +83,7 @@ fn bad_values_are_errors() {
 #[test]
 fn kpt_shape_must_match_the_model() {
     let dir = dataset("shape", "");
-    let err = YoloDataset::open_pair(&dir.join("data.yaml"), [17, 3], false)
+    let err = YoloDataset::open_pair(&dir.join("data.yaml"), 1, [17, 3], false)
         .unwrap_err()
         .to_string();
     assert!(
@@ -129,7 +129,7 @@ fn coco8_pose_real_data() {
         );
         return;
     }
-    let (train, val, skipped) = YoloDataset::open_pair(yaml, [17, 3], false).unwrap();
+    let (train, val, skipped) = YoloDataset::open_pair(yaml, 1, [17, 3], false).unwrap();
     assert_eq!((train.len(), val.len(), skipped), (4, 4, 0));
     let s = train.get(0).unwrap();
     assert!(!s.instances.is_empty());
@@ -158,12 +158,122 @@ fn detection_labels_have_five_fields() {
         )
         .unwrap();
     }
-    let (train, _, _) = YoloDataset::open_pair(&dir.join("data.yaml"), [0, 0], false).unwrap();
+    let (train, _, _) = YoloDataset::open_pair(&dir.join("data.yaml"), 2, [0, 0], false).unwrap();
     let s = train.get(0).unwrap();
     assert_eq!(s.instances[0].class, 1);
     assert!(s.instances[0].keypoints.is_empty());
-    let err = YoloDataset::open_pair(&dir.join("data.yaml"), [17, 3], false)
+    let err = YoloDataset::open_pair(&dir.join("data.yaml"), 2, [17, 3], false)
         .unwrap_err()
         .to_string();
     assert!(err.contains("kpt_shape"), "{err}");
+}
+
+/// `dataset(…)` with another yaml.
+fn with_yaml(name: &str, yaml: &str) -> PathBuf {
+    let dir = dataset(name, "0 0.5 0.5 0.2 0.4 0.5 0.25 2 0 0 0\n");
+    std::fs::write(dir.join("data.yaml"), yaml).unwrap();
+    dir
+}
+
+#[test]
+fn class_at_or_above_nc_names_file_and_line() {
+    let dir = dataset(
+        "nc",
+        "0 0.5 0.5 0.2 0.4 0.5 0.25 2 0 0 0\n1 0.5 0.5 0.2 0.4 0.5 0.25 2 0 0 0\n",
+    );
+    let err = open(&dir, false).unwrap_err().to_string();
+    assert!(
+        err.contains("labels/train/a.txt: line 2") && err.contains("model.nc = 1"),
+        "{err}"
+    );
+    // With two classes (and two names) the same labels load.
+    let yaml = YAML.replace("  0: person\n", "  0: person\n  1: robot\n");
+    std::fs::write(dir.join("data.yaml"), yaml).unwrap();
+    let (train, _, _) = YoloDataset::open_pair(&dir.join("data.yaml"), 2, [2, 3], false).unwrap();
+    assert_eq!(train.get(0).unwrap().instances[1].class, 1);
+    assert_eq!(
+        train.names,
+        Some(vec!["person".to_string(), "robot".to_string()])
+    );
+}
+
+#[test]
+fn names_must_count_nc_classes() {
+    for (name, names) in [
+        ("names-list", "names: [a, b]\n"),
+        ("names-map", "names:\n  0: a\n  1: b\n"),
+    ] {
+        let yaml = YAML.replace("names:\n  0: person\n", names);
+        let dir = with_yaml(name, &yaml);
+        let err = open(&dir, false).unwrap_err().to_string();
+        assert!(
+            err.contains("data.yaml: names: 2 class names, but model.nc = 1"),
+            "{err}"
+        );
+    }
+    let yaml = YAML.replace("  0: person\n", "  1: person\n");
+    let err = open(&with_yaml("names-gap", &yaml), false)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("names") && err.contains("id 0 is missing"),
+        "{err}"
+    );
+}
+
+#[test]
+fn flip_idx_must_be_a_permutation() {
+    for (name, flip) in [
+        ("flip-dup", "[0, 0]"),
+        ("flip-range", "[1, 2]"),
+        ("flip-len", "[1, 0, 2]"),
+    ] {
+        let yaml = YAML.replace("flip_idx: [1, 0]", &format!("flip_idx: {flip}"));
+        let err = open(&with_yaml(name, &yaml), false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("data.yaml: flip_idx") && err.contains("not a permutation of 0..2"),
+            "{name}: {err}"
+        );
+    }
+}
+
+#[test]
+fn kpt_oks_sigmas_are_read_and_checked() {
+    let yaml = format!("{YAML}kpt_oks_sigmas: [0.5, 0.25]\n");
+    let (train, _, _) = open(&with_yaml("sigmas", &yaml), false).unwrap();
+    assert_eq!(train.kpt_oks_sigmas, Some(vec![0.5, 0.25]));
+    for (name, sigmas) in [("sigmas-len", "[0.5]"), ("sigmas-neg", "[0.5, -1.0]")] {
+        let yaml = format!("{YAML}kpt_oks_sigmas: {sigmas}\n");
+        let err = open(&with_yaml(name, &yaml), false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("kpt_oks_sigmas") && err.contains("expected 2 positive sigmas"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn every_listed_extension_decodes_or_is_reported() {
+    let dir = dataset("formats", "");
+    let img = image::RgbImage::from_pixel(10, 20, image::Rgb([9, 9, 9]));
+    for ext in ["bmp", "webp", "tif"] {
+        img.save(dir.join(format!("images/train/b.{ext}"))).unwrap();
+    }
+    let (train, _, _) = open(&dir, false).unwrap();
+    assert_eq!(train.len(), 4, "png, bmp, webp and tif all load");
+    for i in 0..4 {
+        assert_eq!(train.get(i).unwrap().image.dimensions(), (10, 20));
+    }
+    std::fs::write(dir.join("images/train/c.heic"), b"not decodable here").unwrap();
+    let err = open(&dir, false).unwrap_err().to_string();
+    assert!(
+        err.contains("c.heic") && err.contains("this build cannot decode .heic images"),
+        "{err}"
+    );
+    let (train, _, skipped) = open(&dir, true).unwrap();
+    assert_eq!((train.len(), skipped), (4, 1));
 }

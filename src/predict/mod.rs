@@ -1,0 +1,221 @@
+//! Prediction: a trained model run on images, detections mapped back to each image's own pixels,
+//! annotated copies and a JSON file written (`burnpose predict`; contract in docs/predict.md).
+//!
+//! The one public entry is [`Predictor`]: built from a checkpoint (its EMA weights and config, no
+//! training data needed), it turns images into [`ImagePrediction`]s. Drawing lives in [`draw`].
+
+pub mod draw;
+pub mod layout;
+
+use crate::config::Config;
+use crate::data::letterbox::letterbox;
+use crate::data::{Batch, Frame, Sample};
+use crate::eval::{Detection, one2many_nms, one2one};
+use crate::loss::assign::Anchors;
+use crate::model::{Task, Yolo};
+use burn::prelude::*;
+use std::path::{Path, PathBuf};
+
+pub use layout::Layout;
+
+/// How detections are chosen; defaults are Ultralytics' for `predict`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PredictOptions {
+    /// Keep detections scoring above this.
+    pub conf: f32,
+    /// NMS IoU threshold; used only with `nms` (the one-to-one head needs no NMS).
+    pub iou: f32,
+    /// At most this many detections per image.
+    pub max_det: usize,
+    /// Square network input; a multiple of 32.
+    pub imgsz: usize,
+    /// Use the one-to-many head with NMS instead of the one-to-one (NMS-free) head.
+    pub nms: bool,
+}
+
+impl Default for PredictOptions {
+    fn default() -> Self {
+        Self {
+            conf: 0.25,
+            iou: 0.7,
+            max_det: 300,
+            imgsz: 640,
+            nms: false,
+        }
+    }
+}
+
+/// One image's detections in its own pixels (`bbox` as `[x1, y1, x2, y2]`, keypoints as
+/// `[x, y, confidence]`).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ImagePrediction {
+    pub image: PathBuf,
+    pub width: u32,
+    pub height: u32,
+    pub detections: Vec<Found>,
+}
+
+/// One detection, as the JSON file stores it.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Found {
+    pub class: usize,
+    /// The class's name, where the dataset names its classes.
+    pub name: Option<String>,
+    pub score: f32,
+    pub bbox: [f32; 4],
+    pub keypoints: Vec<[f32; 3]>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PredictError {
+    #[error(transparent)]
+    Checkpoint(#[from] crate::train::checkpoint::CheckpointError),
+    #[error("predict: --imgsz {0} is not a positive multiple of 32")]
+    ImageSize(usize),
+}
+
+/// A model ready to predict, with what it needs to name and draw what it finds.
+pub struct Predictor {
+    pub model: Yolo,
+    pub cfg: Config,
+    pub layout: Layout,
+    pub options: PredictOptions,
+    device: Device,
+}
+
+impl Predictor {
+    /// The EMA weights of the checkpoint at `path` on `device`, with its config; `options.imgsz`
+    /// 0 takes the checkpoint's training size.
+    pub fn load(
+        path: &Path,
+        device: &Device,
+        mut options: PredictOptions,
+    ) -> Result<Self, PredictError> {
+        let (cfg, model) = crate::train::checkpoint::load_model(path, device)?;
+        if options.imgsz == 0 {
+            options.imgsz = cfg.data.imgsz;
+        }
+        if options.imgsz == 0 || !options.imgsz.is_multiple_of(32) {
+            return Err(PredictError::ImageSize(options.imgsz));
+        }
+        Ok(Self::new(model, cfg, options, device))
+    }
+
+    /// `model` (on `device`, built from `cfg`) as a predictor; `options.imgsz` a multiple of 32.
+    pub fn new(model: Yolo, cfg: Config, options: PredictOptions, device: &Device) -> Self {
+        Self {
+            layout: Layout::of(&cfg),
+            model,
+            cfg,
+            options,
+            device: device.clone(),
+        }
+    }
+
+    /// Keypoints per object (0 for detection).
+    fn nk(&self) -> usize {
+        match self.cfg.model.task {
+            Task::Pose => self.cfg.model.kpt_shape[0],
+            Task::Detect => 0,
+        }
+    }
+
+    /// Detections for each image, in that image's pixels.
+    pub fn predict(&self, images: &[image::RgbImage]) -> Vec<Vec<Found>> {
+        if images.is_empty() {
+            return Vec::new();
+        }
+        let size = self.options.imgsz as u32;
+        let (samples, frames): (Vec<Sample>, Vec<Frame>) = images
+            .iter()
+            .map(|img| {
+                let sample = Sample {
+                    image: img.clone(),
+                    instances: Vec::new(),
+                };
+                let (s, scale, pad) = letterbox(sample, size);
+                (s, Frame { scale, pad })
+            })
+            .unzip();
+        let batch = Batch::collate(samples);
+        let x = batch.images_f32(&self.device);
+        let anchors = Anchors::new(size as usize, size as usize);
+        let o = &self.options;
+        let features = self.model.features(x);
+        let per_image = if o.nms {
+            let out = self.model.head.one2many.forward(features.into_levels());
+            one2many_nms(&out, &anchors, self.nk(), o.max_det, o.conf, o.iou)
+        } else {
+            let out = self.model.head.forward_one2one(&features);
+            one2one(&out, &anchors, self.nk(), o.max_det, o.conf)
+        };
+        per_image
+            .into_iter()
+            .zip(frames)
+            .map(|(dets, frame)| dets.iter().map(|d| self.found(d, &frame)).collect())
+            .collect()
+    }
+
+    fn found(&self, d: &Detection, frame: &Frame) -> Found {
+        let to = |x: f32, y: f32| {
+            let (x, y) = frame.to_original(x, y);
+            [x as f32, y as f32]
+        };
+        let [x1, y1] = to(d.bbox[0], d.bbox[1]);
+        let [x2, y2] = to(d.bbox[2], d.bbox[3]);
+        Found {
+            class: d.class,
+            name: self.layout.class_name(d.class),
+            score: d.score,
+            bbox: [x1, y1, x2, y2],
+            keypoints: d
+                .keypoints
+                .iter()
+                .map(|k| {
+                    let [x, y] = to(k[0], k[1]);
+                    [x, y, k[2]]
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Image files among `sources`: files as given, folders' images (not recursing) sorted by name.
+/// A source that does not exist, or a file that is not an image this build decodes, is an
+/// error naming it.
+pub fn image_files(sources: &[PathBuf]) -> Result<Vec<PathBuf>, crate::data::DataError> {
+    use crate::data::DataError;
+    let is_image = |p: &Path| {
+        p.extension()
+            .and_then(|e| e.to_str())
+            .is_some_and(|e| crate::data::yolo::decodable(&e.to_ascii_lowercase()))
+    };
+    let mut out = Vec::new();
+    for src in sources {
+        let meta = std::fs::metadata(src).map_err(|error| DataError::Io {
+            path: src.clone(),
+            error,
+        })?;
+        if meta.is_dir() {
+            let mut found: Vec<PathBuf> = std::fs::read_dir(src)
+                .map_err(|error| DataError::Io {
+                    path: src.clone(),
+                    error,
+                })?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.is_file() && is_image(p))
+                .collect();
+            found.sort();
+            out.extend(found);
+        } else if is_image(src) {
+            out.push(src.clone());
+        } else {
+            return Err(DataError::Image {
+                path: src.clone(),
+                message: "not an image this build decodes (jpg, jpeg, png, bmp, webp, tif, tiff)"
+                    .into(),
+            });
+        }
+    }
+    Ok(out)
+}
