@@ -213,6 +213,8 @@ pub enum OptimizerKind {
     Auto,
     Sgd,
     Musgd,
+    /// AdamW with `lr0`, β1 = `momentum`, β2 0.999 (as Ultralytics' `optimizer=AdamW`).
+    Adamw,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

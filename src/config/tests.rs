@@ -98,3 +98,28 @@ fn builtin_data_takes_17_keypoints_only() {
     parse("[model]\nkpt_shape = [5, 2]\n[data]\nsource = \"yolo\"\npath = \"d.yaml\"\n").unwrap();
     parse("[model]\ntask = \"detect\"\nkpt_shape = [5, 2]\n").unwrap();
 }
+
+#[test]
+fn every_optimizer_is_selectable() {
+    use crate::optim::Rule;
+    use crate::train::trainer::resolve_optimizer;
+    for (name, rule) in [
+        ("sgd", Rule::Sgd),
+        ("musgd", Rule::MuSgd),
+        ("adamw", Rule::AdamW),
+    ] {
+        let cfg = parse(&format!(
+            "[optim]\noptimizer = \"{name}\"\nlr0 = 0.003\nmomentum = 0.8\n"
+        ))
+        .unwrap();
+        assert_eq!(
+            resolve_optimizer(&cfg, 64),
+            (rule, 0.003, 0.8, cfg.optim.warmup_bias_lr),
+            "{name}"
+        );
+    }
+    let cfg = parse("[optim]\noptimizer = \"adam\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(cfg.contains("optimizer") || cfg.contains("adam"), "{cfg}");
+}

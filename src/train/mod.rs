@@ -5,6 +5,7 @@ pub mod dist;
 pub mod pictures;
 pub mod plot;
 pub mod report;
+pub mod timing;
 pub mod trainer;
 pub mod validate;
 

@@ -2,12 +2,13 @@
 //! see: model, EMA, optimizer, loss weights, schedule position and pending gradients.
 
 use super::dist::{Collective, all_reduce_grads, broadcast_buffers};
+pub use super::timing::{PHASES, StepTiming, median};
+use super::timing::{Phase, PhaseClock};
 use crate::capture::FeatureStage;
 use crate::capture::eligibility::{self, Setup};
 use crate::capture::stage::{Scope, merge};
 use crate::config::{Config, LastBatch, OptimizerKind, Precision};
 use crate::data::augment::mosaic_active;
-use crate::data::batch::Upload;
 use crate::data::loader::batches_per_epoch;
 use crate::data::source::Dataset;
 use crate::data::{Batch, COCO_FLIP_IDX, DataError, Instance, Loader, Source};
@@ -108,142 +109,13 @@ pub struct Trainer {
     pub timing: Option<StepTiming>,
 }
 
-/// Per-step wall times (device synchronised at both ends) and the memory pool's use after each
-/// step.
-#[derive(Clone, Debug, Default)]
-pub struct StepTiming {
-    pub step_ms: Vec<f64>,
-    /// Also time each phase ([`PHASES`]) between device syncs. The syncs remove the overlap of
-    /// host and device work, so phase sums exceed an unphased step: a breakdown, not a speed.
-    pub phases: bool,
-    /// Per step, ms of each of [`PHASES`] (when `phases`).
-    pub phase_ms: Vec<[f64; PHASES.len()]>,
-    /// Per step: whether it ended with an optimizer step, and the pool's bytes in use and
-    /// reserved after it (the in-fit step drift, docs/PERF.md S, is read from these).
-    pub optimizer_step: Vec<bool>,
-    pub in_use: Vec<u64>,
-    pub reserved: Vec<u64>,
-    /// Also time each step with the device's own clock (`Device::profile`: CUDA events on the
-    /// training stream; wall clock between syncs on the CPU) into `event_ms` (NaN for a step
-    /// that records the feature graphs, which runs outside a profiling window).
-    pub events: bool,
-    pub event_ms: Vec<f64>,
-    /// How batches reach the device (compared by `bench-step --upload`).
-    pub upload: Upload,
-}
-
-impl StepTiming {
-    /// The memory pool's largest bytes in use / reserved seen after a step (0 without a pool).
-    pub fn peak_in_use(&self) -> u64 {
-        self.in_use.iter().copied().max().unwrap_or(0)
-    }
-
-    pub fn peak_reserved(&self) -> u64 {
-        self.reserved.iter().copied().max().unwrap_or(0)
-    }
-
-    /// "N with an optimizer step: median X ms; M accumulating only: median Y ms" over the steps
-    /// from `from` on. A step median alone hides the optimizer step when gradients accumulate
-    /// (at nbs 64, batch 4 only one step in 16 runs it; docs/PERF.md T).
-    pub fn optimizer_split(&self, from: usize) -> String {
-        let pick = |want: bool| -> Vec<f64> {
-            self.step_ms[from..]
-                .iter()
-                .zip(&self.optimizer_step[from..])
-                .filter(|(_, s)| **s == want)
-                .map(|(ms, _)| *ms)
-                .collect()
-        };
-        let (with, without) = (pick(true), pick(false));
-        format!(
-            "{} with an optimizer step: median {:.1} ms; {} accumulating only: median {:.1} ms",
-            with.len(),
-            median(&with),
-            without.len(),
-            median(&without)
-        )
-    }
-
-    /// "phase ms, …": the median of each of [`PHASES`] over the steps from `from` on.
-    pub fn phase_line(&self, from: usize) -> String {
-        PHASES
-            .iter()
-            .enumerate()
-            .map(|(i, name)| {
-                let v: Vec<f64> = self.phase_ms[from..].iter().map(|p| p[i]).collect();
-                format!("{name} {:.2}", median(&v))
-            })
-            .collect::<Vec<_>>()
-            .join(", ")
-    }
-}
-
-/// The median (nearest rank: index `round((n − 1) / 2)`) of `v`, in any order; NaN when empty.
-pub fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(f64::total_cmp);
-    v[((v.len() - 1) as f64 * 0.5).round() as usize]
-}
-
-/// The phases of [`Trainer::train_step`] that [`StepTiming::phases`] times.
-/// `upload`: the batch's bytes to device floats; `augment`: device HSV and scaling; `features`
-/// and `feature backward`: the recorded-or-native stage (backbone + neck, or the whole detection
-/// network, whose `head` is then only the leaves' reshape); `optimizer` includes accumulation,
-/// clipping and the EMA.
-pub const PHASES: [&str; 10] = [
-    "upload",
-    "augment",
-    "features",
-    "head",
-    "assign",
-    "loss",
-    "head backward",
-    "feature backward",
-    "optimizer",
-    "readback",
-];
-
-/// Marks phase ends with a device sync; does nothing unless enabled.
-struct PhaseClock {
-    device: Option<Device>,
-    last: std::time::Instant,
-    ms: [f64; PHASES.len()],
-    next: usize,
-}
-
-impl PhaseClock {
-    fn new(timing: Option<&StepTiming>, device: &Device) -> Self {
-        let device = timing.filter(|t| t.phases).map(|_| device.clone());
-        if let Some(d) = &device {
-            let _ = d.sync();
-        }
-        Self {
-            device,
-            last: std::time::Instant::now(),
-            ms: [0.0; PHASES.len()],
-            next: 0,
-        }
-    }
-
-    fn mark(&mut self) {
-        if let Some(d) = &self.device {
-            let _ = d.sync();
-            let now = std::time::Instant::now();
-            self.ms[self.next] = (now - self.last).as_secs_f64() * 1e3;
-            (self.last, self.next) = (now, self.next + 1);
-        }
-    }
-}
-
 /// The optimizer 'auto' resolves to, with its lr0 and momentum (yolo_spec §4.2).
 pub fn resolve_optimizer(cfg: &Config, n_train: usize) -> (Rule, f64, f64, f64) {
     let o = &cfg.optim;
     match o.optimizer {
         OptimizerKind::Sgd => (Rule::Sgd, o.lr0, o.momentum, o.warmup_bias_lr),
         OptimizerKind::Musgd => (Rule::MuSgd, o.lr0, o.momentum, o.warmup_bias_lr),
+        OptimizerKind::Adamw => (Rule::AdamW, o.lr0, o.momentum, o.warmup_bias_lr),
         OptimizerKind::Auto => {
             let per_epoch = n_train.div_ceil(cfg.train.batch.max(cfg.train.nbs));
             if per_epoch * cfg.train.epochs > 10_000 {
@@ -416,30 +288,30 @@ impl Trainer {
             let _reduced = autocast(self.cfg.train.precision.compute_dtype());
             let how = self.timing.as_ref().map(|t| t.upload).unwrap_or_default();
             let pixels = batch.upload(&self.device, how);
-            clock.mark();
+            clock.mark(Phase::Upload);
             let images = batch.augment(pixels);
-            clock.mark();
+            clock.mark(Phase::Augment);
             let features = self.stage.forward(&mut self.model, images);
-            clock.mark();
+            clock.mark(Phase::Features);
             (features.head(&self.model.head), features)
         };
-        clock.mark();
+        clock.mark(Phase::Head);
         let targets = self.loss.targets(&out, &labels);
-        clock.mark();
+        clock.mark(Phase::Assign);
         let loss = self
             .loss
             .compute(&out, &targets, self.model.head.flow.as_ref());
-        clock.mark();
+        clock.mark(Phase::Loss);
         let total = match &self.scaler {
             Some(s) => s.scale_loss(loss.total),
             None => loss.total,
         };
         let head_grads = total.backward();
-        clock.mark();
+        clock.mark(Phase::HeadBackward);
         let stage_grads = self.stage.backward(&self.model, features, &head_grads);
         let mut grads = GradientsParams::from_grads(head_grads, &self.model);
         merge(&mut grads, stage_grads, &self.optimizer.table);
-        clock.mark();
+        clock.mark(Phase::FeatureBackward);
         if let Some(c) = &self.collective {
             grads = all_reduce_grads(c.as_ref(), grads, &self.optimizer.table, &self.device);
             // Before the optimizer step, so the EMA copies rank 0's statistics too.
@@ -453,14 +325,14 @@ impl Trainer {
             self.last_opt_step = self.ni as i64;
         }
         self.ni += 1;
-        clock.mark();
+        clock.mark(Phase::Optimizer);
         let items: Vec<f32> = loss
             .items
             .into_data()
             .convert::<f32>()
             .try_into_vec()
             .expect("f32 items");
-        clock.mark();
+        clock.mark(Phase::Readback);
         if let Some(t) = self.timing.as_mut() {
             t.optimizer_step.push(stepped);
             if clock.device.is_some() {
@@ -643,10 +515,6 @@ impl Trainer {
                 .map_or_else(|| "none".into(), LossScaler::state_hash),
             losses: losses.finish(),
         }
-    }
-
-    pub fn task(&self) -> Task {
-        self.cfg.model.task
     }
 }
 

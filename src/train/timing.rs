@@ -1,0 +1,151 @@
+//! Benchmark timing of training steps: whole steps between device syncs, the phases of a step
+//! (each mark names the phase it ends), the optimizer/accumulation split, the memory pool.
+
+use crate::data::batch::Upload;
+use burn::prelude::*;
+
+/// Per-step wall times (device synchronised at both ends) and the memory pool's use after each
+/// step.
+#[derive(Clone, Debug, Default)]
+pub struct StepTiming {
+    pub step_ms: Vec<f64>,
+    /// Also time each phase ([`PHASES`]) between device syncs. The syncs remove the overlap of
+    /// host and device work, so phase sums exceed an unphased step: a breakdown, not a speed.
+    pub phases: bool,
+    /// Per step, ms of each of [`PHASES`] (when `phases`).
+    pub phase_ms: Vec<[f64; PHASES.len()]>,
+    /// Per step: whether it ended with an optimizer step, and the pool's bytes in use and
+    /// reserved after it (the in-fit step drift, docs/PERF.md S, is read from these).
+    pub optimizer_step: Vec<bool>,
+    pub in_use: Vec<u64>,
+    pub reserved: Vec<u64>,
+    /// Also time each step with the device's own clock (`Device::profile`: CUDA events on the
+    /// training stream; wall clock between syncs on the CPU) into `event_ms` (NaN for a step
+    /// that records the feature graphs, which runs outside a profiling window).
+    pub events: bool,
+    pub event_ms: Vec<f64>,
+    /// How batches reach the device (compared by `bench-step --upload`).
+    pub upload: Upload,
+}
+
+impl StepTiming {
+    /// The memory pool's largest bytes in use / reserved seen after a step (0 without a pool).
+    pub fn peak_in_use(&self) -> u64 {
+        self.in_use.iter().copied().max().unwrap_or(0)
+    }
+
+    pub fn peak_reserved(&self) -> u64 {
+        self.reserved.iter().copied().max().unwrap_or(0)
+    }
+
+    /// "N with an optimizer step: median X ms; M accumulating only: median Y ms" over the steps
+    /// from `from` on. A step median alone hides the optimizer step when gradients accumulate
+    /// (at nbs 64, batch 4 only one step in 16 runs it; docs/PERF.md T).
+    pub fn optimizer_split(&self, from: usize) -> String {
+        let pick = |want: bool| -> Vec<f64> {
+            self.step_ms[from..]
+                .iter()
+                .zip(&self.optimizer_step[from..])
+                .filter(|(_, s)| **s == want)
+                .map(|(ms, _)| *ms)
+                .collect()
+        };
+        let (with, without) = (pick(true), pick(false));
+        format!(
+            "{} with an optimizer step: median {:.1} ms; {} accumulating only: median {:.1} ms",
+            with.len(),
+            median(&with),
+            without.len(),
+            median(&without)
+        )
+    }
+
+    /// "phase ms, …": the median of each of [`PHASES`] over the steps from `from` on.
+    pub fn phase_line(&self, from: usize) -> String {
+        PHASES
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                let v: Vec<f64> = self.phase_ms[from..].iter().map(|p| p[i]).collect();
+                format!("{name} {:.2}", median(&v))
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// The median (nearest rank: index `round((n − 1) / 2)`) of `v`, in any order; NaN when empty.
+pub fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * 0.5).round() as usize]
+}
+
+/// The phases of [`Trainer::train_step`](super::Trainer::train_step) that [`StepTiming::phases`] times.
+/// `upload`: the batch's bytes to device floats; `augment`: device HSV and scaling; `features`
+/// and `feature backward`: the recorded-or-native stage (backbone + neck, or the whole detection
+/// network, whose `head` is then only the leaves' reshape); `optimizer` includes accumulation,
+/// clipping and the EMA.
+pub const PHASES: [&str; 10] = [
+    "upload",
+    "augment",
+    "features",
+    "head",
+    "assign",
+    "loss",
+    "head backward",
+    "feature backward",
+    "optimizer",
+    "readback",
+];
+
+/// One phase of [`Trainer::train_step`](super::Trainer::train_step), in step order; its index
+/// is its column in [`StepTiming::phase_ms`] and [`PHASES`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    Upload,
+    Augment,
+    Features,
+    Head,
+    Assign,
+    Loss,
+    HeadBackward,
+    FeatureBackward,
+    Optimizer,
+    Readback,
+}
+
+/// Marks phase ends with a device sync, each mark naming the phase it ends; does nothing
+/// unless enabled.
+pub(super) struct PhaseClock {
+    pub(super) device: Option<Device>,
+    last: std::time::Instant,
+    pub(super) ms: [f64; PHASES.len()],
+}
+
+impl PhaseClock {
+    pub(super) fn new(timing: Option<&StepTiming>, device: &Device) -> Self {
+        let device = timing.filter(|t| t.phases).map(|_| device.clone());
+        if let Some(d) = &device {
+            let _ = d.sync();
+        }
+        Self {
+            device,
+            last: std::time::Instant::now(),
+            ms: [0.0; PHASES.len()],
+        }
+    }
+
+    /// Ends `phase`: its time is the time since the previous mark (or the clock's start).
+    pub(super) fn mark(&mut self, phase: Phase) {
+        if let Some(d) = &self.device {
+            let _ = d.sync();
+            let now = std::time::Instant::now();
+            self.ms[phase as usize] = (now - self.last).as_secs_f64() * 1e3;
+            self.last = now;
+        }
+    }
+}
