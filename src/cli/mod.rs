@@ -5,6 +5,8 @@ mod fit;
 mod info;
 mod peer;
 mod predict;
+#[cfg(feature = "profile")]
+mod profile;
 mod smoke;
 mod step_bench;
 mod val;

@@ -34,9 +34,18 @@ pub struct Options {
     /// assign, loss, backward, optimizer, readback); the syncs make the steps themselves slower.
     #[arg(long)]
     pub phases: bool,
+    /// Also time every step with the device's own clock (CUDA events on the training stream)
+    /// and print its median beside the wall-clock one.
+    #[arg(long)]
+    pub events: bool,
     /// How batches reach the device: bytes widened there (u8) or on the host (i32).
     #[arg(long, value_enum, default_value = "u8")]
     pub upload: crate::data::batch::Upload,
+    /// Sample the host's threads during the timed steps; write a flamegraph SVG here and the
+    /// folded stacks beside it (`.folded`).
+    #[cfg(feature = "profile")]
+    #[arg(long)]
+    pub profile: Option<std::path::PathBuf>,
 }
 
 pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
@@ -58,15 +67,42 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
     let mut t = Trainer::new(cfg, config_path, device)?;
     t.timing = Some(crate::train::StepTiming {
         phases: o.phases,
+        events: o.events,
         upload: o.upload,
         ..Default::default()
     });
     let order = t.epoch_order(0);
     let nb = t.batches_per_epoch();
-    for i in 0..o.skip + o.steps {
-        // Batches are made outside the timed region; the loader is benchmarked on its own.
-        let batch = t.batch(&order, i % nb)?;
-        t.timed_step(&batch)?;
+    for i in 0..o.skip {
+        t.timed_step(&t.batch(&order, i % nb)?)?;
+    }
+    // The timed steps' batches are made first: the loader is benchmarked on its own, and a
+    // profile of the timed steps then holds nothing else.
+    let batches = (o.skip..o.skip + o.steps)
+        .map(|i| t.batch(&order, i % nb))
+        .collect::<Result<Vec<_>, _>>()?;
+    #[cfg(feature = "profile")]
+    let profile = o
+        .profile
+        .as_deref()
+        .map(super::profile::Profile::start)
+        .transpose()?;
+    let cpu_before = process_cpu_seconds();
+    for batch in &batches {
+        t.timed_step(batch)?;
+    }
+    let cpu = process_cpu_seconds()
+        .zip(cpu_before)
+        .map(|(after, before)| after - before);
+    #[cfg(feature = "profile")]
+    if let Some(p) = profile {
+        let path = o.profile.clone().expect("set with the profile");
+        let samples = p.write()?;
+        println!(
+            "host profile: {samples} samples at 997 Hz; {} and {}",
+            path.display(),
+            path.with_extension("folded").display()
+        );
     }
     let timing = t.timing.take().expect("set above");
     let mut times = timing.step_ms[o.skip..].to_vec();
@@ -105,6 +141,19 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
     if o.phases {
         println!("phases (median ms, synced): {}", timing.phase_line(o.skip));
     }
+    if o.events {
+        println!(
+            "device clock (events): median {:.2} ms per step",
+            median(&timing.event_ms[o.skip..])
+        );
+    }
+    if let Some(cpu) = cpu {
+        // Against the wall clock this says whether the host or the device sets the pace.
+        println!(
+            "host CPU time of the process (all threads) during the timed steps: {:.1} ms per step",
+            cpu * 1e3 / o.steps as f64
+        );
+    }
     if let Some(why) = &t.replay_off {
         println!("feature stage native: {why}");
     }
@@ -114,4 +163,16 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
 /// The `f` quantile (nearest rank) of ascending `sorted`.
 fn quantile(sorted: &[f64], f: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * f).round() as usize]
+}
+
+/// User + system CPU seconds of this process, all threads (Linux: `/proc/self/stat`; `None`
+/// elsewhere).
+fn process_cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The fields after the parenthesised command name; utime and stime are fields 14 and 15.
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    // Linux reports these in USER_HZ, 100 per second on every platform it supports.
+    Some(ticks / 100.0)
 }
