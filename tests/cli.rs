@@ -1,17 +1,8 @@
 //! The binary as a user runs it (CPU build).
 
-use std::process::Command;
+mod common;
 
-fn burnpose(args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_burnpose"))
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("run burnpose");
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    (out.status.success(), text)
-}
+use common::burnpose;
 
 #[test]
 fn info_prints_reference_totals() {

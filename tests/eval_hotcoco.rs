@@ -1,6 +1,8 @@
 //! Our COCO evaluation against an independent implementation (`hotcoco`, verified identical to
 //! pycocotools) on the real minicoco ground truth, with perturbed ground truth as predictions.
 
+mod common;
+
 use burnpose::eval::{DtAnn, GtAnn, IouKind, evaluate};
 use burnpose::loss::geometry::COCO_SIGMAS;
 use hotcoco::{COCO, COCOeval, IouType};
@@ -10,21 +12,7 @@ use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 
 fn data_root() -> Option<PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/pose-real");
-    if root.exists() {
-        return Some(root);
-    }
-    assert!(
-        std::env::var("CI").is_err(),
-        "{} is missing under CI",
-        root.display()
-    );
-    // Past the test harness's capture, so the skip is seen in a passing run.
-    let _ = std::io::Write::write_all(
-        &mut std::io::stderr(),
-        format!("NOTICE: skipping, {} is not present\n", root.display()).as_bytes(),
-    );
-    None
+    common::shared_data("pose-real")
 }
 
 fn load_gt(path: &Path) -> (Vec<GtAnn>, Vec<u64>) {

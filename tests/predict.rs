@@ -1,41 +1,12 @@
 //! `predict` and the pictures a fit writes, as a user meets them: a short CPU fit, then the
 //! checkpoint on real COCO images.
 
+mod common;
+
 use burn::prelude::*;
 use burnpose::predict::{ImagePrediction, PredictOptions, Predictor};
+use common::{burnpose, shared_data};
 use std::path::{Path, PathBuf};
-use std::process::Command;
-
-fn burnpose(args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_burnpose"))
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("run burnpose");
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    (out.status.success(), text)
-}
-
-/// The real COCO images beside the project (a visible notice and no test when absent outside CI,
-/// a failure under CI).
-fn coco_images() -> Option<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/pose-real/coco");
-    if dir.is_dir() {
-        return Some(dir);
-    }
-    assert!(
-        std::env::var("CI").is_err(),
-        "{} is missing under CI",
-        dir.display()
-    );
-    // Past the test harness's capture, so the skip is seen in a passing run.
-    let _ = std::io::Write::write_all(
-        &mut std::io::stderr(),
-        format!("NOTICE: skipping, {} is not present\n", dir.display()).as_bytes(),
-    );
-    None
-}
 
 /// A two-epoch CPU fit at 64 px; its run folder.
 fn short_fit(dir: &Path) -> PathBuf {
@@ -77,7 +48,9 @@ fn fit_writes_its_pictures_and_predict_annotates_real_images() {
         assert_eq!(decoded_size(&run.join(name)), (128, 128), "{name}");
     }
 
-    let Some(images) = coco_images() else { return };
+    let Some(images) = shared_data("pose-real/coco") else {
+        return;
+    };
     let out = dir.join("predicted");
     let ckpt = run.join("last.safetensors");
     let (ok, text) = burnpose(&[

@@ -1,19 +1,11 @@
 //! A fit never destroys work: earlier runs are kept, a diverged model is never saved, a checkpoint
 //! is only resumed or evaluated with what it was trained on, and a killed fit resumes exactly.
 
+mod common;
+
+use common::burnpose;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-
-fn burnpose(args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_burnpose"))
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("run burnpose");
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    (out.status.success(), text)
-}
 
 /// A fresh folder with a tiny CPU config (`extra` appended) whose runs go under `runs/`.
 fn setup(tag: &str, extra: &str) -> (PathBuf, PathBuf) {

@@ -25,16 +25,17 @@ struct YamlFile {
     kpt_oks_sigmas: Option<Vec<f32>>,
 }
 
+/// A yaml's `names`: a list, or a map from class id to name.
 #[derive(Deserialize)]
 #[serde(untagged)]
-enum Names {
+pub(crate) enum Names {
     List(Vec<String>),
     Map(std::collections::BTreeMap<usize, String>),
 }
 
 impl Names {
     /// Class names in id order; an error names the first id missing from a map.
-    fn ordered(self) -> Result<Vec<String>, String> {
+    pub(crate) fn ordered(self) -> Result<Vec<String>, String> {
         match self {
             Names::List(v) => Ok(v),
             Names::Map(m) => m

@@ -63,18 +63,11 @@ pub struct Layout {
 #[derive(Deserialize, Default)]
 struct YamlLayout {
     #[serde(default)]
-    names: Option<Names>,
+    names: Option<crate::data::yolo::Names>,
     #[serde(default)]
     kpt_names: Option<KptNames>,
     #[serde(default)]
     skeleton: Option<Vec<[usize; 2]>>,
-}
-
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum Names {
-    List(Vec<String>),
-    Map(BTreeMap<usize, String>),
 }
 
 /// Ultralytics writes `kpt_names` per class (`{0: [nose, …]}`); a plain list is taken too.
@@ -98,8 +91,7 @@ impl Layout {
             _ => YamlLayout::default(),
         };
         let names = match yaml.names {
-            Some(Names::List(v)) => Some(v),
-            Some(Names::Map(m)) => Some(m.into_values().collect()),
+            Some(n) => n.ordered().ok(),
             None if cfg.data.source != DataSource::Yolo && cfg.model.nc == 1 => {
                 Some(vec!["person".to_string()])
             }
