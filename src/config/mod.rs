@@ -175,19 +175,25 @@ impl Precision {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TrainSection {
+    /// Epochs to train (default 5).
     pub epochs: usize,
+    /// Images per step; every batch is full (default 4).
     pub batch: usize,
+    /// Seeds the weights, the data order and every augmentation draw (default 0).
     pub seed: u64,
+    /// "fp32" (default), "bf16" or "fp16" for convolutions and attention; weights stay FP32.
     pub precision: Precision,
-    /// Nominal batch for gradient accumulation.
+    /// Nominal batch: gradients accumulate over `nbs / batch` steps (default 64).
     pub nbs: usize,
-    /// Epochs at the end trained without mosaic.
+    /// Epochs at the end trained without mosaic (default 10).
     pub close_mosaic: usize,
-    /// Validate with the one-to-many copy + NMS instead of the one-to-one (NMS-free) copy.
+    /// Validate with the one-to-many copy + NMS instead of the one-to-one (NMS-free) copy
+    /// (default false).
     pub val_nms: bool,
-    /// Stop early when fitness has not improved for this many epochs (0: never).
+    /// Stop early when fitness has not improved for this many epochs (default 100; 0: never).
     pub patience: usize,
-    /// Also keep every N-th epoch's checkpoint as `epoch<N>.safetensors` (0: only last/best).
+    /// Also keep every N-th epoch's checkpoint as `epoch<N>.safetensors` (default 0: only
+    /// last/best).
     pub save_period: usize,
 }
 
@@ -210,8 +216,11 @@ impl Default for TrainSection {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OptimizerKind {
+    /// Ultralytics' choice: MuSGD beyond 10,000 iterations, else AdamW (docs/training.md).
     Auto,
+    /// SGD with Nesterov momentum.
     Sgd,
+    /// Muon on conv/linear weights plus SGD.
     Musgd,
     /// AdamW with `lr0`, β1 = `momentum`, β2 0.999 (as Ultralytics' `optimizer=AdamW`).
     Adamw,
@@ -220,19 +229,29 @@ pub enum OptimizerKind {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct OptimSection {
+    /// "auto" (default), "sgd", "musgd" or "adamw".
     pub optimizer: OptimizerKind,
+    /// Initial learning rate (default 0.01; "auto" sets its own).
     pub lr0: f64,
+    /// Final learning rate as a fraction of lr0 (default 0.01).
     pub lrf: f64,
+    /// SGD momentum / AdamW β1 (default 0.937; "auto" sets its own).
     pub momentum: f64,
+    /// Weight decay on conv/linear weights, scaled by batch·accumulate/nbs (default 0.0005).
     pub weight_decay: f64,
+    /// Warm-up length in epochs, at most epochs − 1 (default 3.0).
     pub warmup_epochs: f64,
+    /// Momentum at the start of warm-up (default 0.8).
     pub warmup_momentum: f64,
+    /// Bias learning rate at the start of warm-up (default 0.1; "auto" sets 0).
     pub warmup_bias_lr: f64,
+    /// Cosine instead of linear learning-rate decay (default false).
     pub cos_lr: bool,
-    /// Global gradient-norm clip.
+    /// Global gradient-norm clip (default 10.0).
     pub clip_norm: f64,
     /// Update all parameters as one flat buffer (SGD, AdamW): the same bits as the per-tensor
-    /// update in ~20× fewer kernel launches (`optim::flat`). MuSGD always updates per tensor.
+    /// update in ~20× fewer kernel launches (`optim::flat`). MuSGD always updates per tensor
+    /// (default true).
     pub flat_update: bool,
 }
 
