@@ -1,5 +1,7 @@
 //! The native loop on the CPU: learning, determinism, resume and the "empty" layout.
 
+mod common;
+
 use burn::prelude::*;
 use burnpose::config::Config;
 use burnpose::data::Batch;
@@ -339,20 +341,9 @@ fn nms_validation_path_runs() {
 /// A YOLO-txt dataset (the real coco8-pose images) trains end to end with augmentation on.
 #[test]
 fn yolo_dataset_trains_with_augmentation() {
-    let yaml = Path::new("../shared/data/pose-real/coco8-pose/coco8-pose.yaml");
-    if !yaml.exists() {
-        assert!(
-            std::env::var("CI").is_err(),
-            "{} is missing under CI",
-            yaml.display()
-        );
-        // Past the test harness's capture, so the skip is seen in a passing run.
-        let _ = std::io::Write::write_all(
-            &mut std::io::stderr(),
-            format!("NOTICE: skipping, {} is not present\n", yaml.display()).as_bytes(),
-        );
+    let Some(yaml) = common::shared_data("pose-real/coco8-pose/coco8-pose.yaml") else {
         return;
-    }
+    };
     let text = format!(
         "[data]\nsource = \"yolo\"\npath = \"{}\"\nimgsz = 64\nworkers = 2\n[train]\nbatch = 2\nepochs = 1\nnbs = 2\n",
         yaml.display()

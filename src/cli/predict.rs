@@ -50,14 +50,7 @@ pub fn run(checkpoint: &Path, a: PredictArgs) -> anyhow::Result<()> {
     for chunk in files.chunks(a.batch) {
         let images = chunk
             .iter()
-            .map(|p| {
-                image::open(p)
-                    .map(|i| i.to_rgb8())
-                    .map_err(|e| crate::data::DataError::Image {
-                        path: p.clone(),
-                        message: e.to_string(),
-                    })
-            })
+            .map(|p| crate::data::open_rgb(p))
             .collect::<Result<Vec<_>, _>>()?;
         let found = predictor.predict(&images);
         for ((path, mut image), detections) in chunk.iter().zip(images).zip(found) {

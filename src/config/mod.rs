@@ -74,6 +74,14 @@ impl Default for ModelSection {
 }
 
 impl ModelSection {
+    /// Keypoints per object: `kpt_shape[0]` for pose, 0 for detection.
+    pub fn keypoints(&self) -> usize {
+        match self.task {
+            Task::Pose => self.kpt_shape[0],
+            Task::Detect => 0,
+        }
+    }
+
     pub fn yolo(&self) -> YoloConfig {
         YoloConfig::new(self.scale, self.task)
             .with_nc(self.nc)

@@ -182,12 +182,7 @@ impl CocoDataset {
     /// Decoded image `i` with its non-crowd instances, in original pixels.
     pub fn get(&self, i: usize) -> Result<Sample, DataError> {
         let rec = &self.records[i];
-        let image = image::open(&rec.path)
-            .map_err(|e| DataError::Image {
-                path: rec.path.clone(),
-                message: e.to_string(),
-            })?
-            .to_rgb8();
+        let image = super::open_rgb(&rec.path)?;
         let instances = rec
             .annotations
             .iter()

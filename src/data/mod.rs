@@ -67,6 +67,16 @@ impl Instance {
     }
 }
 
+/// The image at `path`, decoded to RGB; an error names the file.
+pub fn open_rgb(path: &std::path::Path) -> Result<image::RgbImage, DataError> {
+    image::open(path)
+        .map(|i| i.to_rgb8())
+        .map_err(|e| DataError::Image {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })
+}
+
 /// An RGB image with its labels.
 #[derive(Clone, Debug)]
 pub struct Sample {
@@ -76,3 +86,27 @@ pub struct Sample {
 
 /// COCO's left/right keypoint swap for horizontal flips.
 pub const COCO_FLIP_IDX: [usize; 17] = [0, 2, 1, 4, 3, 6, 5, 8, 7, 10, 9, 12, 11, 14, 13, 16, 15];
+
+/// `../shared/data/<rel>` beside the project for unit tests, or `None` with a visible notice
+/// when it is absent; under CI (`CI` set) its absence fails the test. (The integration tests'
+/// twin is `tests/common::shared_data`: they cannot see `cfg(test)` items.)
+#[cfg(test)]
+pub(crate) fn shared_test_data(rel: &str) -> Option<std::path::PathBuf> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../shared/data")
+        .join(rel);
+    if path.exists() {
+        return Some(path);
+    }
+    assert!(
+        std::env::var("CI").is_err(),
+        "{} is missing under CI",
+        path.display()
+    );
+    // Past the test harness's capture, so the skip is seen in a passing run.
+    let _ = std::io::Write::write_all(
+        &mut std::io::stderr(),
+        format!("NOTICE: skipping, {} is not present\n", path.display()).as_bytes(),
+    );
+    None
+}

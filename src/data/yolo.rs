@@ -101,6 +101,16 @@ pub fn decodable(ext: &str) -> bool {
     image::ImageFormat::from_extension(ext).is_some_and(|f| f.reading_enabled())
 }
 
+/// The listed extensions this build decodes, for messages: "jpg, jpeg, …".
+pub fn decodable_extensions() -> String {
+    IMAGE_EXTENSIONS
+        .iter()
+        .filter(|e| decodable(e))
+        .copied()
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 impl YoloDataset {
     /// Train and val splits of the dataset yaml at `yaml`, checked against the model: `names` (if
     /// given) must count `nc` classes, every label's class must be below `nc`, `kpt_shape` must
@@ -208,12 +218,7 @@ impl YoloDataset {
     /// Decoded image `i` with its labels in pixels.
     pub fn get(&self, i: usize) -> Result<Sample, DataError> {
         let path = &self.items[i].image;
-        let image = image::open(path)
-            .map_err(|e| DataError::Image {
-                path: path.clone(),
-                message: e.to_string(),
-            })?
-            .to_rgb8();
+        let image = super::open_rgb(path)?;
         let instances = self.instances(i, image.dimensions());
         Ok(Sample { image, instances })
     }
@@ -296,12 +301,7 @@ fn load_item(image: &Path, nc: usize, kpt_shape: [usize; 2]) -> Result<YoloItem,
             path: image.to_path_buf(),
             message: format!(
                 "this build cannot decode .{ext} images (it decodes {}); convert it to one of those",
-                IMAGE_EXTENSIONS
-                    .iter()
-                    .filter(|e| decodable(e))
-                    .copied()
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                decodable_extensions()
             ),
         });
     }

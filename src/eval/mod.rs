@@ -4,4 +4,4 @@ pub mod cocoeval;
 pub mod postprocess;
 
 pub use cocoeval::{DtAnn, GtAnn, IouKind, Summary, evaluate};
-pub use postprocess::{Detection, one2many_nms, one2one};
+pub use postprocess::{Detection, Select, detect, one2many_nms, one2one};

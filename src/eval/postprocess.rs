@@ -2,7 +2,36 @@
 
 use crate::loss::assign::Anchors;
 use crate::loss::targets::host;
-use crate::model::BranchOutput;
+use crate::model::{BranchOutput, Yolo};
+use burn::prelude::*;
+
+/// How detections are chosen from a model's outputs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Select {
+    /// Keypoints per object (0 for detection).
+    pub nk: usize,
+    /// The one-to-many head with NMS instead of the one-to-one (NMS-free) head.
+    pub nms: bool,
+    pub max_det: usize,
+    pub conf: f32,
+    /// NMS IoU threshold (only with `nms`).
+    pub iou: f32,
+}
+
+/// `model`'s detections per image of `images` (`[B, 3, H, W]` in [0, 1]), in network-input
+/// pixels: what validation scores and `predict` draws.
+pub fn detect(model: &Yolo, images: Tensor<4>, s: &Select) -> Vec<Vec<Detection>> {
+    let [_, _, h, w] = images.dims();
+    let anchors = Anchors::new(h, w);
+    let features = model.features(images);
+    if s.nms {
+        let out = model.head.one2many.forward(features.into_levels());
+        one2many_nms(&out, &anchors, s.nk, s.max_det, s.conf, s.iou)
+    } else {
+        let out = model.head.forward_one2one(&features);
+        one2one(&out, &anchors, s.nk, s.max_det, s.conf)
+    }
+}
 
 /// A detection in network-input pixels.
 #[derive(Clone, Debug, PartialEq)]
@@ -133,7 +162,6 @@ pub fn one2many_nms(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use burn::prelude::*;
 
     /// 32×32 input (21 anchors), one class: anchors 0 and 1 predict overlapping boxes.
     fn output(d: &Device) -> BranchOutput {

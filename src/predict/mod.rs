@@ -10,9 +10,8 @@ pub mod layout;
 use crate::config::Config;
 use crate::data::letterbox::letterbox;
 use crate::data::{Batch, Frame, Sample};
-use crate::eval::{Detection, one2many_nms, one2one};
-use crate::loss::assign::Anchors;
-use crate::model::{Task, Yolo};
+use crate::eval::{Detection, Select, detect};
+use crate::model::Yolo;
 use burn::prelude::*;
 use std::path::{Path, PathBuf};
 
@@ -112,14 +111,6 @@ impl Predictor {
         }
     }
 
-    /// Keypoints per object (0 for detection).
-    fn nk(&self) -> usize {
-        match self.cfg.model.task {
-            Task::Pose => self.cfg.model.kpt_shape[0],
-            Task::Detect => 0,
-        }
-    }
-
     /// Detections for each image, in that image's pixels.
     pub fn predict(&self, images: &[image::RgbImage]) -> Vec<Vec<Found>> {
         if images.is_empty() {
@@ -138,17 +129,15 @@ impl Predictor {
             })
             .unzip();
         let batch = Batch::collate(samples);
-        let x = batch.images_f32(&self.device);
-        let anchors = Anchors::new(size as usize, size as usize);
         let o = &self.options;
-        let features = self.model.features(x);
-        let per_image = if o.nms {
-            let out = self.model.head.one2many.forward(features.into_levels());
-            one2many_nms(&out, &anchors, self.nk(), o.max_det, o.conf, o.iou)
-        } else {
-            let out = self.model.head.forward_one2one(&features);
-            one2one(&out, &anchors, self.nk(), o.max_det, o.conf)
+        let select = Select {
+            nk: self.cfg.model.keypoints(),
+            nms: o.nms,
+            max_det: o.max_det,
+            conf: o.conf,
+            iou: o.iou,
         };
+        let per_image = detect(&self.model, batch.images_f32(&self.device), &select);
         per_image
             .into_iter()
             .zip(frames)
@@ -212,8 +201,10 @@ pub fn image_files(sources: &[PathBuf]) -> Result<Vec<PathBuf>, crate::data::Dat
         } else {
             return Err(DataError::Image {
                 path: src.clone(),
-                message: "not an image this build decodes (jpg, jpeg, png, bmp, webp, tif, tiff)"
-                    .into(),
+                message: format!(
+                    "not an image this build decodes ({})",
+                    crate::data::yolo::decodable_extensions()
+                ),
             });
         }
     }

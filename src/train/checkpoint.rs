@@ -168,7 +168,11 @@ pub fn save(trainer: &Trainer, path: &Path) -> Result<(), CheckpointError> {
 
 /// The config stored in a checkpoint (to rebuild its trainer before [`load_into`]).
 pub fn read_config(path: &Path) -> Result<Config, CheckpointError> {
-    let (meta, _) = read(path)?;
+    stored_config(&read(path)?.0, path)
+}
+
+/// The config in a checkpoint's metadata.
+fn stored_config(meta: &Meta, path: &Path) -> Result<Config, CheckpointError> {
     toml::from_str(&meta.config).map_err(|e| CheckpointError::Format {
         path: path.to_path_buf(),
         message: format!("stored config: {e}"),
@@ -211,8 +215,7 @@ pub fn load_model(
         path: path.to_path_buf(),
         message,
     };
-    let cfg: Config =
-        toml::from_str(&meta.config).map_err(|e| bad(format!("stored config: {e}")))?;
+    let cfg = stored_config(&meta, path)?;
     let st = SafeTensors::deserialize(&bytes).map_err(|e| bad(e.to_string()))?;
     let mut ema: HashMap<String, Tensor<1>> = HashMap::new();
     for (name, t) in st.tensors() {
@@ -277,10 +280,7 @@ fn check_fit(
         path: path.to_path_buf(),
         message,
     };
-    let stored: Config = toml::from_str(&meta.config).map_err(|e| CheckpointError::Format {
-        path: path.to_path_buf(),
-        message: format!("stored config: {e}"),
-    })?;
+    let stored = stored_config(meta, path)?;
     let (theirs, ours) = (&stored.model, &trainer.cfg.model);
     if (theirs.scale, theirs.task, theirs.nc, theirs.kpt_shape)
         != (ours.scale, ours.task, ours.nc, ours.kpt_shape)

@@ -3,10 +3,9 @@
 
 use crate::config::Config;
 use crate::data::{Batch, DataError, Frame, Source};
-use crate::eval::{DtAnn, GtAnn, IouKind, evaluate, one2many_nms, one2one};
+use crate::eval::{DtAnn, GtAnn, IouKind, Select, detect, evaluate};
 use crate::loss::E2eLoss;
-use crate::loss::assign::Anchors;
-use crate::model::{Task, Yolo};
+use crate::model::Yolo;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Metrics {
@@ -45,12 +44,13 @@ pub fn validate(
     loss: &E2eLoss,
 ) -> Result<Metrics, DataError> {
     let device = model.backbone.l0.conv.weight.val().device();
-    let size = cfg.data.imgsz;
-    let anchors = Anchors::new(size, size);
-    let nk = if cfg.model.task == Task::Pose {
-        cfg.model.kpt_shape[0]
-    } else {
-        0
+    let nk = cfg.model.keypoints();
+    let select = Select {
+        nk,
+        nms: cfg.train.val_nms,
+        max_det: MAX_DET,
+        conf: CONF,
+        iou: IOU,
     };
     let mut gts: Vec<GtAnn> = Vec::new();
     let mut dts: Vec<DtAnn> = Vec::new();
@@ -68,19 +68,7 @@ pub fn validate(
             ids.push(val.image_id(i));
         }
         let batch = Batch::collate(samples);
-        let features = model.features(batch.images_f32(&device));
-        let per_image = if cfg.train.val_nms {
-            let out = model.head.one2many.forward(features.into_levels());
-            one2many_nms(&out, &anchors, nk, MAX_DET, CONF, IOU)
-        } else {
-            one2one(
-                &model.head.forward_one2one(&features),
-                &anchors,
-                nk,
-                MAX_DET,
-                CONF,
-            )
-        };
+        let per_image = detect(model, batch.images_f32(&device), &select);
         for (j, dets) in per_image.into_iter().enumerate() {
             let frame = frames[j];
             for d in dets {

@@ -95,20 +95,9 @@ fn corrupt_image_and_json_are_named() {
 
 #[test]
 fn shared_minicoco_loads() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/pose-real/pose_minicoco");
-    if !root.exists() {
-        assert!(
-            std::env::var("CI").is_err(),
-            "{} is missing under CI",
-            root.display()
-        );
-        // Past the test harness's capture, so the skip is seen in a passing run.
-        let _ = std::io::Write::write_all(
-            &mut std::io::stderr(),
-            format!("NOTICE: skipping, {} is not present\n", root.display()).as_bytes(),
-        );
+    let Some(root) = crate::data::shared_test_data("pose-real/pose_minicoco") else {
         return;
-    }
+    };
     let (train, skipped) = CocoDataset::open(&root, "train2017", 17, false).unwrap();
     assert_eq!((train.len(), skipped), (30, 0));
     let anns: usize = train.records.iter().map(|r| r.annotations.len()).sum();
