@@ -6,7 +6,7 @@ pub mod eligibility;
 pub mod stage;
 
 #[cfg(feature = "cuda")]
-mod copy;
+pub(crate) mod copy;
 #[cfg(feature = "cuda")]
 pub mod recorder;
 

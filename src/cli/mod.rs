@@ -3,6 +3,7 @@
 mod bench;
 mod fit;
 mod info;
+mod launch_bench;
 mod peer;
 mod predict;
 #[cfg(feature = "profile")]
@@ -145,6 +146,12 @@ pub enum Command {
         #[command(flatten)]
         options: step_bench::Options,
     },
+    /// Host cost of one tiny kernel launch through Burn, Burn with autodiff, CubeCL and the
+    /// CUDA driver (docs/bench.md).
+    BenchLaunch {
+        #[command(flatten)]
+        options: launch_bench::Options,
+    },
     /// Time forward+backward passes of the full model on random images (device check).
     Smoke {
         #[arg(long, value_enum, default_value = "auto")]
@@ -243,6 +250,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             steps,
         } => smoke::run(device.into(), batch, imgsz, steps),
         Command::BenchStep { config, options } => step_bench::run(&config, options),
+        Command::BenchLaunch { options } => launch_bench::run(options),
         Command::Val {
             config,
             checkpoint,

@@ -38,6 +38,14 @@ pub struct Options {
     /// and print its median beside the wall-clock one.
     #[arg(long)]
     pub events: bool,
+    /// After the timed steps, run this many more with phase syncs and count, per phase, the
+    /// CUDA driver calls, kernel launches, kernels run and GPU busy time (CUPTI; CUDA build).
+    /// With `--phases` the table adds host ms and µs per driver call from the timed steps.
+    #[arg(long, default_value_t = 0)]
+    pub census: usize,
+    /// Write the census per (phase, kernel) here as CSV: runs and GPU ms per step.
+    #[arg(long, requires = "census")]
+    pub census_csv: Option<std::path::PathBuf>,
     /// How batches reach the device: bytes widened there (u8) or on the host (i32).
     #[arg(long, value_enum, default_value = "u8")]
     pub upload: crate::data::batch::Upload,
@@ -104,6 +112,11 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
             path.with_extension("folded").display()
         );
     }
+    let census = if o.census > 0 {
+        Some(run_census(&mut t, &order, nb, o.skip + o.steps, o.census)?)
+    } else {
+        None
+    };
     let timing = t.timing.take().expect("set above");
     let mut times = timing.step_ms[o.skip..].to_vec();
     times.sort_by(f64::total_cmp);
@@ -154,8 +167,99 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
             cpu * 1e3 / o.steps as f64
         );
     }
+    if let Some(report) = census {
+        // Host ms per phase from the timed steps (CUPTI's callbacks slow the census steps).
+        let host: Option<Vec<f64>> = o.phases.then(|| {
+            (0..=crate::train::census::BETWEEN)
+                .map(|i| {
+                    let v: Vec<f64> = timing.phase_ms[o.skip..]
+                        .iter()
+                        .map(|p| p.get(i).copied().unwrap_or(f64::NAN))
+                        .collect();
+                    if i == crate::train::census::BETWEEN {
+                        f64::NAN
+                    } else {
+                        median(&v)
+                    }
+                })
+                .collect()
+        });
+        print_census(&report, host.as_deref(), o.census_csv.as_deref())?;
+    }
     if let Some(why) = &t.replay_off {
         println!("feature stage native: {why}");
+    }
+    Ok(())
+}
+
+/// `n` more steps with phase syncs under the launch census (batches made before it starts).
+fn run_census(
+    t: &mut Trainer,
+    order: &[usize],
+    nb: usize,
+    first: usize,
+    n: usize,
+) -> anyhow::Result<crate::train::census::CensusReport> {
+    use crate::train::census::Census;
+    let batches = (first..first + n)
+        .map(|i| t.batch(order, i % nb))
+        .collect::<Result<Vec<_>, _>>()?;
+    let timing = t.timing.as_mut().expect("set by the caller");
+    let phases = timing.phases;
+    timing.phases = true;
+    let census = Census::start().map_err(|e| anyhow::anyhow!("launch census: {e}"))?;
+    let mut result = Ok(());
+    for batch in &batches {
+        if let Err(e) = t.timed_step(batch) {
+            result = Err(e);
+            break;
+        }
+    }
+    let synced = t.device.sync();
+    let report = census
+        .finish(n)
+        .map_err(|e| anyhow::anyhow!("launch census: {e}"))?;
+    result?;
+    synced.map_err(|e| anyhow::anyhow!("device sync after the census: {e:?}"))?;
+    let timing = t.timing.as_mut().expect("set by the caller");
+    timing.phases = phases;
+    // The census steps are not timed steps: drop their rows so medians stay the timed ones.
+    let keep = timing.step_ms.len() - n;
+    timing.step_ms.truncate(keep);
+    timing.optimizer_step.truncate(keep);
+    timing.in_use.truncate(keep.min(timing.in_use.len()));
+    timing.reserved.truncate(keep.min(timing.reserved.len()));
+    timing.event_ms.truncate(keep.min(timing.event_ms.len()));
+    let phased = timing.phase_ms.len().saturating_sub(n);
+    timing.phase_ms.truncate(phased);
+    Ok(report)
+}
+
+fn print_census(
+    r: &crate::train::census::CensusReport,
+    host_ms: Option<&[f64]>,
+    csv: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
+    println!(
+        "launch census, per step over {} steps (phase-synced):",
+        r.steps
+    );
+    print!("{}", r.table(host_ms));
+    println!("driver calls per step, most first:");
+    for (name, n) in r.calls.iter().take(16) {
+        println!("  {n:>9.1}  {name}");
+    }
+    println!("kernels by GPU time per step (phase, runs, ms):");
+    for k in r.kernels.iter().take(30) {
+        println!(
+            "  {:<16} {:>7.1} {:>8.3}  {}",
+            k.phase, k.runs, k.gpu_ms, k.name
+        );
+    }
+    if let Some(path) = csv {
+        std::fs::write(path, r.kernels_csv())
+            .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+        println!("census per kernel: {}", path.display());
     }
     Ok(())
 }

@@ -1,5 +1,6 @@
 //! The native training loop, its validation, checkpoints and run outputs.
 
+pub mod census;
 pub mod checkpoint;
 pub mod dist;
 pub mod pictures;

@@ -87,9 +87,10 @@ pub fn median(v: &[f64]) -> f64 {
 /// The phases of [`Trainer::train_step`](super::Trainer::train_step) that [`StepTiming::phases`] times.
 /// `upload`: the batch's bytes to device floats; `augment`: device HSV and scaling; `features`
 /// and `feature backward`: the recorded-or-native stage (backbone + neck, or the whole detection
-/// network, whose `head` is then only the leaves' reshape); `optimizer` includes accumulation,
-/// clipping and the EMA.
-pub const PHASES: [&str; 10] = [
+/// network, whose `head` is then only the leaves' reshape); `optimizer` is the gradient
+/// accumulation and, on steps that end with one, unscaling, clipping and the update; `ema` the
+/// EMA update of those steps.
+pub const PHASES: [&str; 11] = [
     "upload",
     "augment",
     "features",
@@ -99,6 +100,7 @@ pub const PHASES: [&str; 10] = [
     "head backward",
     "feature backward",
     "optimizer",
+    "ema",
     "readback",
 ];
 
@@ -115,6 +117,7 @@ pub enum Phase {
     HeadBackward,
     FeatureBackward,
     Optimizer,
+    Ema,
     Readback,
 }
 
@@ -131,6 +134,7 @@ impl PhaseClock {
         let device = timing.filter(|t| t.phases).map(|_| device.clone());
         if let Some(d) = &device {
             let _ = d.sync();
+            super::census::enter(0);
         }
         Self {
             device,
@@ -146,6 +150,7 @@ impl PhaseClock {
             let now = std::time::Instant::now();
             self.ms[phase as usize] = (now - self.last).as_secs_f64() * 1e3;
             self.last = now;
+            super::census::enter(phase as usize + 1);
         }
     }
 }

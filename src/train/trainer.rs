@@ -321,11 +321,15 @@ impl Trainer {
         let stepped =
             self.ni as i64 - self.last_opt_step >= self.schedule.accumulate(self.ni) as i64;
         if stepped {
-            self.optimizer_step();
+            self.optimizer_update();
             self.last_opt_step = self.ni as i64;
         }
         self.ni += 1;
         clock.mark(Phase::Optimizer);
+        if stepped {
+            self.ema.update(&self.model);
+        }
+        clock.mark(Phase::Ema);
         let items: Vec<f32> = loss
             .items
             .into_data()
@@ -387,11 +391,13 @@ impl Trainer {
     /// An optimizer step (clip, update, EMA) now, whatever the accumulation count says; for
     /// `burnpose warmup`, which only needs the kernels it runs.
     pub fn force_optimizer_step(&mut self) {
-        self.optimizer_step();
+        self.optimizer_update();
+        self.ema.update(&self.model);
         self.last_opt_step = self.ni as i64;
     }
 
-    fn optimizer_step(&mut self) {
+    /// Unscale, clip and update with the accumulated gradients; the caller updates the EMA.
+    fn optimizer_update(&mut self) {
         let mut grads = self.pending.take().unwrap_or_default();
         let table = &self.optimizer.table;
         let finite = self
@@ -401,8 +407,8 @@ impl Trainer {
         if let Some(s) = &mut self.scaler {
             s.update(finite);
         }
-        // A skipped FP16 step leaves parameters and optimizer state as they are; the EMA still
-        // updates, as in Ultralytics' `optimizer_step`.
+        // A skipped FP16 step leaves parameters and optimizer state as they are; the caller
+        // still updates the EMA, as Ultralytics' `optimizer_step` does.
         if finite {
             let hyper = self.schedule.hyper(self.epoch, self.ni);
             let model = self.model.clone();
@@ -410,7 +416,6 @@ impl Trainer {
                 self.optimizer
                     .step_clipped(model, grads, &hyper, self.cfg.optim.clip_norm);
         }
-        self.ema.update(&self.model);
     }
 
     /// Sums gradients per parameter; a parameter absent from every micro-batch stays absent.

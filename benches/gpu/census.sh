@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Launch census of the seed shape on the GPU machine (docs/bench.md, `bench-step --census`):
+# the launch micro-benchmark, then per arm (native, replay) one bench-step that times steps with
+# phase syncs and counts the next CENSUS steps through CUPTI. Every step is an optimizer step
+# (`--batch 4` sets nbs = 4) so the optimizer and EMA rows are those of a step that runs them;
+# ACCUM=1 adds one run per arm at the config's nbs (mostly accumulation-only steps);
+# KERNELS="fast staged" runs each arm with each `--kernels` value, alternating.
+# Here: `bash benches/gpu/pack.sh`. There, carrying ".gpu":
+#   source .gpu/setup.sh && bash benches/gpu/census.sh
+# Writes $OUT/census.tgz (logs, per-kernel CSVs) and prints the tables.
+set -u
+CONFIG=${CONFIG:-configs/bench_seed.toml}; SKIP=${SKIP:-16}; STEPS=${STEPS:-24}; CENSUS=${CENSUS:-4}
+LIMIT=${LIMIT:-150}
+work=$OUT/census; mkdir -p "$work"
+# CUPTI ships with the toolkit (extras/CUPTI) and in the nvidia-cuda-cupti wheel.
+for d in /usr/local/cuda/extras/CUPTI/lib64 /usr/local/cuda/lib64 \
+  $(python3 -c 'import nvidia.cuda_cupti, os; print(os.path.join(list(nvidia.cuda_cupti.__path__)[0], "lib"))' 2>/dev/null); do
+  ls "$d"/libcupti.so* >/dev/null 2>&1 && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}" && echo "cupti: $d" && break
+done
+[ "${WARMUP:-1}" = 1 ] && timeout 200 burnpose warmup "$CONFIG" > "$work/warmup.log" 2>&1; tail -1 "$work/warmup.log"
+[ "${LAUNCH:-1}" = 1 ] && timeout 60 burnpose bench-launch --rounds 2 2>&1 | tee "$work/launch.log"
+run() { # name, extra args
+  local name=$1; shift
+  timeout "$LIMIT" burnpose bench-step "$CONFIG" --skip "$SKIP" --steps "$STEPS" --phases \
+    --census "$CENSUS" --census-csv "$work/$name.csv" "$@" > "$work/$name.log" 2>&1
+  echo "== $name rc=$?"; grep -E "^\||^bench-step|^phases|^host CPU|rror|panick" "$work/$name.log" | grep -v "^|---" | cut -c1-240
+}
+for k in ${KERNELS:-fast}; do
+  run "native_$k" --replay false --batch 4 --kernels "$k"
+  run "replay_$k" --replay true --batch 4 --kernels "$k"
+  if [ "${ACCUM:-0}" = 1 ]; then
+    run "native_accum_$k" --replay false --kernels "$k"
+    run "replay_accum_$k" --replay true --kernels "$k"
+  fi
+done
+tar czf "$OUT/census.tgz" -C "$OUT" census && rm -rf "$work"
