@@ -2,11 +2,62 @@
 //! with atomic adds (cubek-reduce `shared_sum`), so its last bits depend on thread timing; that
 //! made loss values and — through the clipping norm — model states differ between identical GPU
 //! runs at 640 px (docs/PERF.md section J). `sum_dim` uses the deterministic reduce routines.
+//!
+//! A `sum_dim` to one value is one row, and CubeCL reduces a row in one cube: a 1.6M-value sum
+//! took 11 ms on the H200 (docs/PERF.md, the launch census). Large sums therefore go in stages
+//! of many short rows, each stage spread over the GPU; the split depends on the size only, so the
+//! order of the additions, and the result, are the same every run.
 
 use burn::prelude::*;
+
+/// Values one stage sums per row at most; sums of at most this many are one row.
+const ROW: usize = 1024;
 
 /// The sum of every element, `[1]`, reduced in a fixed order.
 pub fn sum_all<const D: usize>(t: Tensor<D>) -> Tensor<1> {
     let n = t.shape().num_elements();
-    t.reshape([n]).sum_dim(0)
+    let t = t.reshape([n]);
+    match row_length(n) {
+        Some(row) => sum_all(t.reshape([n / row, row]).sum_dim(1)),
+        None => t.sum_dim(0),
+    }
+}
+
+/// The row length of the next stage of a sum of `n` values: the largest divisor of `n` in
+/// `64..=ROW` when `n > ROW`, so each stage shrinks the sum at least 64-fold; `None` when one row
+/// will do (`n ≤ ROW`, or no such divisor: a prime-ish `n` stays one row).
+fn row_length(n: usize) -> Option<usize> {
+    if n <= ROW {
+        return None;
+    }
+    (64..=ROW).rev().find(|&r| n.is_multiple_of(r))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stages_split_large_sums_into_short_rows() {
+        assert_eq!(row_length(1000), None);
+        assert_eq!(row_length(1_638_400), Some(1024));
+        assert_eq!(row_length(33_600), Some(960));
+        // 1,000,003 is prime: one row.
+        assert_eq!(row_length(1_000_003), None);
+    }
+
+    #[test]
+    fn staged_sums_equal_the_exact_sum() {
+        let d = Device::flex();
+        for n in [1usize, 7, 1024, 1025, 33_600, 262_144, 100_003] {
+            // Integers: every partial sum is exact in f32, so any order must give the same.
+            let v: Vec<f32> = (0..n).map(|i| ((i * 7919) % 13) as f32 - 6.0).collect();
+            let exact: f64 = v.iter().map(|&x| x as f64).sum();
+            let t = Tensor::<1>::from_floats(v.as_slice(), &d);
+            let s = sum_all(t).into_scalar::<f32>() as f64;
+            assert_eq!(s, exact, "n = {n}");
+        }
+        let t = Tensor::<1>::from_floats([1.5f32; 4096].as_slice(), &d).reshape([4, 16, 64]);
+        assert_eq!(sum_all(t).dims(), [1]);
+    }
 }
