@@ -3,7 +3,6 @@
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::{BatchNorm, BatchNormConfig, PaddingConfig2d};
 use burn::prelude::*;
-use burn::tensor::activation::silu;
 
 /// BatchNorm epsilon and momentum used by every YOLO BN layer (yolo_spec §1.4; PyTorch convention:
 /// running ← (1 − m)·running + m·batch).
@@ -75,8 +74,7 @@ pub struct ConvBn {
 impl ConvBn {
     /// `[B, c_in, H, W]` → `[B, c_out, H/stride, W/stride]`.
     pub fn forward(&self, x: Tensor<4>) -> Tensor<4> {
-        let y = super::ops::batch_norm(&self.bn, super::precision::conv2d(&self.conv, x));
-        if self.act { silu(y) } else { y }
+        super::ops::batch_norm_act(&self.bn, super::precision::conv2d(&self.conv, x), self.act)
     }
 
     /// Multiply-accumulate count for an `h × w` input, and the output size.

@@ -146,7 +146,7 @@ fn fast_batch_norm_matches_stock_on_cuda() {
             d.sync().unwrap();
             let t = Instant::now();
             let y = if fast {
-                ops::batch_norm(&bn, x.clone())
+                ops::batch_norm_act(&bn, x.clone(), false)
             } else {
                 bn.forward(x.clone())
             };
@@ -176,5 +176,116 @@ fn fast_batch_norm_matches_stock_on_cuda() {
             median(stock_ms)
         );
         assert!(ey < 1e-4 && edx < 1e-3 && edg < 1e-3, "{ey} {edx} {edg}");
+    }
+}
+
+/// Output, input/γ/β gradients and new running statistics of BatchNorm (+ SiLU) in training,
+/// under a fixed loss, with the operations `kernels` chooses.
+fn bn_act_case(x: &Tensor<4>, act: bool, kernels: ops::Kernels, d: &Device) -> [Vec<f32>; 6] {
+    ops::set_kernels(kernels);
+    let c = x.dims()[1];
+    let mut bn = BatchNormConfig::new(c)
+        .with_epsilon(1e-3)
+        .with_momentum(0.03)
+        .init(d);
+    // The same γ and β in every call (a fresh random draw would differ between the arms).
+    let gamma: Vec<f32> = (0..c).map(|i| 0.5 + (i as f32 * 0.37) % 1.5).collect();
+    let beta: Vec<f32> = (0..c).map(|i| (i as f32 * 0.61) % 2.0 - 1.0).collect();
+    bn.gamma = Param::from_tensor(Tensor::from_floats(gamma.as_slice(), d));
+    bn.beta = Param::from_tensor(Tensor::from_floats(beta.as_slice(), d));
+    let x = x.clone().require_grad();
+    let y = ops::batch_norm_act(&bn, x.clone(), act);
+    let probe = (y.clone() * 1.3).sin().detach();
+    let grads = (y.clone() * probe).sum().backward();
+    let v = |t: Tensor<1>| {
+        t.into_data()
+            .convert::<f32>()
+            .try_into_vec::<f32>()
+            .unwrap()
+    };
+    let flat = |t: Tensor<4>| {
+        let n = t.shape().num_elements();
+        v(t.reshape([n]))
+    };
+    let out = [
+        flat(y.inner()),
+        flat(x.grad(&grads).unwrap()),
+        v(bn.gamma.val().grad(&grads).unwrap()),
+        v(bn.beta.val().grad(&grads).unwrap()),
+        v(bn.running_mean.value()),
+        v(bn.running_var.value()),
+    ];
+    ops::set_kernels(ops::Kernels::Fast);
+    out
+}
+
+/// Largest |a − b| over the largest |b|.
+fn rel_vec(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-12);
+    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn fused_batch_norm_silu_matches_the_staged_operations_on_cuda() {
+    let d = cuda().autodiff();
+    d.seed(11);
+    // Odd sizes, a single value per channel, one image, the 640-px stem layer, and an
+    // NHWC-strided input (conv outputs arrive that way).
+    let shapes = [
+        [3, 5, 53, 37],
+        [4, 16, 320, 320],
+        [1, 7, 1, 1],
+        [2, 130, 9, 11],
+    ];
+    for (i, shape) in shapes.into_iter().enumerate() {
+        let x = Tensor::<4>::random(shape, Distribution::Normal(0.4, 1.7), &d);
+        let nhwc = Tensor::<4>::random(
+            [shape[0], shape[2], shape[3], shape[1]],
+            Distribution::Normal(-0.3, 0.8),
+            &d,
+        )
+        .permute([0, 3, 1, 2]);
+        for (x, layout) in [(x, "NCHW"), (nhwc, "NHWC")] {
+            for act in [true, false] {
+                let fused = bn_act_case(&x, act, ops::Kernels::Fast, &d);
+                let again = bn_act_case(&x, act, ops::Kernels::Fast, &d);
+                let staged = bn_act_case(&x, act, ops::Kernels::Staged, &d);
+                let names = ["y", "dx", "dgamma", "dbeta", "running mean", "running var"];
+                let errors: Vec<f32> = (0..6).map(|k| rel_vec(&fused[k], &staged[k])).collect();
+                println!("bn_act {shape:?} {layout} act={act}: errors {names:?} {errors:?}");
+                // One value per channel has zero variance: y = β and the gradients vanish;
+                // only compare where there is something to compare.
+                let bound = [1e-5, 1e-3, 1e-3, 1e-4, 1e-5, 1e-5];
+                for k in 0..6 {
+                    assert!(
+                        errors[k] <= bound[k] || (i == 2 && k == 1),
+                        "{shape:?} {layout} act={act}: {} off by {}",
+                        names[k],
+                        errors[k]
+                    );
+                    assert!(
+                        fused[k].iter().all(|v| v.is_finite()),
+                        "{} not finite",
+                        names[k]
+                    );
+                }
+                assert_eq!(
+                    fused, again,
+                    "{shape:?} {layout}: two runs differ (not deterministic)"
+                );
+                // The running statistics moved from their start (mean 0, variance 1): the
+                // comparison above is of updated values.
+                assert!(
+                    fused[4].iter().any(|&m| m != 0.0),
+                    "running mean not updated"
+                );
+                assert!(
+                    fused[5].iter().any(|&v| v != 1.0),
+                    "running variance not updated"
+                );
+            }
+        }
     }
 }

@@ -82,3 +82,94 @@ pub fn backward<B: Backend>(
     let x_grad = B::float_mul(scale, B::float_sub(centred_grad, projected));
     (x_grad, flat::<B>(gamma_grad, c), flat::<B>(beta_grad, c))
 }
+
+/// `z · σ(z)` as Burn's `silu` computes it.
+fn silu<B: Backend>(z: FloatTensor<B>) -> FloatTensor<B> {
+    B::float_mul(z.clone(), B::sigmoid(z))
+}
+
+/// The gradient through `silu` at `z`, summed in the order Burn's autodiff sums it (the product's
+/// left-hand term first, then the sigmoid's), so the CPU path keeps its bits.
+fn silu_backward<B: Backend>(z: FloatTensor<B>, grad: FloatTensor<B>) -> FloatTensor<B> {
+    let s = B::sigmoid(z.clone());
+    let through_product = B::float_mul(grad.clone(), s.clone());
+    let through_sigmoid = B::sigmoid_backward(s, B::float_mul(grad, z));
+    B::float_add(through_product, through_sigmoid)
+}
+
+/// The BatchNorm output before the activation, recomputed with [`train`]'s operations.
+fn normalized_output<B: Backend>(
+    x: FloatTensor<B>,
+    gamma: FloatTensor<B>,
+    beta: FloatTensor<B>,
+    mean: FloatTensor<B>,
+    variance: FloatTensor<B>,
+    epsilon: f64,
+) -> FloatTensor<B> {
+    let c = dims(&x)[1];
+    let centered = B::float_sub(x, per_channel::<B>(mean, c));
+    let std = B::float_sqrt(B::float_add_scalar(
+        per_channel::<B>(variance, c),
+        Scalar::Float(epsilon),
+    ));
+    B::float_add(
+        B::float_mul(B::float_div(centered, std), per_channel::<B>(gamma, c)),
+        per_channel::<B>(beta, c),
+    )
+}
+
+/// `stat · momentum + old · (1 − momentum)` as Burn's `BatchNorm` updates its running statistics.
+fn running<B: Backend>(old: FloatTensor<B>, stat: FloatTensor<B>, momentum: f64) -> FloatTensor<B> {
+    B::float_add(
+        B::float_mul_scalar(old, Scalar::Float(1.0 - momentum)),
+        B::float_mul_scalar(stat, Scalar::Float(momentum)),
+    )
+}
+
+/// [`train`], then SiLU when `act`, and the running statistics' update:
+/// `(output, mean, variance, running mean', running variance')`.
+#[allow(clippy::too_many_arguments)]
+pub fn act_train<B: Backend>(
+    x: FloatTensor<B>,
+    gamma: FloatTensor<B>,
+    beta: FloatTensor<B>,
+    running_mean: FloatTensor<B>,
+    running_var: FloatTensor<B>,
+    epsilon: f64,
+    momentum: f64,
+    act: bool,
+) -> [FloatTensor<B>; 5] {
+    let (z, mean, var) = train::<B>(x, gamma, beta, epsilon);
+    let out = if act { silu::<B>(z) } else { z };
+    let new_mean = running::<B>(running_mean, mean.clone(), momentum);
+    let new_var = running::<B>(running_var, var.clone(), momentum);
+    [out, mean, var, new_mean, new_var]
+}
+
+/// `(x, gamma, beta)` gradients of [`act_train`]'s output.
+#[allow(clippy::too_many_arguments)]
+pub fn act_backward<B: Backend>(
+    x: FloatTensor<B>,
+    gamma: FloatTensor<B>,
+    beta: FloatTensor<B>,
+    mean: FloatTensor<B>,
+    variance: FloatTensor<B>,
+    epsilon: f64,
+    act: bool,
+    grad: FloatTensor<B>,
+) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
+    let grad = if act {
+        let z = normalized_output::<B>(
+            x.clone(),
+            gamma.clone(),
+            beta,
+            mean.clone(),
+            variance.clone(),
+            epsilon,
+        );
+        silu_backward::<B>(z, grad)
+    } else {
+        grad
+    };
+    backward::<B>(x, gamma, mean, variance, epsilon, grad)
+}

@@ -4,9 +4,11 @@
 //! direct kernel, and reduces BatchNorm's statistics as `[C, N·H·W]` rows (as few as 16 rows of
 //! 409,600 values), so together they were 91 % of a step on the H200 (docs/PERF.md, section D).
 //! These operations keep Burn's maths but choose the work layout:
-//! - BatchNorm statistics and their gradients are reduced along W, then H, then N, each stage a
-//!   reduction with many short rows; the backward is one operation (Burn's formula), so autodiff
-//!   records no broadcast reductions.
+//! - BatchNorm training and the SiLU after it are one operation with one backward (Burn's
+//!   formulas), so autodiff records no broadcast reductions and no activation graph. On CUDA it
+//!   is six kernels of ours (`kernels/batch_norm.rs`) where the tensor operations took ~60
+//!   launches per Conv-BN-SiLU; elsewhere (and with [`Kernels::Staged`]) its statistics and
+//!   gradients are reduced along W, then H, then N, each stage a reduction with many short rows.
 //! - On CUDA, convolutions without groups use CubeCL's implicit GEMM (tensor cores) for the
 //!   forward and the stride-1 data gradient; other data gradients run Burn's direct kernel in
 //!   FP32, and weight gradients are an FP32 im2col matmul (`wgrad`).
@@ -15,6 +17,9 @@
 
 mod batch_norm;
 mod conv;
+#[cfg(feature = "cuda")]
+#[path = "../../../kernels/batch_norm.rs"]
+mod fused_bn;
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 mod wgrad;
 
@@ -31,58 +36,91 @@ use burn::backend::{Autodiff, AutodiffBackend, Backend, Dispatch, backend_extens
 use burn::nn::BatchNorm;
 use burn::nn::conv::Conv2d;
 use burn::prelude::*;
+use burn::tensor::activation::silu;
 use serde::{Deserialize, Serialize};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 
 /// Which convolution and BatchNorm-training operations the model runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Kernels {
-    /// Ours (this module): staged BatchNorm reductions; implicit-GEMM convolutions on CUDA.
+    /// Ours (this module): BatchNorm + SiLU fused into three kernels forward and three backward
+    /// on CUDA (`kernels/batch_norm.rs`; staged tensor operations elsewhere); implicit-GEMM
+    /// convolutions on CUDA.
     #[default]
     Fast,
+    /// As `Fast`, but BatchNorm + SiLU as staged tensor operations on CUDA too (the CPU's path;
+    /// for comparisons).
+    Staged,
     /// Burn's `conv2d` and `batch_norm_train`.
     Stock,
 }
 
-static STOCK: AtomicBool = AtomicBool::new(false);
+static KERNELS: AtomicU8 = AtomicU8::new(0);
 
 /// Chooses the operations for the whole process (the model reads it on every forward).
 pub fn set_kernels(kernels: Kernels) {
-    STOCK.store(kernels == Kernels::Stock, Ordering::Relaxed);
+    KERNELS.store(kernels as u8, Ordering::Relaxed);
 }
 
 /// The operations in effect.
 pub fn kernels() -> Kernels {
-    if STOCK.load(Ordering::Relaxed) {
-        Kernels::Stock
-    } else {
-        Kernels::Fast
+    match KERNELS.load(Ordering::Relaxed) {
+        0 => Kernels::Fast,
+        1 => Kernels::Staged,
+        _ => Kernels::Stock,
     }
 }
 
 /// The default bodies are the CPU's (and any backend's): staged BatchNorm, Burn's convolutions.
 #[backend_extension(Flex, Cube: cfg(feature = "cuda"), Autodiff)]
 pub trait FastOps: Backend {
-    /// BatchNorm with the batch's statistics: `(output, mean, biased variance)`.
-    fn bn_train(
+    /// BatchNorm with the batch's statistics, then SiLU when `act`, and the running statistics'
+    /// update `old · (1 − momentum) + stat · momentum`:
+    /// `(output, mean, biased variance, running mean', running variance')`.
+    // The five outputs stay a plain tuple: `backend_extension` maps each element of it.
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    fn bn_act_train(
         x: FloatTensor<Self>,
         gamma: FloatTensor<Self>,
         beta: FloatTensor<Self>,
+        running_mean: FloatTensor<Self>,
+        running_var: FloatTensor<Self>,
         epsilon: f64,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        batch_norm::train::<Self>(x, gamma, beta, epsilon)
+        momentum: f64,
+        act: bool,
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+    ) {
+        let [out, mean, var, new_mean, new_var] = batch_norm::act_train::<Self>(
+            x,
+            gamma,
+            beta,
+            running_mean,
+            running_var,
+            epsilon,
+            momentum,
+            act,
+        );
+        (out, mean, var, new_mean, new_var)
     }
-    /// Gradients of [`FastOps::bn_train`]: `(x, gamma, beta)`.
-    fn bn_train_backward(
+    /// Gradients of [`FastOps::bn_act_train`]'s output: `(x, gamma, beta)`.
+    #[allow(clippy::too_many_arguments)]
+    fn bn_act_train_backward(
         x: FloatTensor<Self>,
         gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
         mean: FloatTensor<Self>,
         variance: FloatTensor<Self>,
         epsilon: f64,
+        act: bool,
         grad: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        batch_norm::backward::<Self>(x, gamma, mean, variance, epsilon, grad)
+        batch_norm::act_backward::<Self>(x, gamma, beta, mean, variance, epsilon, act, grad)
     }
     /// A convolution without bias.
     fn conv(
@@ -116,6 +154,66 @@ impl FastOps for burn::backend::Flex {}
 
 #[cfg(feature = "cuda")]
 impl FastOps for burn_cubecl::CubeBackend {
+    fn bn_act_train(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        running_mean: FloatTensor<Self>,
+        running_var: FloatTensor<Self>,
+        epsilon: f64,
+        momentum: f64,
+        act: bool,
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+    ) {
+        let [out, mean, var, new_mean, new_var] = if kernels() == Kernels::Staged {
+            batch_norm::act_train::<Self>(
+                x,
+                gamma,
+                beta,
+                running_mean,
+                running_var,
+                epsilon,
+                momentum,
+                act,
+            )
+        } else {
+            fused_bn::forward(
+                x,
+                gamma,
+                beta,
+                running_mean,
+                running_var,
+                epsilon as f32,
+                momentum as f32,
+                act,
+            )
+        };
+        (out, mean, var, new_mean, new_var)
+    }
+    fn bn_act_train_backward(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        mean: FloatTensor<Self>,
+        variance: FloatTensor<Self>,
+        epsilon: f64,
+        act: bool,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        if kernels() == Kernels::Staged {
+            return batch_norm::act_backward::<Self>(
+                x, gamma, beta, mean, variance, epsilon, act, grad,
+            );
+        }
+        let [dx, d_gamma, d_beta] =
+            fused_bn::backward(x, gamma, beta, mean, variance, grad, epsilon as f32, act);
+        (dx, d_gamma, d_beta)
+    }
     fn conv(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,
@@ -142,11 +240,19 @@ impl FastOps for burn_cubecl::CubeBackend {
 }
 
 #[derive(Debug)]
-struct BnTrainOp;
+struct BnActOp;
 
-impl<B: Backend + FastOps> Backward<B, 3> for BnTrainOp {
-    // Input and γ are checkpointed; the batch statistics come along as the forward made them.
-    type State = (NodeId, NodeId, FloatTensor<B>, FloatTensor<B>, f64);
+impl<B: Backend + FastOps> Backward<B, 3> for BnActOp {
+    // Input, γ and β are checkpointed; the batch statistics come along as the forward made them.
+    type State = (
+        NodeId,
+        NodeId,
+        NodeId,
+        FloatTensor<B>,
+        FloatTensor<B>,
+        f64,
+        bool,
+    );
 
     fn backward(
         self,
@@ -156,11 +262,12 @@ impl<B: Backend + FastOps> Backward<B, 3> for BnTrainOp {
     ) {
         let [node_x, node_gamma, node_beta] = ops.parents;
         let grad = grads.consume::<B>(&ops.node);
-        let (x_state, gamma_state, mean, variance, epsilon) = ops.state;
+        let (x_state, gamma_state, beta_state, mean, variance, epsilon, act) = ops.state;
         let x = checkpointer.retrieve_node_output::<FloatTensor<B>>(x_state);
         let gamma = checkpointer.retrieve_node_output::<FloatTensor<B>>(gamma_state);
+        let beta = checkpointer.retrieve_node_output::<FloatTensor<B>>(beta_state);
         let (x_grad, gamma_grad, beta_grad) =
-            B::bn_train_backward(x, gamma, mean, variance, epsilon, grad);
+            B::bn_act_train_backward(x, gamma, beta, mean, variance, epsilon, act, grad);
         for (node, g) in [
             (node_x, x_grad),
             (node_gamma, gamma_grad),
@@ -201,13 +308,35 @@ impl<B: Backend + FastOps> Backward<B, 2> for ConvOp {
 }
 
 impl<B: Backend + FastOps, C: CheckpointStrategy> FastOps for Autodiff<B, C> {
-    fn bn_train(
+    fn bn_act_train(
         x: FloatTensor<Self>,
         gamma: FloatTensor<Self>,
         beta: FloatTensor<Self>,
+        running_mean: FloatTensor<Self>,
+        running_var: FloatTensor<Self>,
         epsilon: f64,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        match BnTrainOp
+        momentum: f64,
+        act: bool,
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+    ) {
+        let inner = |x: FloatTensor<Self>, gamma: FloatTensor<Self>, beta: FloatTensor<Self>| {
+            B::bn_act_train(
+                x.into_primitive(),
+                gamma.into_primitive(),
+                beta.into_primitive(),
+                running_mean.into_primitive(),
+                running_var.into_primitive(),
+                epsilon,
+                momentum,
+                act,
+            )
+        };
+        match BnActOp
             .prepare::<C>([x.node(), gamma.node(), beta.node()])
             .compute_bound()
             .stateful()
@@ -215,43 +344,48 @@ impl<B: Backend + FastOps, C: CheckpointStrategy> FastOps for Autodiff<B, C> {
             OpsKind::Tracked(mut prep) => {
                 let x_state = prep.checkpoint(&x);
                 let gamma_state = prep.checkpoint(&gamma);
-                let (out, mean, var) = B::bn_train(
-                    x.into_primitive(),
-                    gamma.into_primitive(),
-                    beta.into_primitive(),
+                let beta_state = prep.checkpoint(&beta);
+                let (out, mean, var, new_mean, new_var) = inner(x, gamma, beta);
+                let state = (
+                    x_state,
+                    gamma_state,
+                    beta_state,
+                    mean.clone(),
+                    var.clone(),
                     epsilon,
+                    act,
                 );
-                let state = (x_state, gamma_state, mean.clone(), var.clone(), epsilon);
                 (
                     prep.finish(state, out),
                     Self::from_inner(mean),
                     Self::from_inner(var),
+                    Self::from_inner(new_mean),
+                    Self::from_inner(new_var),
                 )
             }
             OpsKind::UnTracked(prep) => {
-                let (out, mean, var) = B::bn_train(
-                    x.into_primitive(),
-                    gamma.into_primitive(),
-                    beta.into_primitive(),
-                    epsilon,
-                );
+                let (out, mean, var, new_mean, new_var) = inner(x, gamma, beta);
                 (
                     prep.finish(out),
                     Self::from_inner(mean),
                     Self::from_inner(var),
+                    Self::from_inner(new_mean),
+                    Self::from_inner(new_var),
                 )
             }
         }
     }
-    fn bn_train_backward(
+    fn bn_act_train_backward(
         _x: FloatTensor<Self>,
         _gamma: FloatTensor<Self>,
+        _beta: FloatTensor<Self>,
         _mean: FloatTensor<Self>,
         _variance: FloatTensor<Self>,
         _epsilon: f64,
+        _act: bool,
         _grad: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        panic!("bn_train_backward is first-order only")
+        panic!("bn_act_train_backward is first-order only")
     }
     fn conv(
         x: FloatTensor<Self>,
@@ -294,35 +428,33 @@ impl<B: Backend + FastOps, C: CheckpointStrategy> FastOps for Autodiff<B, C> {
     }
 }
 
-/// `bn.forward(x)` with [`FastOps::bn_train`] for the batch statistics (same running-statistics
-/// update as Burn's `BatchNorm::forward_train`).
-pub fn batch_norm(bn: &BatchNorm, x: Tensor<4>) -> Tensor<4> {
+/// `bn.forward(x)`, then SiLU when `act`: in training one [`FastOps::bn_act_train`] with the
+/// batch's statistics and the same running-statistics update as Burn's
+/// `BatchNorm::forward_train`; otherwise Burn's inference (and under [`Kernels::Stock`] Burn's
+/// own training BatchNorm) and Burn's `silu`.
+pub fn batch_norm_act(bn: &BatchNorm, x: Tensor<4>, act: bool) -> Tensor<4> {
     let device = x.device();
     let training = device.is_autodiff() && bn.training.is_enabled();
     if !training || kernels() == Kernels::Stock {
-        return bn.forward(x);
+        let y = bn.forward(x);
+        return if act { silu(y) } else { y };
     }
-    let (out, mean, var) = Dispatch::bn_train(
+    let running_mean = bn.running_mean.value_sync().to_device(&device);
+    let running_var = bn.running_var.value_sync().to_device(&device);
+    let (out, _mean, _var, new_mean, new_var) = Dispatch::bn_act_train(
         x.into_dispatch(),
         bn.gamma.val().into_dispatch(),
         bn.beta.val().into_dispatch(),
+        running_mean.into_dispatch(),
+        running_var.into_dispatch(),
         bn.epsilon,
+        bn.momentum,
+        act,
     );
-    let (mean, var) = (
-        Tensor::<1>::from_dispatch(mean),
-        Tensor::<1>::from_dispatch(var),
-    );
-    let m = bn.momentum;
-    let running_mean = bn.running_mean.value_sync().to_device(&device);
-    let running_var = bn.running_var.value_sync().to_device(&device);
-    let running_mean = running_mean
-        .mul_scalar(1.0 - m)
-        .add(mean.detach().mul_scalar(m));
-    let running_var = running_var
-        .mul_scalar(1.0 - m)
-        .add(var.detach().mul_scalar(m));
-    bn.running_mean.update(running_mean.detach());
-    bn.running_var.update(running_var.detach());
+    bn.running_mean
+        .update(Tensor::<1>::from_dispatch(new_mean).detach());
+    bn.running_var
+        .update(Tensor::<1>::from_dispatch(new_var).detach());
     Tensor::from_dispatch(out)
 }
 
@@ -337,7 +469,7 @@ pub fn conv2d(x: Tensor<4>, weight: Tensor<4>, options: ConvOptions<2>) -> Tenso
 
 /// Whether `conv` runs through [`conv2d`]: bias-free, unless [`Kernels::Stock`].
 pub fn takes(conv: &Conv2d) -> bool {
-    conv.bias.is_none() && kernels() == Kernels::Fast
+    conv.bias.is_none() && kernels() != Kernels::Stock
 }
 
 /// `conv.forward(x)`, through [`conv2d`] when it [`takes`] the convolution.

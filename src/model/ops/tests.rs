@@ -57,7 +57,7 @@ fn bn_case(
 #[test]
 fn staged_batch_norm_matches_burns_values_gradients_and_running_statistics() {
     let stock = bn_case(|bn, x| bn.forward(x));
-    let ours = bn_case(batch_norm);
+    let ours = bn_case(|bn, x| batch_norm_act(bn, x, false));
     assert!(rel_diff(ours.0, stock.0) < 1e-5, "output");
     assert!(rel_diff(ours.1, stock.1) < 1e-4, "input gradient");
     assert!(rel_diff(ours.2, stock.2) < 1e-5, "gamma gradient");
@@ -67,13 +67,32 @@ fn staged_batch_norm_matches_burns_values_gradients_and_running_statistics() {
 }
 
 #[test]
+fn fused_batch_norm_silu_matches_burns_batch_norm_then_silu() {
+    use burn::tensor::activation::silu;
+    let stock = bn_case(|bn, x| silu(bn.forward(x)));
+    let ours = bn_case(|bn, x| batch_norm_act(bn, x, true));
+    assert!(rel_diff(ours.0, stock.0) < 1e-5, "output");
+    assert!(rel_diff(ours.1, stock.1.clone()) < 1e-4, "input gradient");
+    assert!(rel_diff(ours.2, stock.2) < 1e-5, "gamma gradient");
+    assert!(rel_diff(ours.3, stock.3) < 1e-5, "beta gradient");
+    assert!(rel_diff(ours.4, stock.4) < 1e-6, "running mean");
+    assert!(rel_diff(ours.5, stock.5) < 1e-6, "running variance");
+    // A wrong activation derivative must show: the same case without SiLU is far off.
+    let plain = bn_case(|bn, x| batch_norm_act(bn, x, false));
+    assert!(rel_diff(plain.1, stock.1) > 1e-2, "the check cannot fail");
+}
+
+#[test]
 fn batch_norm_outside_training_is_burns_inference() {
     let d = Device::flex();
     let bn = BatchNormConfig::new(4).init(&d);
     let x = fill([2, 4, 3, 3], 0.7, &d);
-    let y = batch_norm(&bn, x.clone());
+    let y = batch_norm_act(&bn, x.clone(), false);
     // Running statistics are 0 and 1: inference only scales by 1/sqrt(1 + eps).
     assert!(rel_diff(y, x.clone().div_scalar((1.0f64 + bn.epsilon).sqrt())) < 1e-6);
+    let y = batch_norm_act(&bn, x.clone(), true);
+    let z = x.div_scalar((1.0f64 + bn.epsilon).sqrt());
+    assert!(rel_diff(y, burn::tensor::activation::silu(z)) < 1e-6);
 }
 
 fn conv_case(groups: usize, stride: usize, ours: bool) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
