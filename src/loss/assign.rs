@@ -11,13 +11,18 @@ pub struct Anchors {
     /// Cell centres in grid units of their own level.
     pub points: Vec<[f32; 2]>,
     pub strides: Vec<f32>,
+    /// Each level's first anchor, grid rows, grid columns and stride: anchor
+    /// `start + i · cols + j` is cell `(i, j)`.
+    levels: Vec<[usize; 4]>,
 }
 
 impl Anchors {
     pub fn new(h: usize, w: usize) -> Self {
         let mut points = Vec::new();
         let mut strides = Vec::new();
+        let mut levels = Vec::new();
         for s in STRIDES {
+            levels.push([points.len(), h / s, w / s, s]);
             for i in 0..h / s {
                 for j in 0..w / s {
                     points.push([j as f32 + 0.5, i as f32 + 0.5]);
@@ -25,7 +30,11 @@ impl Anchors {
                 }
             }
         }
-        Self { points, strides }
+        Self {
+            points,
+            strides,
+            levels,
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -136,52 +145,88 @@ pub fn assign(
         return out;
     }
     let n = targets.len();
-    let centres: Vec<[f32; 2]> = (0..a_len).map(|a| anchors.pixel(a)).collect();
-    let mut overlaps = vec![vec![0.0f32; a_len]; n];
-    let mut align = vec![vec![0.0f32; a_len]; n];
-    let mut pos = vec![vec![false; a_len]; n];
-    for (g, t) in targets.iter().enumerate() {
-        let cand = candidates(cfg, anchors, &centres, t);
-        for a in (0..a_len).filter(|&a| cand[a]) {
-            let ov = overlap(cfg, pred, a, t, sigmas).max(0.0);
-            overlaps[g][a] = ov;
-            align[g][a] = pred.scores[a * nc + t.class].powf(cfg.alpha) * ov.powf(cfg.beta);
-        }
-        for a in top_indices(&align[g], cfg.topk) {
-            pos[g][a] = cand[a];
+    // Each object's candidate anchors, ascending, with (overlap, alignment). Every other anchor
+    // has overlap and alignment 0 for it: the work is proportional to the candidates, not to
+    // objects × anchors.
+    let scored: Vec<Vec<(usize, f32, f32)>> = targets
+        .iter()
+        .map(|t| {
+            candidates(cfg, anchors, t)
+                .into_iter()
+                .map(|a| {
+                    let ov = overlap(cfg, pred, a, t, sigmas).max(0.0);
+                    let align = pred.scores[a * nc + t.class].powf(cfg.alpha) * ov.powf(cfg.beta);
+                    (a, ov, align)
+                })
+                .collect()
+        })
+        .collect();
+    let lookup = |g: usize, a: usize| -> Option<(f32, f32)> {
+        let c = &scored[g];
+        c.binary_search_by_key(&a, |e| e.0)
+            .ok()
+            .map(|i| (c[i].1, c[i].2))
+    };
+    let overlap_of = |g: usize, a: usize| lookup(g, a).map_or(0.0, |e| e.0);
+    let align_of = |g: usize, a: usize| lookup(g, a).map_or(0.0, |e| e.1);
+    // Positives: the top-k alignments over all anchors that are candidates.
+    let mut pos: Vec<Vec<usize>> = scored
+        .iter()
+        .map(|c| {
+            let values: Vec<(usize, f32)> = c.iter().map(|e| (e.0, e.2)).collect();
+            let mut p: Vec<usize> = top_set(&values, a_len, cfg.topk)
+                .into_iter()
+                .filter(|a| c.binary_search_by_key(a, |e| e.0).is_ok())
+                .collect();
+            p.sort_unstable();
+            p
+        })
+        .collect();
+    // An anchor claimed by several objects goes to the one it overlaps most (of all objects).
+    let mut claims = vec![0u32; a_len];
+    for p in &pos {
+        for &a in p {
+            claims[a] += 1;
         }
     }
-    // An anchor claimed by several objects goes to the one it overlaps most.
-    for a in 0..a_len {
-        if (0..n).filter(|&g| pos[g][a]).count() > 1 {
-            let best = argmax((0..n).map(|g| overlaps[g][a]));
-            for (g, p) in pos.iter_mut().enumerate() {
-                p[a] = g == best;
+    let mut contested: Vec<usize> = pos
+        .iter()
+        .flatten()
+        .copied()
+        .filter(|&a| claims[a] > 1)
+        .collect();
+    contested.sort_unstable();
+    contested.dedup();
+    for a in contested {
+        let best = argmax((0..n).map(|g| overlap_of(g, a)));
+        for (g, p) in pos.iter_mut().enumerate() {
+            match (p.binary_search(&a), g == best) {
+                (Ok(i), false) => {
+                    p.remove(i);
+                }
+                (Err(i), true) => p.insert(i, a),
+                _ => {}
             }
         }
     }
     if cfg.topk2 != cfg.topk {
-        for g in 0..n {
-            let masked: Vec<f32> = (0..a_len)
-                .map(|a| if pos[g][a] { align[g][a] } else { 0.0 })
-                .collect();
-            let keep = top_indices(&masked, cfg.topk2);
-            for (a, p) in pos[g].iter_mut().enumerate() {
-                *p &= keep.contains(&a);
-            }
+        for (g, p) in pos.iter_mut().enumerate() {
+            let values: Vec<(usize, f32)> = p.iter().map(|&a| (a, align_of(g, a))).collect();
+            let keep = top_set(&values, a_len, cfg.topk2);
+            p.retain(|a| keep.contains(a));
         }
     }
     let mut norm = vec![0.0f32; a_len];
-    for g in 0..n {
+    for (g, p) in pos.iter().enumerate() {
         let (mut max_align, mut max_ov) = (0.0f32, 0.0f32);
-        for a in (0..a_len).filter(|&a| pos[g][a]) {
-            max_align = max_align.max(align[g][a]);
-            max_ov = max_ov.max(overlaps[g][a]);
+        for &a in p {
+            max_align = max_align.max(align_of(g, a));
+            max_ov = max_ov.max(overlap_of(g, a));
         }
-        for a in (0..a_len).filter(|&a| pos[g][a]) {
+        for &a in p {
             out.fg[a] = true;
             out.gt_index[a] = g;
-            norm[a] = norm[a].max(align[g][a] * max_ov / (max_align + EPS));
+            norm[a] = norm[a].max(align_of(g, a) * max_ov / (max_align + EPS));
         }
     }
     for a in (0..a_len).filter(|&a| out.fg[a]) {
@@ -190,13 +235,22 @@ pub fn assign(
     out
 }
 
-/// In-box gate (with STAL widening) and, for pose, the pyramid-level gate.
-fn candidates(
-    cfg: &AssignerConfig,
-    anchors: &Anchors,
-    centres: &[[f32; 2]],
-    t: &Target,
-) -> Vec<bool> {
+/// Every anchor that is a candidate of some object, ascending: the only anchors whose
+/// predictions [`assign`] reads.
+pub fn candidate_union(cfg: &AssignerConfig, anchors: &Anchors, targets: &[Target]) -> Vec<usize> {
+    let mut all: Vec<usize> = targets
+        .iter()
+        .flat_map(|t| candidates(cfg, anchors, t))
+        .collect();
+    all.sort_unstable();
+    all.dedup();
+    all
+}
+
+/// In-box gate (with STAL widening) and, for pose, the pyramid-level gate: the candidate
+/// anchors of `t`, ascending. Only the cells near the (widened) box are tested, each with the
+/// exact in-box test.
+fn candidates(cfg: &AssignerConfig, anchors: &Anchors, t: &Target) -> Vec<usize> {
     let [x1, y1, x2, y2] = t.bbox;
     let widen = |lo: f32, hi: f32| {
         if hi - lo < cfg.stal_min_side {
@@ -207,28 +261,35 @@ fn candidates(
         }
     };
     let ((gx1, gx2), (gy1, gy2)) = (widen(x1, x2), widen(y1, y2));
-    let in_box: Vec<bool> = centres
-        .iter()
-        .map(|&[x, y]| (x - gx1).min(y - gy1).min(gx2 - x).min(gy2 - y) > 1e-9)
-        .collect();
-    if !cfg.pose {
-        return in_box;
-    }
     let side = ((x2 - x1) * (y2 - y1)).max(0.0).sqrt();
-    let (finest, coarsest) = (STRIDES[0] as f32, STRIDES[2] as f32);
-    let gated: Vec<bool> = (0..centres.len())
-        .map(|a| {
-            let s = anchors.strides[a];
-            let lower = s == finest || side >= 2.0 * s;
-            let upper = s == coarsest || side <= 12.0 * s;
-            in_box[a] && lower && upper
-        })
-        .collect();
-    if gated.iter().any(|&c| c) {
-        gated
-    } else {
-        in_box
+    let (finest, coarsest) = (STRIDES[0], STRIDES[2]);
+    let mut in_box = Vec::new();
+    let mut gated = Vec::new();
+    for &[start, rows, cols, s] in &anchors.levels {
+        // Cells whose centre (k + 0.5)·s may lie in [lo, hi], one cell of margin each side.
+        let span = |lo: f32, hi: f32, len: usize| {
+            let first = (lo / s as f32 - 1.5).floor().max(0.0) as usize;
+            let last = ((hi / s as f32 + 0.5).ceil().max(0.0) as usize).min(len);
+            first.min(len)..last
+        };
+        let level_open = !cfg.pose || {
+            let sf = s as f32;
+            (s == finest || side >= 2.0 * sf) && (s == coarsest || side <= 12.0 * sf)
+        };
+        for i in span(gy1, gy2, rows) {
+            for j in span(gx1, gx2, cols) {
+                let a = start + i * cols + j;
+                let [x, y] = anchors.pixel(a);
+                if (x - gx1).min(y - gy1).min(gx2 - x).min(gy2 - y) > 1e-9 {
+                    in_box.push(a);
+                    if level_open {
+                        gated.push(a);
+                    }
+                }
+            }
+        }
     }
+    if gated.is_empty() { in_box } else { gated }
 }
 
 /// CIoU for boxes; OKS (area = box area · 0.53) for pose objects with a labelled keypoint.
@@ -245,18 +306,47 @@ fn overlap(cfg: &AssignerConfig, pred: &Predicted, a: usize, t: &Target, sigmas:
     ciou(t.bbox, pred.boxes[a])
 }
 
-/// Indices of the `k` largest values (as a set), ties to the lower index.
-fn top_indices(values: &[f32], k: usize) -> Vec<usize> {
-    let k = k.min(values.len());
-    if k == 0 {
-        return Vec::new();
+/// The `k` anchors (as a set) with the largest values among `a_len` anchors whose values are
+/// `values` (`(anchor, value)`, ascending anchors) and +0 elsewhere; ties go to the lower anchor,
+/// values ordered as `f32::total_cmp` orders them (so NaN first, as a sort over all anchors
+/// would have it).
+fn top_set(values: &[(usize, f32)], a_len: usize, k: usize) -> Vec<usize> {
+    use std::cmp::Ordering::{Equal, Greater, Less};
+    let k = k.min(a_len);
+    let by_value = |x: &(usize, f32), y: &(usize, f32)| y.1.total_cmp(&x.1).then(x.0.cmp(&y.0));
+    let mut above: Vec<(usize, f32)> = values
+        .iter()
+        .copied()
+        .filter(|e| e.1.total_cmp(&0.0) == Greater)
+        .collect();
+    above.sort_unstable_by(by_value);
+    let mut top: Vec<usize> = above.iter().take(k).map(|e| e.0).collect();
+    // Then every anchor whose value is exactly +0 — all those not listed — by index.
+    let mut listed = values.iter().peekable();
+    let mut a = 0;
+    while top.len() < k && a < a_len {
+        while listed.peek().is_some_and(|e| e.0 < a) {
+            listed.next();
+        }
+        let zero = match listed.peek() {
+            Some(e) if e.0 == a => e.1.total_cmp(&0.0) == Equal,
+            _ => true,
+        };
+        if zero {
+            top.push(a);
+        }
+        a += 1;
     }
-    let mut idx: Vec<usize> = (0..values.len()).collect();
-    idx.select_nth_unstable_by(k - 1, |&i, &j| {
-        values[j].total_cmp(&values[i]).then(i.cmp(&j))
-    });
-    idx.truncate(k);
-    idx
+    if top.len() < k {
+        let mut below: Vec<(usize, f32)> = values
+            .iter()
+            .copied()
+            .filter(|e| e.1.total_cmp(&0.0) == Less)
+            .collect();
+        below.sort_unstable_by(by_value);
+        top.extend(below.iter().take(k - top.len()).map(|e| e.0));
+    }
+    top
 }
 
 /// Index of the first maximum.

@@ -1,6 +1,6 @@
 //! From detached head outputs and labels to per-anchor targets of one branch copy (host side).
 
-use super::assign::{Anchors, AssignerConfig, Predicted, Target, assign};
+use super::assign::{Anchors, AssignerConfig, Predicted, Target, assign, candidate_union};
 use crate::data::Instance;
 use crate::model::BranchOutput;
 use burn::prelude::*;
@@ -82,35 +82,6 @@ pub fn build_targets(
     let mut total = 0.0f32;
     for (b, image_labels) in labels.iter().enumerate() {
         let at = |ch: usize, c: usize, a: usize| b * ch * a_len + c * a_len + a;
-        let pred_boxes: Vec<[f32; 4]> = (0..a_len)
-            .map(|a| {
-                let [ax, ay] = anchors.points[a];
-                let s = anchors.strides[a];
-                let d = |c| boxes[at(4, c, a)];
-                [
-                    (ax - d(0)) * s,
-                    (ay - d(1)) * s,
-                    (ax + d(2)) * s,
-                    (ay + d(3)) * s,
-                ]
-            })
-            .collect();
-        let probs: Vec<f32> = (0..a_len * nc)
-            .map(|i| sigmoid(scores[at(nc, i % nc, i / nc)]))
-            .collect();
-        let pred_kpts: Option<Vec<[f32; 2]>> = kpts.as_ref().map(|k| {
-            (0..a_len * nk)
-                .map(|i| {
-                    let (a, j) = (i / nk, i % nk);
-                    let [ax, ay] = anchors.points[a];
-                    let s = anchors.strides[a];
-                    [
-                        (k[at(kpt_ch, j * kd, a)] + ax) * s,
-                        (k[at(kpt_ch, j * kd + 1, a)] + ay) * s,
-                    ]
-                })
-                .collect()
-        });
         let targets: Vec<Target> = image_labels
             .iter()
             .map(|inst| Target {
@@ -119,6 +90,34 @@ pub fn build_targets(
                 keypoints: (nk > 0).then_some(inst.keypoints.as_slice()),
             })
             .collect();
+        // The assigner reads predictions at candidate anchors only: decode just those (the
+        // rest stay zero and unread).
+        let needed = candidate_union(cfg, anchors, &targets);
+        let mut pred_boxes = vec![[0.0f32; 4]; a_len];
+        let mut probs = vec![0.0f32; a_len * nc];
+        let mut pred_kpts = kpts.as_ref().map(|_| vec![[0.0f32; 2]; a_len * nk]);
+        for &a in &needed {
+            let [ax, ay] = anchors.points[a];
+            let s = anchors.strides[a];
+            let d = |c| boxes[at(4, c, a)];
+            pred_boxes[a] = [
+                (ax - d(0)) * s,
+                (ay - d(1)) * s,
+                (ax + d(2)) * s,
+                (ay + d(3)) * s,
+            ];
+            for c in 0..nc {
+                probs[a * nc + c] = sigmoid(scores[at(nc, c, a)]);
+            }
+            if let (Some(k), Some(pk)) = (&kpts, &mut pred_kpts) {
+                for j in 0..nk {
+                    pk[a * nk + j] = [
+                        (k[at(kpt_ch, j * kd, a)] + ax) * s,
+                        (k[at(kpt_ch, j * kd + 1, a)] + ay) * s,
+                    ];
+                }
+            }
+        }
         let pred = Predicted {
             scores: &probs,
             boxes: &pred_boxes,

@@ -243,3 +243,109 @@ fn full_loss_gradient_matches_finite_differences() {
     }
     assert_eq!(checked, 36);
 }
+
+/// `build_targets` decodes predictions at candidate anchors only; the assignment must be the one
+/// fully decoded predictions give.
+#[test]
+fn decoding_only_candidates_changes_no_assignment() {
+    use super::assign::{Anchors, AssignerConfig, Predicted, Target, assign};
+    use super::targets::{build_targets, host};
+    let d = Device::flex();
+    d.seed(9);
+    let (h, w, nk) = (64, 96, 17);
+    let anchors = Anchors::new(h, w);
+    let a_len = anchors.len();
+    let sigmas = geometry::sigmas(nk);
+    let t = |c: usize, dist| Tensor::<3>::random([2, c, a_len], dist, &d);
+    let out = BranchOutput {
+        boxes: t(4, Distribution::Uniform(0.2, 4.0)),
+        scores: t(2, Distribution::Normal(-1.0, 2.0)),
+        kpts: Some(t(nk * 3, Distribution::Normal(0.0, 2.0))),
+        kpts_sigma: Some(t(nk * 2, Distribution::Normal(0.0, 1.0))),
+    };
+    let inst = |bbox: [f32; 4], class| Instance {
+        class,
+        bbox,
+        keypoints: (0..nk)
+            .map(|j| [bbox[0] + j as f32, bbox[1] + 2.0 * j as f32, (j % 3) as f32])
+            .collect(),
+    };
+    let labels = vec![
+        vec![
+            inst([4.0, 6.0, 60.0, 50.0], 0),
+            inst([30.0, 10.0, 90.0, 62.0], 1),
+            inst([40.0, 40.0, 41.0, 42.0], 1),
+        ],
+        vec![inst([0.0, 0.0, 96.0, 64.0], 0)],
+    ];
+    let (boxes, scores, kpts) = (
+        host(out.boxes.clone()),
+        host(out.scores.clone()),
+        host(out.kpts.clone().unwrap()),
+    );
+    for cfg in [
+        AssignerConfig::one2many(true),
+        AssignerConfig::one2one(true),
+    ] {
+        let built = build_targets(&cfg, &anchors, &out, &labels, &sigmas);
+        let mut fg_rows = Vec::new();
+        for (b, image) in labels.iter().enumerate() {
+            let at = |ch: usize, c: usize, a: usize| b * ch * a_len + c * a_len + a;
+            let decode = |a: usize, [x, y]: [f32; 2]| {
+                let s = anchors.strides[a];
+                [
+                    (x + anchors.points[a][0]) * s,
+                    (y + anchors.points[a][1]) * s,
+                ]
+            };
+            let pred_boxes: Vec<[f32; 4]> = (0..a_len)
+                .map(|a| {
+                    let [l, t] = decode(a, [-boxes[at(4, 0, a)], -boxes[at(4, 1, a)]]);
+                    let [r, bt] = decode(a, [boxes[at(4, 2, a)], boxes[at(4, 3, a)]]);
+                    [l, t, r, bt]
+                })
+                .collect();
+            let probs: Vec<f32> = (0..a_len * 2)
+                .map(|i| 1.0 / (1.0 + (-scores[at(2, i % 2, i / 2)]).exp()))
+                .collect();
+            let pk: Vec<[f32; 2]> = (0..a_len * nk)
+                .map(|i| {
+                    let (a, j) = (i / nk, i % nk);
+                    decode(
+                        a,
+                        [kpts[at(nk * 3, j * 3, a)], kpts[at(nk * 3, j * 3 + 1, a)]],
+                    )
+                })
+                .collect();
+            let targets: Vec<Target> = image
+                .iter()
+                .map(|i| Target {
+                    class: i.class,
+                    bbox: i.bbox,
+                    keypoints: Some(i.keypoints.as_slice()),
+                })
+                .collect();
+            let pred = Predicted {
+                scores: &probs,
+                boxes: &pred_boxes,
+                keypoints: Some(&pk),
+                nc: 2,
+            };
+            let asg = assign(&cfg, &anchors, &pred, &targets, &sigmas);
+            for a in 0..a_len {
+                for c in 0..2 {
+                    assert_eq!(
+                        built.target_scores[at(2, c, a)],
+                        asg.target_scores[a * 2 + c],
+                        "{cfg:?} image {b} anchor {a}"
+                    );
+                }
+                if asg.fg[a] {
+                    fg_rows.push((b * a_len + a) as i64);
+                }
+            }
+        }
+        assert!(!fg_rows.is_empty());
+        assert_eq!(built.fg_rows, fg_rows, "{cfg:?}");
+    }
+}
