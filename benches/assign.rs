@@ -92,10 +92,10 @@ fn main() {
         for image in &labels {
             let targets: Vec<Target> = image
                 .iter()
+                // One class: the predictions above hold one score per anchor.
                 .map(|inst| Target {
                     class: 0,
-                    bbox: inst.bbox,
-                    keypoints: Some(inst.keypoints.as_slice()),
+                    ..Target::of(inst, true)
                 })
                 .collect();
             for cfg in &configs {

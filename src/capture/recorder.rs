@@ -71,10 +71,11 @@ struct Recorded {
     grads: Vec<(ParamInfo, Tensor<1>)>,
 }
 
-fn cube<const D: usize>(t: Tensor<D>) -> CubeTensor {
+/// The CUDA float tensor inside `t` (panics on any other device: callers hold CUDA tensors).
+pub(crate) fn cube<const D: usize>(t: Tensor<D>) -> CubeTensor {
     match t.inner().into_dispatch().kind {
         DispatchTensorKind::Cube(BackendTensor::Float(c)) => c,
-        _ => panic!("feature replay: tensor is not a CUDA float tensor"),
+        _ => panic!("expected a CUDA float tensor"),
     }
 }
 

@@ -75,25 +75,29 @@ pub fn run(o: Options) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn sync(device: &Device) -> anyhow::Result<()> {
-    device
-        .sync()
-        .map_err(|e| anyhow::anyhow!("device sync failed: {e:?}"))
+/// Synchronises the Burn device.
+fn sync(device: &Device) -> impl FnMut() -> anyhow::Result<()> + '_ {
+    || {
+        device
+            .sync()
+            .map_err(|e| anyhow::anyhow!("device sync failed: {e:?}"))
+    }
 }
 
-/// Times `f(n)` for `n` launches after a tenth as many warm-up launches.
+/// Times `launch(n)` for `n` launches after a tenth as many warm-up launches, `sync` waiting for
+/// the queue they went to.
 fn time(
-    device: &Device,
     name: &'static str,
     n: usize,
-    mut f: impl FnMut(usize) -> anyhow::Result<()>,
+    mut sync: impl FnMut() -> anyhow::Result<()>,
+    mut launch: impl FnMut(usize) -> anyhow::Result<()>,
 ) -> anyhow::Result<Arm> {
-    f((n / 10).max(1))?;
-    sync(device)?;
+    launch((n / 10).max(1))?;
+    sync()?;
     let start = Instant::now();
-    f(n)?;
+    launch(n)?;
     let enqueue = start.elapsed();
-    sync(device)?;
+    sync()?;
     let finish = start.elapsed();
     let per = |d: std::time::Duration| d.as_secs_f64() * 1e6 / n as f64;
     Ok(Arm {
@@ -116,7 +120,7 @@ fn burn_arm(device: &Device, o: &Options, autodiff: bool) -> anyhow::Result<Arm>
     } else {
         start
     };
-    time(device, name, o.launches, |n| {
+    time(name, o.launches, sync(device), |n| {
         let mut x = start.clone();
         for _ in 0..n {
             x = x + 1.0;
@@ -129,19 +133,15 @@ fn burn_arm(device: &Device, o: &Options, autodiff: bool) -> anyhow::Result<Arm>
 
 #[cfg(feature = "cuda")]
 mod cube {
-    use super::{Arm, Options, time};
-    use burn::backend::{BackendTensor, DispatchTensorKind};
+    use super::{Arm, Options, sync, time};
+    use crate::capture::recorder::cube;
     use burn::prelude::*;
     use cudarc::driver::{CudaContext, DevicePtr};
 
     pub fn cubecl_arm(device: &Device, o: &Options) -> anyhow::Result<Arm> {
-        let cube = |t: Tensor<1>| match t.inner().into_dispatch().kind {
-            DispatchTensorKind::Cube(BackendTensor::Float(c)) => Ok(c),
-            _ => Err(anyhow::anyhow!("not a CUDA float tensor")),
-        };
-        let src = cube(Tensor::<1>::ones([o.elements], device))?;
-        let dst = cube(Tensor::<1>::zeros([o.elements], device))?;
-        time(device, "cubecl", o.launches, |n| {
+        let src = cube(Tensor::<1>::ones([o.elements], device));
+        let dst = cube(Tensor::<1>::zeros([o.elements], device));
+        time("cubecl", o.launches, sync(device), |n| {
             for _ in 0..n {
                 crate::capture::copy::copy_into(src.clone(), &dst);
             }
@@ -174,7 +174,18 @@ mod cube {
         let blocks = o.elements.div_ceil(256) as u32;
         let (cu_f, cu_s) = (f.cu_function(), stream.cu_stream());
         let cu_ctx = ctx.cu_ctx();
-        let mut launch = |n: usize| -> anyhow::Result<()> {
+        let name = if as_cubecl {
+            "driver+attr+ctx"
+        } else {
+            "driver"
+        };
+        // The stream is ours, not Burn's: sync it rather than the Burn device.
+        let sync = || {
+            stream
+                .synchronize()
+                .map_err(|e| anyhow::anyhow!("stream sync: {e:?}"))
+        };
+        time(name, o.launches, sync, |n| {
             for _ in 0..n {
                 if as_cubecl {
                     // SAFETY: the context and function are alive for the whole call.
@@ -208,24 +219,6 @@ mod cube {
                 .map_err(|e| anyhow::anyhow!("launch: {e:?}"))?;
             }
             Ok(())
-        };
-        // The stream is ours, not Burn's: sync it rather than the Burn device.
-        launch((o.launches / 10).max(1))?;
-        stream.synchronize().map_err(|e| anyhow::anyhow!("{e:?}"))?;
-        let start = std::time::Instant::now();
-        launch(o.launches)?;
-        let enqueue = start.elapsed();
-        stream.synchronize().map_err(|e| anyhow::anyhow!("{e:?}"))?;
-        let finish = start.elapsed();
-        let per = |d: std::time::Duration| d.as_secs_f64() * 1e6 / o.launches as f64;
-        Ok(Arm {
-            name: if as_cubecl {
-                "driver+attr+ctx"
-            } else {
-                "driver"
-            },
-            enqueue_us: per(enqueue),
-            finish_us: per(finish),
         })
     }
 }

@@ -169,20 +169,11 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
     }
     if let Some(report) = census {
         // Host ms per phase from the timed steps (CUPTI's callbacks slow the census steps).
+        // "Between steps" has no phase of its own: NaN.
         let host: Option<Vec<f64>> = o.phases.then(|| {
-            (0..=crate::train::census::BETWEEN)
-                .map(|i| {
-                    let v: Vec<f64> = timing.phase_ms[o.skip..]
-                        .iter()
-                        .map(|p| p.get(i).copied().unwrap_or(f64::NAN))
-                        .collect();
-                    if i == crate::train::census::BETWEEN {
-                        f64::NAN
-                    } else {
-                        median(&v)
-                    }
-                })
-                .collect()
+            let mut ms = timing.phase_medians(o.skip).to_vec();
+            ms.push(f64::NAN);
+            ms
         });
         print_census(&report, host.as_deref(), o.census_csv.as_deref())?;
     }
@@ -223,15 +214,8 @@ fn run_census(
     synced.map_err(|e| anyhow::anyhow!("device sync after the census: {e:?}"))?;
     let timing = t.timing.as_mut().expect("set by the caller");
     timing.phases = phases;
-    // The census steps are not timed steps: drop their rows so medians stay the timed ones.
-    let keep = timing.step_ms.len() - n;
-    timing.step_ms.truncate(keep);
-    timing.optimizer_step.truncate(keep);
-    timing.in_use.truncate(keep.min(timing.in_use.len()));
-    timing.reserved.truncate(keep.min(timing.reserved.len()));
-    timing.event_ms.truncate(keep.min(timing.event_ms.len()));
-    let phased = timing.phase_ms.len().saturating_sub(n);
-    timing.phase_ms.truncate(phased);
+    // The census steps are not timed steps: the medians stay the timed ones'.
+    timing.drop_last(n);
     Ok(report)
 }
 

@@ -97,6 +97,17 @@ pub struct Target<'a> {
     pub keypoints: Option<&'a [[f32; 3]]>,
 }
 
+impl<'a> Target<'a> {
+    /// A labelled object; its keypoints count only for pose.
+    pub fn of(instance: &'a crate::data::Instance, pose: bool) -> Self {
+        Self {
+            class: instance.class,
+            bbox: instance.bbox,
+            keypoints: pose.then_some(instance.keypoints.as_slice()),
+        }
+    }
+}
+
 /// Detached predictions of one image, decoded to pixels.
 #[derive(Clone, Copy, Debug)]
 pub struct Predicted<'a> {
@@ -134,6 +145,19 @@ pub fn assign(
     targets: &[Target],
     sigmas: &[f32],
 ) -> Assignment {
+    let candidates = candidate_lists(cfg, anchors, targets);
+    assign_among(cfg, anchors, pred, targets, &candidates, sigmas)
+}
+
+/// [`assign`] given each object's candidate anchors ([`candidate_lists`]).
+pub fn assign_among(
+    cfg: &AssignerConfig,
+    anchors: &Anchors,
+    pred: &Predicted,
+    targets: &[Target],
+    candidates: &[Vec<usize>],
+    sigmas: &[f32],
+) -> Assignment {
     let a_len = anchors.len();
     let nc = pred.nc;
     let mut out = Assignment {
@@ -150,10 +174,10 @@ pub fn assign(
     // objects × anchors.
     let scored: Vec<Vec<(usize, f32, f32)>> = targets
         .iter()
-        .map(|t| {
-            candidates(cfg, anchors, t)
-                .into_iter()
-                .map(|a| {
+        .zip(candidates)
+        .map(|(t, cand)| {
+            cand.iter()
+                .map(|&a| {
                     let ov = overlap(cfg, pred, a, t, sigmas).max(0.0);
                     let align = pred.scores[a * nc + t.class].powf(cfg.alpha) * ov.powf(cfg.beta);
                     (a, ov, align)
@@ -235,16 +259,17 @@ pub fn assign(
     out
 }
 
-/// Every anchor that is a candidate of some object, ascending: the only anchors whose
-/// predictions [`assign`] reads.
-pub fn candidate_union(cfg: &AssignerConfig, anchors: &Anchors, targets: &[Target]) -> Vec<usize> {
-    let mut all: Vec<usize> = targets
+/// Each object's candidate anchors, ascending: the only anchors whose predictions [`assign`]
+/// reads for it.
+pub fn candidate_lists(
+    cfg: &AssignerConfig,
+    anchors: &Anchors,
+    targets: &[Target],
+) -> Vec<Vec<usize>> {
+    targets
         .iter()
-        .flat_map(|t| candidates(cfg, anchors, t))
-        .collect();
-    all.sort_unstable();
-    all.dedup();
-    all
+        .map(|t| candidates(cfg, anchors, t))
+        .collect()
 }
 
 /// In-box gate (with STAL widening) and, for pose, the pyramid-level gate: the candidate

@@ -1,6 +1,6 @@
 //! From detached head outputs and labels to per-anchor targets of one branch copy (host side).
 
-use super::assign::{Anchors, AssignerConfig, Predicted, Target, assign, candidate_union};
+use super::assign::{Anchors, AssignerConfig, Predicted, Target, assign_among, candidate_lists};
 use crate::data::Instance;
 use crate::model::BranchOutput;
 use burn::prelude::*;
@@ -84,15 +84,14 @@ pub fn build_targets(
         let at = |ch: usize, c: usize, a: usize| b * ch * a_len + c * a_len + a;
         let targets: Vec<Target> = image_labels
             .iter()
-            .map(|inst| Target {
-                class: inst.class,
-                bbox: inst.bbox,
-                keypoints: (nk > 0).then_some(inst.keypoints.as_slice()),
-            })
+            .map(|inst| Target::of(inst, nk > 0))
             .collect();
         // The assigner reads predictions at candidate anchors only: decode just those (the
         // rest stay zero and unread).
-        let needed = candidate_union(cfg, anchors, &targets);
+        let candidates = candidate_lists(cfg, anchors, &targets);
+        let mut needed: Vec<usize> = candidates.iter().flatten().copied().collect();
+        needed.sort_unstable();
+        needed.dedup();
         let mut pred_boxes = vec![[0.0f32; 4]; a_len];
         let mut probs = vec![0.0f32; a_len * nc];
         let mut pred_kpts = kpts.as_ref().map(|_| vec![[0.0f32; 2]; a_len * nk]);
@@ -124,7 +123,7 @@ pub fn build_targets(
             keypoints: pred_kpts.as_deref(),
             nc,
         };
-        let asg = assign(cfg, anchors, &pred, &targets, sigmas);
+        let asg = assign_among(cfg, anchors, &pred, &targets, &candidates, sigmas);
         for a in 0..a_len {
             for c in 0..nc {
                 let v = asg.target_scores[a * nc + c];

@@ -317,14 +317,7 @@ fn decoding_only_candidates_changes_no_assignment() {
                     )
                 })
                 .collect();
-            let targets: Vec<Target> = image
-                .iter()
-                .map(|i| Target {
-                    class: i.class,
-                    bbox: i.bbox,
-                    keypoints: Some(i.keypoints.as_slice()),
-                })
-                .collect();
+            let targets: Vec<Target> = image.iter().map(|i| Target::of(i, true)).collect();
             let pred = Predicted {
                 scores: &probs,
                 boxes: &pred_boxes,

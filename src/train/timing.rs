@@ -60,17 +60,34 @@ impl StepTiming {
         )
     }
 
-    /// "phase ms, …": the median of each of [`PHASES`] over the steps from `from` on.
+    /// The median ms of each of [`PHASES`] over the steps from `from` on.
+    pub fn phase_medians(&self, from: usize) -> [f64; PHASES.len()] {
+        std::array::from_fn(|i| {
+            let v: Vec<f64> = self.phase_ms[from..].iter().map(|p| p[i]).collect();
+            median(&v)
+        })
+    }
+
+    /// "phase ms, …": [`StepTiming::phase_medians`] with the phases' names.
     pub fn phase_line(&self, from: usize) -> String {
         PHASES
             .iter()
-            .enumerate()
-            .map(|(i, name)| {
-                let v: Vec<f64> = self.phase_ms[from..].iter().map(|p| p[i]).collect();
-                format!("{name} {:.2}", median(&v))
-            })
+            .zip(self.phase_medians(from))
+            .map(|(name, ms)| format!("{name} {ms:.2}"))
             .collect::<Vec<_>>()
             .join(", ")
+    }
+
+    /// Forgets the last `n` steps (every per-step record), e.g. steps run for another purpose.
+    pub fn drop_last(&mut self, n: usize) {
+        let keep = |len: usize| len.saturating_sub(n);
+        self.step_ms.truncate(keep(self.step_ms.len()));
+        self.optimizer_step
+            .truncate(keep(self.optimizer_step.len()));
+        self.in_use.truncate(keep(self.in_use.len()));
+        self.reserved.truncate(keep(self.reserved.len()));
+        self.event_ms.truncate(keep(self.event_ms.len()));
+        self.phase_ms.truncate(keep(self.phase_ms.len()));
     }
 }
 
