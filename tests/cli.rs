@@ -30,6 +30,25 @@ fn info_rejects_bad_flags() {
     assert!(!ok && text.contains("--imgsz"), "{text}");
 }
 
+/// The launch census and the launch benchmark refuse what they cannot count with one error,
+/// before any training step runs.
+#[test]
+fn census_and_launch_bench_refuse_a_cpu_device_up_front() {
+    let (ok, text) = burnpose(&[
+        "bench-step",
+        "configs/pose_nano.toml",
+        "--device",
+        "cpu",
+        "--census",
+        "2",
+    ]);
+    assert!(!ok && text.contains("--census"), "{text}");
+    assert!(!text.contains("bench-step cpu"), "steps ran first: {text}");
+    assert!(!text.contains("panicked"), "{text}");
+    let (ok, text) = burnpose(&["bench-launch", "--launches", "0"]);
+    assert!(!ok && text.contains("--launches"), "{text}");
+}
+
 #[test]
 fn fit_trains_and_writes_run_folder() {
     let dir = std::env::temp_dir().join(format!("burnpose-cli-fit-{}", std::process::id()));

@@ -59,7 +59,8 @@ pub fn check(s: &Setup) -> Result<(), String> {
     Ok(())
 }
 
-fn is_cuda(device: &Device) -> bool {
+/// Whether `device` is a CUDA device.
+pub fn is_cuda(device: &Device) -> bool {
     format!("{:?}", device.clone().inner())
         .to_lowercase()
         .contains("cuda")

@@ -72,6 +72,14 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
         cfg.device.kernels = k;
     }
     anyhow::ensure!(o.steps > 0, "--steps must be at least 1");
+    if o.census > 0 {
+        // Before any step runs, not after the timed ones.
+        crate::train::census::Census::available().map_err(|e| anyhow::anyhow!("--census: {e}"))?;
+        anyhow::ensure!(
+            crate::capture::eligibility::is_cuda(&device),
+            "--census counts CUDA launches; the device is {what}"
+        );
+    }
     let mut t = Trainer::new(cfg, config_path, device)?;
     t.timing = Some(crate::train::StepTiming {
         phases: o.phases,

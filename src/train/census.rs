@@ -268,8 +268,13 @@ pub struct Census;
 
 #[cfg(not(feature = "cuda"))]
 impl Census {
-    pub fn start() -> Result<Self, String> {
+    /// Whether a census can start here (checked before any step runs).
+    pub fn available() -> Result<(), String> {
         Err("the launch census reads CUPTI: build with --features cuda and run on a GPU".into())
+    }
+
+    pub fn start() -> Result<Self, String> {
+        Self::available().map(|()| unreachable!("not available"))
     }
 
     pub fn finish(self, _steps: usize) -> Result<CensusReport, String> {
@@ -312,12 +317,19 @@ mod cupti {
     }
 
     impl Census {
+        /// Whether a census can start here (checked before any step runs).
+        pub fn available() -> Result<(), String> {
+            // cudarc panics when the library is absent; say where it is looked for instead.
+            if unsafe { sys::is_culib_present() } {
+                Ok(())
+            } else {
+                Err("libcupti was not found: add the CUDA toolkit's extras/CUPTI/lib64 (or the nvidia-cuda-cupti wheel's lib folder) to LD_LIBRARY_PATH".into())
+            }
+        }
+
         /// Subscribes to every driver API call and enables kernel, copy and memset records.
         pub fn start() -> Result<Self, String> {
-            // cudarc panics when the library is absent; say where it is looked for instead.
-            if !unsafe { sys::is_culib_present() } {
-                return Err("libcupti was not found: add the CUDA toolkit's extras/CUPTI/lib64 (or the nvidia-cuda-cupti wheel's lib folder) to LD_LIBRARY_PATH".into());
-            }
+            Self::available()?;
             let mut guard = RAW.lock().map_err(|_| "census state poisoned")?;
             if guard.is_some() {
                 return Err("a census is already running".into());
