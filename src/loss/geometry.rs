@@ -1,6 +1,7 @@
 //! Box and keypoint similarity on the host (assignment) — the same formulas as
 //! `ultralytics/utils/metrics.py::bbox_iou(CIoU=True)` and `kpt_iou`.
 
+use super::dual::Real;
 use std::f32::consts::PI;
 
 /// COCO keypoint sigmas, nose → ankles (`OKS_SIGMA`).
@@ -22,18 +23,26 @@ const EPS: f32 = 1e-7;
 
 /// Complete IoU of two `[x1, y1, x2, y2]` boxes.
 pub fn ciou(a: [f32; 4], b: [f32; 4]) -> f32 {
-    let (w1, h1) = (a[2] - a[0], a[3] - a[1] + EPS);
-    let (w2, h2) = (b[2] - b[0], b[3] - b[1] + EPS);
-    let inter =
-        (a[2].min(b[2]) - a[0].max(b[0])).max(0.0) * (a[3].min(b[3]) - a[1].max(b[1])).max(0.0);
-    let union = w1 * h1 + w2 * h2 - inter + EPS;
+    ciou_of(a, b)
+}
+
+/// [`ciou`] for any [`Real`]; the aspect weight α is detached, as in Ultralytics' loss (the
+/// assignment uses only the value).
+pub fn ciou_of<T: Real>(a: [T; 4], b: [T; 4]) -> T {
+    let c = |x: f32| T::from(x);
+    let sq = |x: T| x * x;
+    let (w1, h1) = (a[2] - a[0], a[3] - a[1] + c(EPS));
+    let (w2, h2) = (b[2] - b[0], b[3] - b[1] + c(EPS));
+    let inter = (a[2].min(b[2]) - a[0].max(b[0])).max(c(0.0))
+        * (a[3].min(b[3]) - a[1].max(b[1])).max(c(0.0));
+    let union = w1 * h1 + w2 * h2 - inter + c(EPS);
     let iou = inter / union;
     let cw = a[2].max(b[2]) - a[0].min(b[0]);
     let ch = a[3].max(b[3]) - a[1].min(b[1]);
-    let c2 = cw * cw + ch * ch + EPS;
-    let rho2 = ((b[0] + b[2] - a[0] - a[2]).powi(2) + (b[1] + b[3] - a[1] - a[3]).powi(2)) / 4.0;
-    let v = 4.0 / (PI * PI) * ((w2 / h2).atan() - (w1 / h1).atan()).powi(2);
-    let alpha = v / (v - iou + (1.0 + EPS));
+    let c2 = cw * cw + ch * ch + c(EPS);
+    let rho2 = (sq(b[0] + b[2] - a[0] - a[2]) + sq(b[1] + b[3] - a[1] - a[3])) / c(4.0);
+    let v = c(4.0 / (PI * PI)) * sq((w2 / h2).atan() - (w1 / h1).atan());
+    let alpha = (v / (v - iou + c(1.0 + EPS))).detach();
     iou - (rho2 / c2 + v * alpha)
 }
 

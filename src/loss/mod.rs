@@ -2,6 +2,7 @@
 //! own assigner, combined with the ProgLoss weights.
 
 pub mod assign;
+pub mod dual;
 pub mod geometry;
 pub mod targets;
 pub mod terms;
@@ -9,11 +10,10 @@ pub mod terms;
 use crate::data::Instance;
 use crate::model::flow::RealNvp;
 use crate::model::{HeadOutput, Task};
-use crate::optim::reduce::sum_all;
 use assign::{Anchors, AssignerConfig};
 use burn::prelude::*;
 use targets::{BranchTargets, build_targets};
-use terms::branch_terms;
+use terms::branch_parts;
 
 /// Names of the loss terms, in the order of every loss vector.
 pub const TERMS: [&str; 6] = ["box", "pose", "kobj", "cls", "l1", "rle"];
@@ -95,50 +95,45 @@ impl E2eLoss {
         }
     }
 
-    /// The loss for given targets.
+    /// The loss for given targets. Both copies' RLE points go through the flow in one pass.
     pub fn compute(
         &self,
         out: &HeadOutput,
         targets: &LossTargets,
         flow: Option<&RealNvp>,
     ) -> LossOutput {
-        let weighted = |terms: [Tensor<1>; 6], batch: usize| {
-            let parts: Vec<Tensor<1>> = terms
-                .into_iter()
-                .zip(self.gains)
-                .map(|(t, g)| t * g)
+        let parts = |o, t| branch_parts(o, t, flow.is_some(), self.imgsz, &self.sigmas, self.gains);
+        let o2m = parts(&out.one2many, &targets.one2many);
+        let o2o = parts(&out.one2one, &targets.one2one);
+        let mut log_phi = [None, None];
+        if let Some(flow) = flow {
+            let eps: Vec<(usize, Tensor<2>)> = [&o2m, &o2o]
+                .iter()
+                .enumerate()
+                .filter_map(|(i, p)| p.rle.as_ref().map(|r| (i, r.eps.clone())))
                 .collect();
-            let vector = Tensor::cat(parts, 0);
-            (sum_all(vector.clone()) * batch as f32, vector)
-        };
-        let b = targets.one2many.batch;
-        let (o2m, _) = weighted(
-            branch_terms(
-                &out.one2many,
-                &targets.one2many,
-                flow,
-                self.imgsz,
-                &self.sigmas,
-            ),
-            b,
-        );
-        let (o2o, items) = weighted(
-            branch_terms(
-                &out.one2one,
-                &targets.one2one,
-                flow,
-                self.imgsz,
-                &self.sigmas,
-            ),
-            b,
-        );
+            if !eps.is_empty() {
+                let all = flow.log_prob(Tensor::cat(eps.iter().map(|e| e.1.clone()).collect(), 0));
+                let mut at = 0;
+                for (i, e) in eps {
+                    let m = e.dims()[0];
+                    log_phi[i] = Some(all.clone().narrow(0, at, m));
+                    at += m;
+                }
+            }
+        }
+        let [phi_o2m, phi_o2o] = log_phi;
+        let (o2m, o2o) = (o2m.finish(phi_o2m), o2o.finish(phi_o2o));
+        let b = targets.one2many.batch as f32;
         let w = self.one2many_weight;
         LossOutput {
-            total: o2m * w + o2o * (1.0 - w),
-            items: items.detach(),
+            total: (o2m.sum * w + o2o.sum * (1.0 - w)) * b,
+            items: o2o.items,
         }
     }
 }
 
+#[cfg(test)]
+mod reference;
 #[cfg(test)]
 mod tests;

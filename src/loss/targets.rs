@@ -27,6 +27,12 @@ pub struct BranchTargets {
     /// Assigned object keypoints `(x, y, v)`, `nk` per row (pose).
     pub fg_kpts: Vec<[f32; 3]>,
     pub nk: usize,
+    /// The row's predicted ltrb distances, as read back for the assignment.
+    pub fg_ltrb: Vec<[f32; 4]>,
+    /// The row's raw keypoint outputs, `nk · kpt_dim` per row (pose), as read back.
+    pub fg_raw_kpts: Vec<f32>,
+    /// Values per keypoint in the head's output (2 or 3; 0 without keypoints).
+    pub kpt_dim: usize,
 }
 
 impl BranchTargets {
@@ -78,6 +84,9 @@ pub fn build_targets(
         fg_box: Vec::new(),
         fg_kpts: Vec::new(),
         nk,
+        fg_ltrb: Vec::new(),
+        fg_raw_kpts: Vec::new(),
+        kpt_dim: kd,
     };
     let mut total = 0.0f32;
     for (b, image_labels) in labels.iter().enumerate() {
@@ -141,9 +150,12 @@ pub fn build_targets(
             t.fg_anchor.push(anchors.points[a]);
             t.fg_stride.push(s);
             t.fg_box.push(inst.bbox.map(|v| v / s));
-            if nk > 0 {
+            t.fg_ltrb.push(std::array::from_fn(|c| boxes[at(4, c, a)]));
+            if let (Some(k), true) = (&kpts, nk > 0) {
                 t.fg_kpts
                     .extend(inst.keypoints.iter().map(|k| [k[0] / s, k[1] / s, k[2]]));
+                t.fg_raw_kpts
+                    .extend((0..kpt_ch).map(|c| k[at(kpt_ch, c, a)]));
             }
         }
     }

@@ -1,4 +1,5 @@
-use super::terms::{bce_with_logits, branch_terms, ciou};
+use super::reference::{branch_terms, ciou};
+use super::terms::{bce_with_logits, branch_loss};
 use super::*;
 use burn::tensor::Distribution;
 
@@ -70,6 +71,9 @@ fn tiny_case(d: &Device, with_fg: bool) -> (BranchOutput, BranchTargets) {
         fg_box: vec![],
         fg_kpts: vec![],
         nk: 2,
+        fg_ltrb: vec![],
+        fg_raw_kpts: vec![],
+        kpt_dim: 3,
     };
     if with_fg {
         target_scores[0] = 0.5;
@@ -79,6 +83,8 @@ fn tiny_case(d: &Device, with_fg: bool) -> (BranchOutput, BranchTargets) {
         t.fg_stride = vec![8.0];
         t.fg_box = vec![[0.0, 0.0, 2.0, 1.0]];
         t.fg_kpts = vec![[0.5, 0.5, 2.0], [1.5, 0.5, 2.0]];
+        t.fg_ltrb = vec![[0.5; 4]];
+        t.fg_raw_kpts = vec![0.0; 6];
     }
     t.target_scores = target_scores;
     (out, t)
@@ -94,7 +100,12 @@ fn each_term_by_hand() {
     let flow = RealNvpConfig::new().init(&d);
     let (out, t) = tiny_case(&d, true);
     let sig = [0.5, 0.5];
-    let terms: Vec<f32> = branch_terms(&out, &t, Some(&flow), [32, 32], &sig)
+    let terms: Vec<f32> = branch_loss(&out, &t, Some(&flow), [32, 32], &sig, [1.0; 6])
+        .items
+        .into_data()
+        .try_into_vec::<f32>()
+        .unwrap();
+    let reference: Vec<f32> = branch_terms(&out, &t, Some(&flow), [32, 32], &sig)
         .map(scalar)
         .to_vec();
     let ln2 = 2f32.ln();
@@ -119,6 +130,7 @@ fn each_term_by_hand() {
             "{}: {g} vs {w}",
             TERMS[i]
         );
+        assert!((reference[i] - w).abs() < 1e-4 * w.abs().max(1.0));
     }
 }
 
@@ -131,9 +143,8 @@ fn no_positives_leave_keypoint_outputs_without_gradient() {
     out.kpts_sigma = out.kpts_sigma.map(|k| k.require_grad());
     out.boxes = out.boxes.require_grad();
     out.scores = out.scores.require_grad();
-    let terms = branch_terms(&out, &t, Some(&flow), [32, 32], &[0.5, 0.5]);
-    let total = Tensor::cat(terms.to_vec(), 0).sum();
-    let grads = total.backward();
+    let loss = branch_loss(&out, &t, Some(&flow), [32, 32], &[0.5, 0.5], DEFAULT_GAINS);
+    let grads = loss.sum.backward();
     assert!(out.kpts.as_ref().unwrap().grad(&grads).is_none());
     assert!(out.kpts_sigma.as_ref().unwrap().grad(&grads).is_none());
     assert!(out.boxes.grad(&grads).is_none());
@@ -193,7 +204,14 @@ fn full_loss_gradient_matches_finite_differences() {
         one2one: branch_leaf(&out.one2one),
     };
     let grads = loss.compute(&x, &targets, Some(&flow)).total.backward();
-    let value = |h: &HeadOutput| scalar(loss.compute(h, &targets, Some(&flow)).total.inner());
+    // The assignment stays fixed; the foreground rows' predictions are those of the probe.
+    let value = |h: &HeadOutput| {
+        let t = LossTargets {
+            one2many: with_predictions(&targets.one2many, &h.one2many),
+            one2one: with_predictions(&targets.one2one, &h.one2one),
+        };
+        scalar(loss.compute(h, &t, Some(&flow)).total.inner())
+    };
     type Pick = fn(&mut HeadOutput) -> &mut Tensor<3>;
     let tensors: Vec<(&str, Pick)> = vec![
         ("o2m.boxes", |h| &mut h.one2many.boxes),
@@ -242,6 +260,31 @@ fn full_loss_gradient_matches_finite_differences() {
         }
     }
     assert_eq!(checked, 36);
+}
+
+/// `t` with its foreground rows' predictions read from `out` instead.
+fn with_predictions(t: &BranchTargets, out: &BranchOutput) -> BranchTargets {
+    // Channel `ch` of foreground row `row` (= b · A + a) of a `[B, C, A]` output.
+    let rows = |x: &Tensor<3>| -> Vec<Vec<f32>> {
+        let (c, v) = (x.dims()[1], targets::host(x.clone()));
+        let a_len = t.anchors;
+        t.fg_rows
+            .iter()
+            .map(|&row| {
+                let (b, a) = (row as usize / a_len, row as usize % a_len);
+                (0..c).map(|ch| v[(b * c + ch) * a_len + a]).collect()
+            })
+            .collect()
+    };
+    let mut t = t.clone();
+    t.fg_ltrb = rows(&out.boxes)
+        .iter()
+        .map(|r| [r[0], r[1], r[2], r[3]])
+        .collect();
+    if let Some(k) = &out.kpts {
+        t.fg_raw_kpts = rows(k).concat();
+    }
+    t
 }
 
 /// `build_targets` decodes predictions at candidate anchors only; the assignment must be the one

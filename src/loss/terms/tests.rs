@@ -1,0 +1,207 @@
+//! The host terms against the device operations they replaced (`loss::reference`).
+
+use super::*;
+use crate::data::Instance;
+use crate::loss::reference::branch_terms;
+use crate::loss::{DEFAULT_GAINS, E2eLoss};
+use crate::model::flow::RealNvpConfig;
+use crate::model::{HeadOutput, Task};
+use burn::tensor::Distribution;
+
+/// A small deterministic generator (the cases must not depend on a crate's stream).
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self) -> f32 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 40) as f32 / (1u64 << 24) as f32
+    }
+    fn range(&mut self, lo: f32, hi: f32) -> f32 {
+        lo + (hi - lo) * self.next()
+    }
+}
+
+/// Two 64×96 images with three objects each (some keypoints unlabelled), random head outputs
+/// with `kpt_dim` values per keypoint (`None`: detection).
+fn case(d: &Device, kpt_dim: Option<usize>, seed: u64) -> (HeadOutput, Vec<Vec<Instance>>) {
+    let (nk, a) = (5, crate::loss::assign::Anchors::new(64, 96).len());
+    let rand = |c: usize, lo: f64, hi: f64| {
+        Tensor::<3>::random([2, c, a], Distribution::Uniform(lo, hi), d)
+    };
+    let branch = || BranchOutput {
+        boxes: rand(4, 0.2, 3.0),
+        scores: rand(1, -3.0, 2.0),
+        kpts: kpt_dim.map(|kd| rand(nk * kd, -1.5, 1.5)),
+        kpts_sigma: kpt_dim.map(|_| rand(nk * 2, -1.0, 1.0)),
+    };
+    let mut rng = Lcg(seed);
+    let labels = (0..2)
+        .map(|_| {
+            (0..3)
+                .map(|_| {
+                    let (x1, y1) = (rng.range(0.0, 60.0), rng.range(0.0, 40.0));
+                    let (x2, y2) = (x1 + rng.range(10.0, 36.0), y1 + rng.range(10.0, 24.0));
+                    let keypoints = (0..if kpt_dim.is_some() { nk } else { 0 })
+                        .map(|_| {
+                            let v = [0.0, 1.0, 2.0][(rng.next() * 3.0) as usize % 3];
+                            [rng.range(x1, x2), rng.range(y1, y2), v]
+                        })
+                        .collect();
+                    Instance {
+                        class: 0,
+                        bbox: [x1, y1, x2.min(96.0), y2.min(64.0)],
+                        keypoints,
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    let out = HeadOutput {
+        one2many: branch(),
+        one2one: branch(),
+    };
+    (out, labels)
+}
+
+fn leaf(t: &Tensor<3>) -> Tensor<3> {
+    t.clone().detach().require_grad()
+}
+
+fn values(t: Tensor<1>) -> Vec<f32> {
+    t.into_data().try_into_vec::<f32>().unwrap()
+}
+
+/// Largest |a − b| over the largest |b|.
+fn rel(a: &[f32], b: &[f32]) -> f32 {
+    let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-12);
+    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+}
+
+/// Relative differences of the weighted terms and of the gradients of every head output and of
+/// a flow weight, host terms against the reference whose gains are `reference_gains`.
+fn compare(kpt_dim: Option<usize>, seed: u64, reference_gains: [f32; 6]) -> (f32, Vec<f32>) {
+    let d = Device::flex().autodiff();
+    d.seed(seed);
+    let flow = RealNvpConfig::new().init(&d);
+    let task = if kpt_dim.is_some() {
+        Task::Pose
+    } else {
+        Task::Detect
+    };
+    let loss = E2eLoss::new(task, 5, [64, 96]);
+    let (out, labels) = case(&d, kpt_dim, seed);
+    let targets = loss.targets(&out, &labels);
+    assert!(
+        targets.one2many.num_fg() >= 6,
+        "a case with many foreground rows"
+    );
+    let mut term_error = 0f32;
+    let mut grad_errors = vec![0f32; 5];
+    for (o, t) in [
+        (&out.one2many, &targets.one2many),
+        (&out.one2one, &targets.one2one),
+    ] {
+        let x = BranchOutput {
+            boxes: leaf(&o.boxes),
+            scores: leaf(&o.scores),
+            kpts: o.kpts.as_ref().map(leaf),
+            kpts_sigma: o.kpts_sigma.as_ref().map(leaf),
+        };
+        let mine = branch_loss(&x, t, Some(&flow), loss.imgsz, &loss.sigmas, DEFAULT_GAINS);
+        let terms = branch_terms(&x, t, Some(&flow), loss.imgsz, &loss.sigmas);
+        let weighted: Vec<Tensor<1>> = terms
+            .into_iter()
+            .zip(reference_gains)
+            .map(|(t, g)| t * g)
+            .collect();
+        let reference = Tensor::cat(weighted, 0);
+        term_error = term_error.max(rel(
+            &values(mine.items.clone()),
+            &values(reference.clone().inner()),
+        ));
+        let (ga, gb) = (mine.sum.backward(), reference.sum().backward());
+        let g3 = |t: &Tensor<3>, g: &_| {
+            t.grad(g)
+                .map(|x| x.into_data().try_into_vec::<f32>().unwrap())
+                .unwrap_or_default()
+        };
+        let fc1 = |g: &_| {
+            flow.scale_nets[2]
+                .fc1
+                .weight
+                .grad(g)
+                .map(|x| x.into_data().try_into_vec::<f32>().unwrap())
+                .unwrap_or_default()
+        };
+        let pairs = [
+            (g3(&x.boxes, &ga), g3(&x.boxes, &gb)),
+            (g3(&x.scores, &ga), g3(&x.scores, &gb)),
+            (
+                x.kpts.as_ref().map(|k| g3(k, &ga)).unwrap_or_default(),
+                x.kpts.as_ref().map(|k| g3(k, &gb)).unwrap_or_default(),
+            ),
+            (
+                x.kpts_sigma
+                    .as_ref()
+                    .map(|k| g3(k, &ga))
+                    .unwrap_or_default(),
+                x.kpts_sigma
+                    .as_ref()
+                    .map(|k| g3(k, &gb))
+                    .unwrap_or_default(),
+            ),
+            (fc1(&ga), fc1(&gb)),
+        ];
+        for (k, (a, b)) in pairs.iter().enumerate() {
+            assert_eq!(a.len(), b.len(), "gradient {k} present in one only");
+            if !b.is_empty() {
+                grad_errors[k] = grad_errors[k].max(rel(a, b));
+            }
+        }
+    }
+    (term_error, grad_errors)
+}
+
+#[test]
+fn host_terms_give_the_device_operations_values_and_gradients() {
+    for (kpt_dim, seed) in [(Some(3), 1), (Some(3), 2), (Some(2), 3), (None, 4)] {
+        let (terms, grads) = compare(kpt_dim, seed, DEFAULT_GAINS);
+        println!("kpt_dim {kpt_dim:?}: terms {terms:e}, gradients {grads:?}");
+        assert!(terms < 1e-5, "{kpt_dim:?}: terms differ by {terms}");
+        // boxes, scores, keypoints, sigmas, a flow weight
+        for (k, e) in grads.iter().enumerate() {
+            assert!(*e < 1e-4, "{kpt_dim:?}: gradient {k} differs by {e}");
+        }
+    }
+}
+
+/// The comparison sees a term whose weight differs (here l1 and kobj).
+#[test]
+fn host_terms_check_sees_a_changed_gain() {
+    let mut gains = DEFAULT_GAINS;
+    gains[4] *= 1.1;
+    let (_, grads) = compare(Some(3), 1, gains);
+    assert!(grads[0] > 1e-3, "boxes: {}", grads[0]);
+    let mut gains = DEFAULT_GAINS;
+    gains[2] *= 1.1;
+    let (terms, grads) = compare(Some(3), 1, gains);
+    assert!(
+        terms > 1e-3 && grads[2] > 1e-3,
+        "kobj: {terms} {}",
+        grads[2]
+    );
+}
+
+/// Without foreground rows the host terms are zero and have no gradient rows.
+#[test]
+fn host_terms_without_foreground_are_zero() {
+    let d = Device::flex();
+    let loss = E2eLoss::new(Task::Pose, 5, [64, 96]);
+    let (out, _) = case(&d, Some(3), 9);
+    let targets = loss.targets(&out, &[vec![], vec![]]);
+    let h = host_terms(&targets.one2many, loss.imgsz, &loss.sigmas);
+    assert_eq!(h, HostTerms::default());
+}
