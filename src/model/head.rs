@@ -5,6 +5,7 @@
 use super::backbone::Features;
 use super::conv::{ConvBn, ConvBnConfig, conv_macs, plain_conv};
 use super::flow::{RealNvp, RealNvpConfig};
+use super::ops::conv_forward;
 use burn::module::{ModuleMapper, Param};
 use burn::nn::conv::Conv2d;
 use burn::prelude::*;
@@ -201,19 +202,22 @@ impl Branches {
         let mut sigma = Vec::with_capacity(3);
         for (i, x) in levels.into_iter().enumerate() {
             let b = &self.boxes[i];
-            boxes.push(flat(b.out.forward(b.cv2.forward(b.cv1.forward(x.clone())))));
+            boxes.push(flat(conv_forward(
+                &b.out,
+                b.cv2.forward(b.cv1.forward(x.clone())),
+            )));
             let c = &self.classes[i];
             let y = c
                 .pw2
                 .forward(c.dw2.forward(c.pw1.forward(c.dw1.forward(x.clone()))));
-            scores.push(flat(c.out.forward(y)));
+            scores.push(flat(conv_forward(&c.out, y)));
             if let Some(p) = &self.pose {
                 let s = match &stems {
                     Some(given) => given[i].clone(),
                     None => p.point_stems[i].forward(x),
                 };
-                kpts.push(flat(p.kpts[i].forward(s.clone())));
-                sigma.push(flat(p.sigma[i].forward(s)));
+                kpts.push(flat(conv_forward(&p.kpts[i], s.clone())));
+                sigma.push(flat(conv_forward(&p.sigma[i], s)));
             }
         }
         let pose = self.pose.is_some();

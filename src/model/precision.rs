@@ -43,10 +43,10 @@ pub fn conv2d(conv: &Conv2d, x: Tensor<4>) -> Tensor<4> {
     };
     let (x, weight) = (x.cast(dtype), conv.weight.val().cast(dtype));
     let options = ops::conv_options(conv);
+    let bias = conv.bias.as_ref().map(|b| b.val().cast(dtype));
     let y = if ops::takes(conv) {
-        ops::conv2d(x, weight, options)
+        ops::add_bias(ops::conv2d(x, weight, options), bias)
     } else {
-        let bias = conv.bias.as_ref().map(|b| b.val().cast(dtype));
         conv2d_op(x, weight, bias, options)
     };
     y.cast(FloatDType::F32)

@@ -212,8 +212,8 @@ fn bn_act_case(x: &Tensor<4>, act: bool, kernels: ops::Kernels, d: &Device) -> [
         flat(x.grad(&grads).unwrap()),
         v(bn.gamma.val().grad(&grads).unwrap()),
         v(bn.beta.val().grad(&grads).unwrap()),
-        v(bn.running_mean.value()),
-        v(bn.running_var.value()),
+        v(bn.running_mean.value_sync()),
+        v(bn.running_var.value_sync()),
     ];
     ops::set_kernels(ops::Kernels::Fast);
     out
@@ -286,6 +286,61 @@ fn fused_batch_norm_silu_matches_the_staged_operations_on_cuda() {
                     "running variance not updated"
                 );
             }
+        }
+    }
+}
+
+/// The im2col kernel gives the columns of the tensor operations it replaced bit for bit: odd
+/// sizes, padding, stride 2, 1×1, BF16 input and an NHWC-strided input.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn im2col_kernel_equals_the_tensor_operations_on_cuda() {
+    use burn::backend::ops::ConvOptions;
+    use burn::backend::{BackendTensor, DispatchTensor, DispatchTensorKind};
+    use burn_cubecl::CubeBackend;
+    use burn_cubecl::tensor::CubeTensor;
+    use ops::{im2col, wgrad};
+    let d = cuda();
+    d.seed(17);
+    let cube = |t: Tensor<4>| match t.into_dispatch().kind {
+        DispatchTensorKind::Cube(BackendTensor::Float(c)) => c,
+        _ => panic!("expected a CUDA float tensor"),
+    };
+    let bits = |c: CubeTensor| {
+        Tensor::<4>::from_dispatch(DispatchTensor {
+            kind: DispatchTensorKind::Cube(BackendTensor::Float(c)),
+            autodiff: Default::default(),
+        })
+        .into_data()
+        .try_to_vec::<f32>()
+        .unwrap()
+        .iter()
+        .map(|v| v.to_bits())
+        .collect::<Vec<u32>>()
+    };
+    // (channels, kernel, stride, padding, height, width)
+    let cases = [
+        (3, 3, 2, 1, 64, 64),
+        (5, 3, 1, 1, 53, 37),
+        (7, 1, 1, 0, 20, 11),
+        (4, 3, 2, 1, 33, 17),
+        (6, 5, 1, 2, 9, 13),
+    ];
+    for (c, k, s, p, h, w) in cases {
+        let options = ConvOptions::new([s, s], [p, p], [1, 1], 1);
+        let out = [(h + 2 * p - k) / s + 1, (w + 2 * p - k) / s + 1];
+        let plain = Tensor::<4>::random([2, c, h, w], Distribution::Normal(0.0, 1.0), &d);
+        let nhwc = Tensor::<4>::random([2, h, w, c], Distribution::Normal(0.0, 1.0), &d)
+            .permute([0, 3, 1, 2]);
+        let half = plain.clone().cast(FloatDType::BF16);
+        for (x, what) in [(plain, "NCHW"), (nhwc, "NHWC"), (half, "BF16")] {
+            let ours = im2col::columns(cube(x.clone()), [k, k], out, &options);
+            let reference = wgrad::columns::<CubeBackend>(cube(x), [k, k], out, &options);
+            assert_eq!(ours.meta.shape(), reference.meta.shape(), "{what} shape");
+            let (a, b) = (bits(ours), bits(reference));
+            let nonzero = b.iter().filter(|&&v| v != 0).count();
+            assert!(nonzero > b.len() / 2, "{what}: columns mostly zero");
+            assert!(a == b, "c{c} k{k} s{s} p{p} {h}x{w} {what}: columns differ");
         }
     }
 }

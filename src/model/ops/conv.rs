@@ -87,6 +87,7 @@ pub mod gemm {
             weight.clone(),
             grad.clone(),
             &options,
+            super::super::im2col::columns,
         ) {
             return dw;
         }

@@ -20,8 +20,11 @@ mod conv;
 #[cfg(feature = "cuda")]
 #[path = "../../../kernels/batch_norm.rs"]
 mod fused_bn;
+#[cfg(feature = "cuda")]
+#[path = "../../../kernels/im2col.rs"]
+pub mod im2col;
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-mod wgrad;
+pub mod wgrad;
 
 pub use conv::options as conv_options;
 
@@ -467,17 +470,32 @@ pub fn conv2d(x: Tensor<4>, weight: Tensor<4>, options: ConvOptions<2>) -> Tenso
     ))
 }
 
-/// Whether `conv` runs through [`conv2d`]: bias-free, unless [`Kernels::Stock`].
-pub fn takes(conv: &Conv2d) -> bool {
-    conv.bias.is_none() && kernels() != Kernels::Stock
+/// Whether `conv` runs through [`conv2d`] (with its bias, if any, added after): unless
+/// [`Kernels::Stock`].
+pub fn takes(_conv: &Conv2d) -> bool {
+    kernels() != Kernels::Stock
 }
 
-/// `conv.forward(x)`, through [`conv2d`] when it [`takes`] the convolution.
+/// `y + bias` per output channel, when `bias` is given.
+pub fn add_bias(y: Tensor<4>, bias: Option<Tensor<1>>) -> Tensor<4> {
+    match bias {
+        Some(b) => {
+            let c = b.dims()[0];
+            y + b.reshape([1, c, 1, 1])
+        }
+        None => y,
+    }
+}
+
+/// `conv.forward(x)`, through [`conv2d`] when it [`takes`] the convolution. The head's biased
+/// 1×1 predictors run here in FP32: Burn's direct kernel took 18 ms of a step's GPU time on
+/// the H200 for their gradients, and its bias gradient 4.6 ms (docs/PERF.md, U1).
 pub fn conv_forward(conv: &Conv2d, x: Tensor<4>) -> Tensor<4> {
     if !takes(conv) {
         return conv.forward(x);
     }
-    conv2d(x, conv.weight.val(), conv::options(conv))
+    let y = conv2d(x, conv.weight.val(), conv::options(conv));
+    add_bias(y, conv.bias.as_ref().map(|b| b.val()))
 }
 
 #[cfg(test)]

@@ -176,6 +176,7 @@ fn im2col_weight_gradient_matches_burns() {
             flex(w.clone()),
             flex(dy.clone()),
             &options,
+            wgrad::columns::<Flex>,
         )
         .expect("groups 1 or depthwise");
         let stock = Flex::conv2d_weight_backward(flex(x), flex(w), flex(dy), options);
@@ -204,5 +205,14 @@ fn im2col_weight_gradient_matches_burns() {
         fill([6, 2, 1, 1], 0.2, &d),
         fill([1, 6, 5, 5], 0.3, &d),
     );
-    assert!(wgrad::weight_backward::<Flex>(flex(x), flex(w), flex(dy), &options).is_none());
+    assert!(
+        wgrad::weight_backward::<Flex>(
+            flex(x),
+            flex(w),
+            flex(dy),
+            &options,
+            wgrad::columns::<Flex>
+        )
+        .is_none()
+    );
 }

@@ -14,14 +14,18 @@ use burn::backend::{Backend, FloatDType, Shape, Slice, TensorMetadata};
 /// Output pixels per matmul batch, at least (fewer only when a layer has fewer in all).
 const CHUNK: usize = 1024;
 
-/// `[N, C, H, W]` → `[N, C, k·k, Ho·Wo]`: for each kernel offset, the input pixel it multiplies
-/// at every output position (zero outside the image).
-fn columns<B: Backend>(
+/// How the columns are made: [`columns`], or one kernel on CUDA (`kernels/im2col.rs`).
+pub type Im2col<B> = fn(FloatTensor<B>, [usize; 2], [usize; 2], &ConvOptions<2>) -> FloatTensor<B>;
+
+/// `[N, C, H, W]` → `[N, C, k·k, Ho·Wo]` in FP32: for each kernel offset, the input pixel it
+/// multiplies at every output position (zero outside the image), as tensor operations.
+pub fn columns<B: Backend>(
     x: FloatTensor<B>,
     k: [usize; 2],
     out: [usize; 2],
     options: &ConvOptions<2>,
 ) -> FloatTensor<B> {
+    let x = B::float_cast(x, FloatDType::F32);
     let s = x.shape();
     let (n, c, h, w) = (s[0], s[1], s[2], s[3]);
     let [(top, bottom), (left, right)] = options.padding;
@@ -78,12 +82,14 @@ fn chunks(pixels: usize) -> usize {
 }
 
 /// Weight gradient of a convolution without groups, or a depthwise one (`groups` = channels),
-/// in the weight's dtype. Other grouped convolutions return `None`.
+/// in the weight's dtype, with the columns made by `im2col`. Other grouped convolutions return
+/// `None`.
 pub fn weight_backward<B: Backend>(
     x: FloatTensor<B>,
     weight: FloatTensor<B>,
     grad: FloatTensor<B>,
     options: &ConvOptions<2>,
+    im2col: Im2col<B>,
 ) -> Option<FloatTensor<B>> {
     let ws = weight.shape();
     let (co, ci_g, kh, kw) = (ws[0], ws[1], ws[2], ws[3]);
@@ -98,7 +104,7 @@ pub fn weight_backward<B: Backend>(
     let f32 = |t: FloatTensor<B>| B::float_cast(t, FloatDType::F32);
     let kk = kh * kw;
     let p = ho * wo;
-    let cols = columns::<B>(f32(x), [kh, kw], [ho, wo], options); // [N, ci, kk, P]
+    let cols = im2col(x, [kh, kw], [ho, wo], options); // [N, ci, kk, P]
     let grad = f32(grad);
     let dw = if depthwise {
         // dW[c, t] = Σ_n Σ_p dY[n, c, p] · cols[n, c, t, p]
