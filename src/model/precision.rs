@@ -41,15 +41,14 @@ pub fn conv2d(conv: &Conv2d, x: Tensor<4>) -> Tensor<4> {
     let Some(dtype) = compute_dtype() else {
         return ops::conv_forward(conv, x);
     };
-    let (x, weight) = (x.cast(dtype), conv.weight.val().cast(dtype));
     let options = ops::conv_options(conv);
+    if ops::takes(conv) {
+        let y = ops::conv2d_in(x, conv.weight.val(), options, dtype);
+        return ops::add_bias(y, conv.bias.as_ref().map(|b| b.val()));
+    }
+    let (x, weight) = (x.cast(dtype), conv.weight.val().cast(dtype));
     let bias = conv.bias.as_ref().map(|b| b.val().cast(dtype));
-    let y = if ops::takes(conv) {
-        ops::add_bias(ops::conv2d(x, weight, options), bias)
-    } else {
-        conv2d_op(x, weight, bias, options)
-    };
-    y.cast(FloatDType::F32)
+    conv2d_op(x, weight, bias, options).cast(FloatDType::F32)
 }
 
 /// `a.matmul(b)`, in the autocast dtype when one is set.

@@ -33,13 +33,18 @@ fn conv_run(conv: &Conv2d, x: &Tensor<4>, dtype: FloatDType, fast: bool, device:
     let w = conv.weight.val();
     device.sync().unwrap();
     let t = Instant::now();
-    let (xc, wc) = (x.clone().cast(dtype), w.clone().cast(dtype));
-    let y = if fast {
-        ops::conv2d(xc, wc, ops::conv_options(conv))
-    } else {
-        burn::tensor::module::conv2d(xc, wc, None, ops::conv_options(conv))
-    }
-    .cast(FloatDType::F32);
+    // Reduced precision runs as autocast does: one conv_in operation on the FP32 operands.
+    let y = match (fast, dtype) {
+        (true, FloatDType::F32) => ops::conv2d(x.clone(), w.clone(), ops::conv_options(conv)),
+        (true, _) => ops::conv2d_in(x.clone(), w.clone(), ops::conv_options(conv), dtype),
+        (false, _) => burn::tensor::module::conv2d(
+            x.clone().cast(dtype),
+            w.clone().cast(dtype),
+            None,
+            ops::conv_options(conv),
+        )
+        .cast(FloatDType::F32),
+    };
     let probe = y.clone().sin();
     let grads = (y.clone() * probe.detach()).sum().backward();
     let dx = x.grad(&grads).unwrap();

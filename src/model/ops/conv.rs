@@ -25,7 +25,7 @@ pub fn options(conv: &Conv2d) -> ConvOptions<2> {
 #[cfg(feature = "cuda")]
 pub mod gemm {
     use burn::backend::ops::ConvOptions;
-    use burn::backend::{DType, TensorMetadata};
+    use burn::backend::{DType, FloatDType, TensorMetadata};
     use burn_cubecl::kernel::conv::{self, ConvStrategy};
     use burn_cubecl::tensor::CubeTensor;
 
@@ -74,6 +74,34 @@ pub mod gemm {
         } else {
             burn_cubecl::kernel::cast(dx, dtype)
         }
+    }
+
+    /// The data gradient of [`super::super::FastOps::conv_in`] in FP32, from FP32 `weight` and
+    /// `grad`: implicit GEMM in `dtype` where it takes the convolution, otherwise Burn's direct
+    /// kernel straight in FP32 (no casts down and back up).
+    pub fn x_backward_in(
+        x: CubeTensor,
+        weight: CubeTensor,
+        grad: CubeTensor,
+        options: ConvOptions<2>,
+        dtype: FloatDType,
+    ) -> CubeTensor {
+        let shape = x.shape();
+        let cast = |t: CubeTensor, d: FloatDType| burn_cubecl::kernel::cast(t, d.into());
+        if options.groups == 1
+            && options.stride.iter().all(|&s| s == 1)
+            && let Ok(dx) = conv::conv_data_backward(
+                cast(grad.clone(), dtype),
+                cast(weight.clone(), dtype),
+                shape.clone(),
+                options.clone(),
+                ConvStrategy::ImplicitGemm,
+            )
+        {
+            return cast(dx, FloatDType::F32);
+        }
+        conv::conv_data_backward(grad, weight, shape, options, ConvStrategy::Direct)
+            .expect("direct convolution data gradient")
     }
 
     pub fn weight_backward(
