@@ -171,7 +171,6 @@ pub fn step(
     let layout = &flat.layout;
     let parts: Vec<Option<Tensor<1>>> = table.iter().map(|p| take_flat(grads, p)).collect();
     let present: Vec<bool> = parts.iter().map(Option::is_some).collect();
-    let g = layout.gather(parts, &device);
     let mu = hyper.momentum;
     // Row per parameter, plus one for padding (never present, harmless values).
     let mut rows = vec![0f32; (table.len() + 1) * COLUMNS];
@@ -201,9 +200,17 @@ pub fn step(
     // Padding divides by its bias correction: 1, not 0 (masked out either way).
     rows[table.len() * COLUMNS + ADAM_BC2] = 1.0;
     if !on_gpu(&device) {
+        let mut g = vec![0f32; layout.len];
+        for (i, part) in parts.into_iter().enumerate() {
+            if let Some(t) = part {
+                let o = layout.offsets[i];
+                g[o..o + layout.sizes[i]].copy_from_slice(&host(&f32_of(t)));
+            }
+        }
         host_update(constants, flat, &rows, g, mu, clip_norm);
         return FlatStep { present };
     }
+    let g = layout.gather(parts, &device);
     // Over the one buffer (padding adds zeros).
     let norm = sum_of_squares(&g, layout.len).sqrt();
     let g = g * (norm.add_scalar(1e-6).recip() * clip_norm).clamp_max(1.0);
@@ -276,13 +283,12 @@ fn host_update(
     constants: RuleConstants,
     flat: &mut FlatState,
     rows: &[f32],
-    g: Tensor<1>,
+    g: Vec<f32>,
     mu: f64,
     clip_norm: f64,
 ) {
     let RuleConstants { rule, beta2, eps } = constants;
     let device = flat.p.device();
-    let g = host(&g);
     let row_sums: Vec<f32> = g
         .chunks(ALIGN)
         .map(|r| r.iter().map(|x| x * x).sum::<f32>())
