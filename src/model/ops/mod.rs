@@ -326,38 +326,13 @@ impl<B: Backend + FastOps> Backward<B, 3> for BnActOp {
     }
 }
 
+/// A convolution without bias, in FP32 or (`Some(dtype)`, [`FastOps::conv_in`]) computed in a
+/// reduced dtype.
 #[derive(Debug)]
 struct ConvOp;
 
 impl<B: Backend + FastOps> Backward<B, 2> for ConvOp {
-    type State = (NodeId, NodeId, ConvOptions<2>);
-
-    fn backward(
-        self,
-        ops: Ops<Self::State, 2>,
-        grads: &mut Gradients,
-        checkpointer: &mut Checkpointer,
-    ) {
-        let [node_x, node_weight] = ops.parents;
-        let grad = grads.consume::<B>(&ops.node);
-        let (x_state, weight_state, options) = ops.state;
-        let x = checkpointer.retrieve_node_output::<FloatTensor<B>>(x_state);
-        let weight = checkpointer.retrieve_node_output::<FloatTensor<B>>(weight_state);
-        if let Some(node) = node_x {
-            let g = B::conv_x_backward(x.clone(), weight.clone(), grad.clone(), options.clone());
-            grads.register::<B>(node.id, g);
-        }
-        if let Some(node) = node_weight {
-            grads.register::<B>(node.id, B::conv_weight_backward(x, weight, grad, options));
-        }
-    }
-}
-
-#[derive(Debug)]
-struct ConvInOp;
-
-impl<B: Backend + FastOps> Backward<B, 2> for ConvInOp {
-    type State = (NodeId, NodeId, ConvOptions<2>, FloatDType);
+    type State = (NodeId, NodeId, ConvOptions<2>, Option<FloatDType>);
 
     fn backward(
         self,
@@ -371,17 +346,43 @@ impl<B: Backend + FastOps> Backward<B, 2> for ConvInOp {
         let x = checkpointer.retrieve_node_output::<FloatTensor<B>>(x_state);
         let weight = checkpointer.retrieve_node_output::<FloatTensor<B>>(weight_state);
         if let Some(node) = node_x {
-            let g = B::conv_in_x_backward(
-                x.clone(),
-                weight.clone(),
-                grad.clone(),
-                options.clone(),
-                dtype,
-            );
-            grads.register::<B>(node.id, g);
+            let (x, w, g, o) = (x.clone(), weight.clone(), grad.clone(), options.clone());
+            let dx = match dtype {
+                Some(dtype) => B::conv_in_x_backward(x, w, g, o, dtype),
+                None => B::conv_x_backward(x, w, g, o),
+            };
+            grads.register::<B>(node.id, dx);
         }
         if let Some(node) = node_weight {
             grads.register::<B>(node.id, B::conv_weight_backward(x, weight, grad, options));
+        }
+    }
+}
+
+/// [`FastOps::conv`] (`dtype` `None`) or [`FastOps::conv_in`] under autodiff: one node.
+fn tracked_conv<B: Backend + FastOps, C: CheckpointStrategy>(
+    x: FloatTensor<Autodiff<B, C>>,
+    weight: FloatTensor<Autodiff<B, C>>,
+    options: ConvOptions<2>,
+    dtype: Option<FloatDType>,
+) -> FloatTensor<Autodiff<B, C>> {
+    let inner = |x, w, options| match dtype {
+        Some(dtype) => B::conv_in(x, w, options, dtype),
+        None => B::conv(x, w, options),
+    };
+    match ConvOp
+        .prepare::<C>([x.node(), weight.node()])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(mut prep) => {
+            let x_state = prep.checkpoint(&x);
+            let weight_state = prep.checkpoint(&weight);
+            let out = inner(x.into_primitive(), weight.into_primitive(), options.clone());
+            prep.finish((x_state, weight_state, options, dtype), out)
+        }
+        OpsKind::UnTracked(prep) => {
+            prep.finish(inner(x.into_primitive(), weight.into_primitive(), options))
         }
     }
 }
@@ -471,23 +472,7 @@ impl<B: Backend + FastOps, C: CheckpointStrategy> FastOps for Autodiff<B, C> {
         weight: FloatTensor<Self>,
         options: ConvOptions<2>,
     ) -> FloatTensor<Self> {
-        match ConvOp
-            .prepare::<C>([x.node(), weight.node()])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(mut prep) => {
-                let x_state = prep.checkpoint(&x);
-                let weight_state = prep.checkpoint(&weight);
-                let out = B::conv(x.into_primitive(), weight.into_primitive(), options.clone());
-                prep.finish((x_state, weight_state, options), out)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(B::conv(
-                x.into_primitive(),
-                weight.into_primitive(),
-                options,
-            )),
-        }
+        tracked_conv::<B, C>(x, weight, options, None)
     }
     fn conv_in(
         x: FloatTensor<Self>,
@@ -495,29 +480,7 @@ impl<B: Backend + FastOps, C: CheckpointStrategy> FastOps for Autodiff<B, C> {
         options: ConvOptions<2>,
         dtype: FloatDType,
     ) -> FloatTensor<Self> {
-        match ConvInOp
-            .prepare::<C>([x.node(), weight.node()])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(mut prep) => {
-                let x_state = prep.checkpoint(&x);
-                let weight_state = prep.checkpoint(&weight);
-                let out = B::conv_in(
-                    x.into_primitive(),
-                    weight.into_primitive(),
-                    options.clone(),
-                    dtype,
-                );
-                prep.finish((x_state, weight_state, options, dtype), out)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(B::conv_in(
-                x.into_primitive(),
-                weight.into_primitive(),
-                options,
-                dtype,
-            )),
-        }
+        tracked_conv::<B, C>(x, weight, options, Some(dtype))
     }
     fn conv_in_x_backward(
         _x: FloatTensor<Self>,
