@@ -23,7 +23,6 @@ mod fused_bn;
 #[cfg(feature = "cuda")]
 #[path = "../../../kernels/im2col.rs"]
 pub mod im2col;
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub mod wgrad;
 
 pub use conv::options as conv_options;
@@ -187,7 +186,31 @@ pub trait FastOps: Backend {
     }
 }
 
-impl FastOps for burn::backend::Flex {}
+/// The CPU: Burn's operations, but the weight gradient as [`wgrad`]'s im2col matmul. Burn's
+/// default runs it as a convolution whose kernel is the output gradient (`[C_out, N, Ho, Wo]`,
+/// N input channels), which burn-flex's small-channel path computes plane by plane: a quarter
+/// of a `pose_nano` step's CPU time (docs/PERF.md, "CPU numbers").
+impl FastOps for burn::backend::Flex {
+    fn conv_weight_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        wgrad::weight_backward::<Self>(
+            x.clone(),
+            weight.clone(),
+            grad.clone(),
+            &options,
+            wgrad::columns::<Self>,
+        )
+        .unwrap_or_else(|| {
+            <Self as burn::backend::ops::ModuleOps<Self>>::conv2d_weight_backward(
+                x, weight, grad, options,
+            )
+        })
+    }
+}
 
 #[cfg(feature = "cuda")]
 impl FastOps for burn_cubecl::CubeBackend {
