@@ -8,7 +8,8 @@
 //! (`optim::tests::flat_update_equals_per_tensor_*`). Parameters and state are handed back as
 //! views of the new buffers; segments start on 512-byte boundaries so that a view needs no copy
 //! on CUDA. Absent gradients: the segment is masked, so the parameter and its state keep their
-//! values and its step count does not move, as in the per-tensor update.
+//! values and its step count does not move, as in the per-tensor update. On the CPU the same
+//! arithmetic runs as one loop over the buffers on the host (`host_update`).
 
 use super::grads::take_flat;
 use super::groups::ParamInfo;
