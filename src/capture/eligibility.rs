@@ -1,6 +1,7 @@
 //! Whether a fit may replay its feature stage, decided before anything is recorded. Every "no"
 //! carries the reason, which the trainer logs once and keeps (`Trainer::replay_off`).
 
+use crate::config::device::is_cuda;
 use crate::model::{Task, Yolo};
 use crate::optim::groups::param_table;
 use burn::prelude::*;
@@ -57,13 +58,6 @@ pub fn check(s: &Setup) -> Result<(), String> {
         return Err(format!("device {:?} is not CUDA", s.device));
     }
     Ok(())
-}
-
-/// Whether `device` is a CUDA device.
-pub fn is_cuda(device: &Device) -> bool {
-    format!("{:?}", device.clone().inner())
-        .to_lowercase()
-        .contains("cuda")
 }
 
 /// The head's topology: every tensor's path and shape, in order.

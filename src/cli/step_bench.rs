@@ -76,7 +76,7 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
         // Before any step runs, not after the timed ones.
         crate::train::census::Census::available().map_err(|e| anyhow::anyhow!("--census: {e}"))?;
         anyhow::ensure!(
-            crate::capture::eligibility::is_cuda(&device),
+            crate::config::device::is_cuda(&device),
             "--census counts CUDA launches; the device is {what}"
         );
     }

@@ -67,3 +67,10 @@ fn configure_kernel_cache() {
 fn cuda(_index: usize) -> Result<(Device, String), String> {
     Err("this build has no CUDA backend; rebuild with `--features cuda`".into())
 }
+
+/// Whether `device` is a CUDA device.
+pub fn is_cuda(device: &Device) -> bool {
+    format!("{:?}", device.clone().inner())
+        .to_lowercase()
+        .contains("cuda")
+}

@@ -15,6 +15,7 @@ use super::grads::take_flat;
 use super::groups::ParamInfo;
 use super::optimizer::{Hyper, ParamState, Rule};
 use super::reduce::sum_all;
+use crate::config::device::is_cuda;
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::{DType, TensorData};
@@ -200,7 +201,8 @@ pub fn step(
     }
     // Padding divides by its bias correction: 1, not 0 (masked out either way).
     rows[table.len() * COLUMNS + ADAM_BC2] = 1.0;
-    if !on_gpu(&device) {
+    // Off CUDA the update is one pass on the host.
+    if !is_cuda(&device) {
         let mut g = vec![0f32; layout.len];
         for (i, part) in parts.into_iter().enumerate() {
             if let Some(t) = part {
@@ -258,13 +260,6 @@ pub fn step(
         flat.second = second.mask_where(present_mask, v);
     }
     FlatStep { present }
-}
-
-/// Whether `device` runs kernels (CUDA): elsewhere the update is one pass on the host.
-fn on_gpu(device: &Device) -> bool {
-    format!("{:?}", device.clone().inner())
-        .to_lowercase()
-        .contains("cuda")
 }
 
 fn host(t: &Tensor<1>) -> Vec<f32> {
