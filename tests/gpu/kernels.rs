@@ -78,6 +78,14 @@ fn fast_convolutions_match_stock_on_cuda() {
         (128, 128, 3, 2, 1, 40),
         (64, 64, 3, 1, 64, 80),
         (256, 256, 1, 1, 1, 20),
+        // The pose head's keypoint branch: 85 channels, padded to 88 for the GEMM; its 1×1
+        // predictors (85 → 51, 85 → 34) and a one-class predictor; an odd size.
+        (64, 85, 3, 1, 1, 80),
+        (85, 85, 3, 1, 1, 40),
+        (85, 51, 1, 1, 1, 80),
+        (85, 34, 1, 1, 1, 20),
+        (64, 1, 1, 1, 1, 40),
+        (85, 85, 3, 1, 1, 37),
     ];
     let mut failures = vec![];
     for (ci, co, k, st, g, hw) in shapes {
@@ -347,5 +355,48 @@ fn im2col_kernel_equals_the_tensor_operations_on_cuda() {
             assert!(nonzero > b.len() / 2, "{what}: columns mostly zero");
             assert!(a == b, "c{c} k{k} s{s} p{p} {h}x{w} {what}: columns differ");
         }
+    }
+}
+
+/// The bias gradient through our channel sums equals Burn's broadcast add's, for NCHW and
+/// NHWC-strided gradients, odd sizes and one value per channel; two runs give the same bits.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn channel_sums_give_burns_bias_gradient_on_cuda() {
+    let d = cuda().autodiff();
+    d.seed(19);
+    for shape in [
+        [4, 51, 80, 80],
+        [3, 5, 53, 37],
+        [1, 7, 1, 1],
+        [2, 130, 9, 11],
+    ] {
+        let [n, c, h, w] = shape;
+        let probe = Tensor::<4>::random([n, h, w, c], Distribution::Normal(0.2, 1.5), &d)
+            .permute([0, 3, 1, 2]);
+        let bias = Tensor::<1>::random([c], Distribution::Normal(0.0, 1.0), &d);
+        let run = |ours: bool| {
+            let y = Tensor::<4>::random(shape, Distribution::Normal(0.0, 1.0), &d).require_grad();
+            let b = bias.clone().require_grad();
+            let out = if ours {
+                ops::add_bias(y, Some(b.clone()))
+            } else {
+                y + b.clone().reshape([1, c, 1, 1])
+            };
+            let grads = (out * probe.clone()).sum().backward();
+            b.grad(&grads)
+                .unwrap()
+                .into_data()
+                .try_to_vec::<f32>()
+                .unwrap()
+        };
+        let (ours, again, burns) = (run(true), run(true), run(false));
+        let e = rel_vec(&ours, &burns);
+        println!("channel sums {shape:?}: error vs Burn {e}");
+        assert!(e < 1e-5, "{shape:?}: bias gradient off by {e}");
+        assert_eq!(
+            ours, again,
+            "{shape:?}: two runs differ (not deterministic)"
+        );
     }
 }

@@ -24,10 +24,42 @@ pub fn options(conv: &Conv2d) -> ConvOptions<2> {
 /// CubeCL's implicit-GEMM convolutions (tensor cores); shapes it declines run Burn's direct ones.
 #[cfg(feature = "cuda")]
 pub mod gemm {
+    use super::super::channels::channels_last;
     use burn::backend::ops::ConvOptions;
-    use burn::backend::{DType, FloatDType, TensorMetadata};
+    use burn::backend::{DType, FloatDType, Shape, TensorMetadata};
     use burn_cubecl::kernel::conv::{self, ConvStrategy};
     use burn_cubecl::tensor::CubeTensor;
+
+    /// Channels as the GEMM's operands carry them: a multiple of 8, so that BF16 and FP16 load
+    /// 16 bytes at a time (docs/kernels.md, `kernels/channels.rs`).
+    fn padded(channels: usize) -> usize {
+        channels.next_multiple_of(8)
+    }
+
+    /// [`super::super::FastOps::conv_in`]: FP32 `x` and `weight` convolved in `dtype`, the
+    /// result in FP32. Without groups, both operands go channels-last, cast and zero-padded to
+    /// [`padded`] channels in one launch each, and the result is cropped and cast back in one;
+    /// grouped convolutions run Burn's direct kernel on cast operands.
+    pub fn forward_in(
+        x: CubeTensor,
+        weight: CubeTensor,
+        options: ConvOptions<2>,
+        dtype: FloatDType,
+    ) -> CubeTensor {
+        let d: DType = dtype.into();
+        let cast = |t: CubeTensor, d: DType| burn_cubecl::kernel::cast(t, d);
+        if options.groups == 1 {
+            let (n, ci, co) = (x.shape()[0], x.shape()[1], weight.shape()[0]);
+            let xp = channels_last(x.clone(), n, padded(ci), d);
+            let wp = channels_last(weight.clone(), padded(co), padded(ci), d);
+            let y =
+                conv::conv_forward::<2>(xp, wp, None, options.clone(), ConvStrategy::ImplicitGemm);
+            if let Ok(y) = y {
+                return channels_last(y, n, co, DType::F32);
+            }
+        }
+        cast(forward(cast(x, d), cast(weight, d), options), DType::F32)
+    }
 
     pub fn forward(x: CubeTensor, weight: CubeTensor, options: ConvOptions<2>) -> CubeTensor {
         conv::conv_forward::<2>(
@@ -87,18 +119,23 @@ pub mod gemm {
         dtype: FloatDType,
     ) -> CubeTensor {
         let shape = x.shape();
-        let cast = |t: CubeTensor, d: FloatDType| burn_cubecl::kernel::cast(t, d.into());
-        if options.groups == 1
-            && options.stride.iter().all(|&s| s == 1)
-            && let Ok(dx) = conv::conv_data_backward(
-                cast(grad.clone(), dtype),
-                cast(weight.clone(), dtype),
-                shape.clone(),
+        if options.groups == 1 && options.stride.iter().all(|&s| s == 1) {
+            // As in `forward_in`: operands channels-last, cast and padded; result cropped.
+            let d: DType = dtype.into();
+            let (n, ci, co) = (shape[0], shape[1], weight.shape()[0]);
+            let gp = channels_last(grad.clone(), n, padded(co), d);
+            let wp = channels_last(weight.clone(), padded(co), padded(ci), d);
+            let shape_p = Shape::new([n, padded(ci), shape[2], shape[3]]);
+            let dx = conv::conv_data_backward(
+                gp,
+                wp,
+                shape_p,
                 options.clone(),
                 ConvStrategy::ImplicitGemm,
-            )
-        {
-            return cast(dx, FloatDType::F32);
+            );
+            if let Ok(dx) = dx {
+                return channels_last(dx, n, ci, DType::F32);
+            }
         }
         conv::conv_data_backward(grad, weight, shape, options, ConvStrategy::Direct)
             .expect("direct convolution data gradient")

@@ -16,7 +16,12 @@
 //! [`Kernels::Stock`] keeps Burn's own operations, for comparisons and as a fallback.
 
 mod batch_norm;
+#[cfg(feature = "cuda")]
+#[path = "../../../kernels/channels.rs"]
+mod channels;
 mod conv;
+#[cfg(feature = "cuda")]
+mod cuda;
 #[cfg(feature = "cuda")]
 #[path = "../../../kernels/batch_norm.rs"]
 mod fused_bn;
@@ -34,7 +39,9 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::ops::ConvOptions;
 use burn::backend::tensor::FloatTensor;
-use burn::backend::{Autodiff, AutodiffBackend, Backend, Dispatch, backend_extension};
+use burn::backend::{
+    Autodiff, AutodiffBackend, Backend, Dispatch, Shape, TensorMetadata, backend_extension,
+};
 use burn::nn::BatchNorm;
 use burn::nn::conv::Conv2d;
 use burn::prelude::*;
@@ -168,6 +175,18 @@ pub trait FastOps: Backend {
         );
         Self::float_cast(y, FloatDType::F32)
     }
+    /// `y + bias` for each channel of `[N, C, H, W]` `y` (`bias` `[C]`).
+    fn add_bias(y: FloatTensor<Self>, bias: FloatTensor<Self>) -> FloatTensor<Self> {
+        let c = bias.shape()[0];
+        Self::float_add(y, Self::float_reshape(bias, Shape::new([1, c, 1, 1])))
+    }
+    /// `Σ` over N, H and W of each channel of `[N, C, H, W]` `x`, as `[C]`: the gradient of
+    /// [`FastOps::add_bias`]'s bias.
+    fn channel_sums(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        let c = x.shape()[1];
+        let s = Self::float_sum_dim(Self::float_sum_dim(Self::float_sum_dim(x, 3), 2), 0);
+        Self::float_reshape(s, Shape::new([c]))
+    }
     /// Gradient of [`FastOps::conv_in`] with respect to its (FP32) input, in FP32.
     fn conv_in_x_backward(
         x: FloatTensor<Self>,
@@ -209,102 +228,6 @@ impl FastOps for burn::backend::Flex {
                 x, weight, grad, options,
             )
         })
-    }
-}
-
-#[cfg(feature = "cuda")]
-impl FastOps for burn_cubecl::CubeBackend {
-    fn bn_act_train(
-        x: FloatTensor<Self>,
-        gamma: FloatTensor<Self>,
-        beta: FloatTensor<Self>,
-        running_mean: FloatTensor<Self>,
-        running_var: FloatTensor<Self>,
-        epsilon: f64,
-        momentum: f64,
-        act: bool,
-    ) -> (
-        FloatTensor<Self>,
-        FloatTensor<Self>,
-        FloatTensor<Self>,
-        FloatTensor<Self>,
-        FloatTensor<Self>,
-    ) {
-        let [out, mean, var, new_mean, new_var] = if kernels() == Kernels::Staged {
-            batch_norm::act_train::<Self>(
-                x,
-                gamma,
-                beta,
-                running_mean,
-                running_var,
-                epsilon,
-                momentum,
-                act,
-            )
-        } else {
-            fused_bn::forward(
-                x,
-                gamma,
-                beta,
-                running_mean,
-                running_var,
-                epsilon as f32,
-                momentum as f32,
-                act,
-            )
-        };
-        (out, mean, var, new_mean, new_var)
-    }
-    fn bn_act_train_backward(
-        x: FloatTensor<Self>,
-        gamma: FloatTensor<Self>,
-        beta: FloatTensor<Self>,
-        mean: FloatTensor<Self>,
-        variance: FloatTensor<Self>,
-        epsilon: f64,
-        act: bool,
-        grad: FloatTensor<Self>,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        if kernels() == Kernels::Staged {
-            return batch_norm::act_backward::<Self>(
-                x, gamma, beta, mean, variance, epsilon, act, grad,
-            );
-        }
-        let [dx, d_gamma, d_beta] =
-            fused_bn::backward(x, gamma, beta, mean, variance, grad, epsilon as f32, act);
-        (dx, d_gamma, d_beta)
-    }
-    fn conv(
-        x: FloatTensor<Self>,
-        weight: FloatTensor<Self>,
-        options: ConvOptions<2>,
-    ) -> FloatTensor<Self> {
-        conv::gemm::forward(x, weight, options)
-    }
-    fn conv_x_backward(
-        x: FloatTensor<Self>,
-        weight: FloatTensor<Self>,
-        grad: FloatTensor<Self>,
-        options: ConvOptions<2>,
-    ) -> FloatTensor<Self> {
-        conv::gemm::x_backward(x, weight, grad, options)
-    }
-    fn conv_weight_backward(
-        x: FloatTensor<Self>,
-        weight: FloatTensor<Self>,
-        grad: FloatTensor<Self>,
-        options: ConvOptions<2>,
-    ) -> FloatTensor<Self> {
-        conv::gemm::weight_backward(x, weight, grad, options)
-    }
-    fn conv_in_x_backward(
-        x: FloatTensor<Self>,
-        weight: FloatTensor<Self>,
-        grad: FloatTensor<Self>,
-        options: ConvOptions<2>,
-        dtype: FloatDType,
-    ) -> FloatTensor<Self> {
-        conv::gemm::x_backward_in(x, weight, grad, options, dtype)
     }
 }
 
@@ -378,6 +301,27 @@ impl<B: Backend + FastOps> Backward<B, 2> for ConvOp {
         }
         if let Some(node) = node_weight {
             grads.register::<B>(node.id, B::conv_weight_backward(x, weight, grad, options));
+        }
+    }
+}
+
+/// [`FastOps::add_bias`]: the input's gradient passes through, the bias's is
+/// [`FastOps::channel_sums`] of it (one reduction of ours on CUDA, where the broadcast's backward
+/// took three strided ones: 6 ms of a seed-shape step on the H200, docs/PERF.md).
+#[derive(Debug)]
+struct BiasOp;
+
+impl<B: Backend + FastOps> Backward<B, 2> for BiasOp {
+    type State = ();
+
+    fn backward(self, ops: Ops<(), 2>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
+        let [node_y, node_bias] = ops.parents;
+        let grad = grads.consume::<B>(&ops.node);
+        if let Some(node) = node_bias {
+            grads.register::<B>(node.id, B::channel_sums(grad.clone()));
+        }
+        if let Some(node) = node_y {
+            grads.register::<B>(node.id, grad);
         }
     }
 }
@@ -505,6 +449,15 @@ impl<B: Backend + FastOps, C: CheckpointStrategy> FastOps for Autodiff<B, C> {
     ) -> FloatTensor<Self> {
         tracked_conv::<B, C>(x, weight, options, Some(dtype))
     }
+    fn add_bias(y: FloatTensor<Self>, bias: FloatTensor<Self>) -> FloatTensor<Self> {
+        BiasOp
+            .prepare::<C>([y.node(), bias.node()])
+            .compute_bound()
+            .stateless(B::add_bias(y.into_primitive(), bias.into_primitive()))
+    }
+    fn channel_sums(_x: FloatTensor<Self>) -> FloatTensor<Self> {
+        panic!("channel_sums is first-order only")
+    }
     fn conv_in_x_backward(
         _x: FloatTensor<Self>,
         _weight: FloatTensor<Self>,
@@ -592,13 +545,10 @@ pub fn takes(_conv: &Conv2d) -> bool {
     kernels() != Kernels::Stock
 }
 
-/// `y + bias` per output channel, when `bias` is given.
+/// `y + bias` per output channel through [`FastOps::add_bias`], when `bias` is given.
 pub fn add_bias(y: Tensor<4>, bias: Option<Tensor<1>>) -> Tensor<4> {
     match bias {
-        Some(b) => {
-            let c = b.dims()[0];
-            y + b.reshape([1, c, 1, 1])
-        }
+        Some(b) => Tensor::from_dispatch(Dispatch::add_bias(y.into_dispatch(), b.into_dispatch())),
         None => y,
     }
 }

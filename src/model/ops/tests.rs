@@ -223,3 +223,40 @@ fn im2col_weight_gradient_matches_burns() {
         .is_none()
     );
 }
+
+/// The bias operation's gradients are those of Burn's broadcasting add; and the check can fail:
+/// a bias gradient that left out one image would not pass.
+#[test]
+fn add_bias_has_the_gradients_of_burns_broadcast_add() {
+    let d = device();
+    let run = |ours: bool| {
+        let y = fill([3, 5, 7, 4], 0.41, &d).require_grad();
+        let b = Tensor::<1>::from_floats([0.5, -1.0, 2.0, 0.25, -0.75], &d).require_grad();
+        let out = if ours {
+            add_bias(y.clone(), Some(b.clone()))
+        } else {
+            y.clone() + b.clone().reshape([1, 5, 1, 1])
+        };
+        let grads = (out.clone() * fill([3, 5, 7, 4], 1.3, &d)).sum().backward();
+        (
+            out.inner(),
+            y.grad(&grads).unwrap(),
+            b.grad(&grads).unwrap(),
+        )
+    };
+    let (ours, burns) = (run(true), run(false));
+    assert!(rel_diff(ours.0, burns.0) < 1e-7, "output");
+    assert!(rel_diff(ours.1, burns.1) < 1e-7, "input gradient");
+    assert!(
+        rel_diff(ours.2.clone(), burns.2.clone()) < 1e-6,
+        "bias gradient"
+    );
+    let g = fill([3, 5, 7, 4], 1.3, &d).inner();
+    let partial = g
+        .narrow(0, 0, 2)
+        .sum_dim(3)
+        .sum_dim(2)
+        .sum_dim(0)
+        .reshape([5]);
+    assert!(rel_diff(partial, burns.2) > 1e-3, "control");
+}

@@ -1,0 +1,210 @@
+//! Channel-layout kernels of our convolutions (docs/kernels.md):
+//! - [`channels_last`]: a tensor cast to the convolution's dtype, laid out channels-last and
+//!   zero-padded (or cropped) to a channel count, in one launch. CubeCL's implicit GEMM reads its
+//!   operands channels-last and picks its vector width from the channel count: with 85 channels
+//!   (the pose head's keypoint branch) it ran unvectorised at ~7 TFLOP/s, 10 ms of a seed-shape
+//!   step on the H200. Padding to a multiple of 8 adds only zero terms to every sum. The same
+//!   launch replaces the cast and the channels-last copy the GEMM made of each operand.
+//! - [`channel_sums`]: `Σ` over N, H, W of every channel, the gradient of a per-channel bias, as a
+//!   fixed split and tree (deterministic, no atomics) in two launches, where Burn's broadcast
+//!   backward took three strided reductions.
+
+// The kernels' arithmetic stays in the forms CubeCL's frontend expands (`(m + parts - 1) / parts`,
+// `a[i] = a[i] + x` on shared memory), not clippy's rewrites.
+#![allow(clippy::manual_div_ceil, clippy::assign_op_pattern)]
+
+// `#[cube]` expands to `cubecl::…` paths.
+use burn::cubecl;
+use burn::tensor::{DType, Shape};
+use burn_cubecl::ops::numeric::empty_device_dtype;
+use burn_cubecl::ops::permute_nhwc_to_nchw;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::prelude::*;
+use cubecl::{CubeCount, CubeDim, calculate_cube_count_elemwise};
+
+/// Units per cube of the channel sums (a power of two: the shared-memory tree halves it).
+const UNITS: usize = 256;
+/// Values of one channel a cube takes at least, and the most cubes per channel.
+const PER_CUBE: usize = 4096;
+const MAX_PARTS: usize = 64;
+
+/// One unit per output value, in the output's memory order (`[N', H, W, C']`, channels
+/// fastest): `x[n, c, h, w]` cast, or zero where `n` or `c` lies beyond `x`.
+#[cube(launch_unchecked)]
+fn channels_last_kernel<I: Float, O: Float>(
+    x: &Tensor<I>,
+    out: &mut Tensor<O>,
+    #[define(I, O)] _dtypes: [ElemType; 2],
+) {
+    let c_n = out.shape(1);
+    let h = out.shape(2);
+    let w = out.shape(3);
+    if ABSOLUTE_POS >= out.shape(0) * c_n * h * w {
+        terminate!();
+    }
+    let mut rest = ABSOLUTE_POS;
+    let c = rest % c_n;
+    rest /= c_n;
+    let xw = rest % w;
+    rest /= w;
+    let xh = rest % h;
+    let n = rest / h;
+    let dst = n * out.stride(0) + c * out.stride(1) + xh * out.stride(2) + xw * out.stride(3);
+    let mut v = O::from_int(0);
+    if n < x.shape(0) && c < x.shape(1) {
+        let src = n * x.stride(0) + c * x.stride(1) + xh * x.stride(2) + xw * x.stride(3);
+        v = O::cast_from(x[src]);
+    }
+    out[dst] = v;
+}
+
+/// `x` `[N, C, H, W]` (any float dtype, any strides) as a `[n, channels, H, W]` tensor of
+/// `dtype` whose memory is channels-last (`[n, H, W, channels]`, contiguous): values cast,
+/// zero where `n` or `channels` exceeds `x`'s, cropped where smaller.
+pub fn channels_last(x: CubeTensor, n: usize, channels: usize, dtype: DType) -> CubeTensor {
+    let s = x.meta.shape();
+    assert_eq!(
+        s.num_dims(),
+        4,
+        "channels_last: expects [N, C, H, W], got {s:?}"
+    );
+    let (h, w) = (s[2], s[3]);
+    let out = permute_nhwc_to_nchw(empty_device_dtype(
+        x.client.clone(),
+        x.device.clone(),
+        Shape::new([n, h, w, channels]),
+        dtype,
+    ));
+    let total = n * channels * h * w;
+    let dim = CubeDim::new(&x.client, total);
+    let count = calculate_cube_count_elemwise(&x.client, total, dim);
+    let client = x.client.clone();
+    let types = [storage(x.dtype), storage(dtype)];
+    // SAFETY: every write is bounded by the output's shape, every read by `x`'s, both through
+    // their own strides.
+    unsafe {
+        channels_last_kernel::launch_unchecked(
+            &client,
+            count,
+            dim,
+            x.into_tensor_arg(),
+            out.clone().into_tensor_arg(),
+            types,
+        );
+    }
+    out
+}
+
+fn storage(dtype: DType) -> ElemType {
+    burn::backend::cubecl::dtype_to_storage_type(dtype)
+}
+
+/// Cubes per channel for `m` values: a function of the shape only, so the summation order is.
+fn parts(m: usize) -> usize {
+    m.div_ceil(PER_CUBE).clamp(1, MAX_PARTS)
+}
+
+/// Cube `(p, c)`: the sum of its share of channel `c` (values in N, H, W order) into
+/// `partial[c·P + p]`.
+#[cube(launch_unchecked)]
+fn sum_partial_kernel(x: &Tensor<f32>, partial: &mut Tensor<f32>, #[comptime] units: usize) {
+    let p = CUBE_POS_X as usize;
+    let c = CUBE_POS_Y as usize;
+    let parts = CUBE_COUNT_X as usize;
+    let w = x.shape(3);
+    let hw = x.shape(2) * w;
+    let m = x.shape(0) * hw;
+    let chunk = (m + parts - 1) / parts;
+    let start = p * chunk;
+    let mut end = start + chunk;
+    if end > m {
+        end = m;
+    }
+    let mut sum = 0.0f32;
+    let mut j = start + UNIT_POS_X as usize;
+    while j < end {
+        let r = j % hw;
+        let at = (j / hw) * x.stride(0)
+            + c * x.stride(1)
+            + (r / w) * x.stride(2)
+            + (r % w) * x.stride(3);
+        sum += x[at];
+        j += units;
+    }
+    let mut shared = Shared::<[f32]>::new_slice(units);
+    let u = UNIT_POS_X as usize;
+    shared[u] = sum;
+    sync_cube();
+    // A runtime bound: a comptime one would make the loop condition a constant.
+    let mut half = CUBE_DIM_X as usize / 2;
+    while half > 0 {
+        if u < half {
+            shared[u] = shared[u] + shared[u + half];
+        }
+        sync_cube();
+        half /= 2;
+    }
+    if u == 0 {
+        partial[c * parts + p] = shared[0];
+    }
+}
+
+/// One unit per channel: its partials summed in order.
+#[cube(launch_unchecked)]
+fn sum_final_kernel(partial: &Tensor<f32>, out: &mut Tensor<f32>, parts: u32) {
+    let c = ABSOLUTE_POS;
+    if c >= out.shape(0) {
+        terminate!();
+    }
+    let parts = parts as usize;
+    let mut sum = 0.0f32;
+    for p in 0..parts {
+        sum += partial[c * parts + p];
+    }
+    out[c] = sum;
+}
+
+/// `Σ_{n,h,w} x[n, c, h, w]` of an FP32 `[N, C, H, W]` tensor (any strides), as `[C]`.
+pub fn channel_sums(x: CubeTensor) -> CubeTensor {
+    let s = x.meta.shape();
+    assert_eq!(
+        s.num_dims(),
+        4,
+        "channel_sums: expects [N, C, H, W], got {s:?}"
+    );
+    assert!(
+        x.dtype == DType::F32,
+        "channel_sums: f32 only, got {:?}",
+        x.dtype
+    );
+    let (c, m) = (s[1], s[0] * s[2] * s[3]);
+    let p = parts(m);
+    let empty =
+        |shape: Shape| empty_device_dtype(x.client.clone(), x.device.clone(), shape, DType::F32);
+    let partial = empty(Shape::new([c * p]));
+    let out = empty(Shape::new([c]));
+    let dim = CubeDim::new(&x.client, c);
+    let count = calculate_cube_count_elemwise(&x.client, c, dim);
+    let client = x.client.clone();
+    // SAFETY: the partial buffer holds exactly C·P values; every read of `x` is bounded by its
+    // shape and goes through its strides; the final kernel bounds its units by C.
+    unsafe {
+        sum_partial_kernel::launch_unchecked(
+            &client,
+            CubeCount::Static(p as u32, c as u32, 1),
+            CubeDim::new_1d(UNITS as u32),
+            x.into_tensor_arg(),
+            partial.clone().into_tensor_arg(),
+            UNITS,
+        );
+        sum_final_kernel::launch_unchecked(
+            &client,
+            count,
+            dim,
+            partial.into_tensor_arg(),
+            out.clone().into_tensor_arg(),
+            p as u32,
+        );
+    }
+    out
+}

@@ -1,0 +1,118 @@
+//! Our operations on CUDA: the fused BatchNorm + SiLU kernels, CubeCL's implicit GEMM with
+//! channels-last, padded operands for convolutions, and the channel sums of bias gradients.
+
+use super::{FastOps, Kernels, batch_norm, channels, conv, fused_bn, kernels};
+use burn::backend::ops::ConvOptions;
+use burn::backend::tensor::FloatTensor;
+use burn::tensor::FloatDType;
+
+impl FastOps for burn_cubecl::CubeBackend {
+    fn bn_act_train(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        running_mean: FloatTensor<Self>,
+        running_var: FloatTensor<Self>,
+        epsilon: f64,
+        momentum: f64,
+        act: bool,
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+    ) {
+        let [out, mean, var, new_mean, new_var] = if kernels() == Kernels::Staged {
+            batch_norm::act_train::<Self>(
+                x,
+                gamma,
+                beta,
+                running_mean,
+                running_var,
+                epsilon,
+                momentum,
+                act,
+            )
+        } else {
+            fused_bn::forward(
+                x,
+                gamma,
+                beta,
+                running_mean,
+                running_var,
+                epsilon as f32,
+                momentum as f32,
+                act,
+            )
+        };
+        (out, mean, var, new_mean, new_var)
+    }
+    fn bn_act_train_backward(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        mean: FloatTensor<Self>,
+        variance: FloatTensor<Self>,
+        epsilon: f64,
+        act: bool,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        if kernels() == Kernels::Staged {
+            return batch_norm::act_backward::<Self>(
+                x, gamma, beta, mean, variance, epsilon, act, grad,
+            );
+        }
+        let [dx, d_gamma, d_beta] =
+            fused_bn::backward(x, gamma, beta, mean, variance, grad, epsilon as f32, act);
+        (dx, d_gamma, d_beta)
+    }
+    fn conv(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        conv::gemm::forward(x, weight, options)
+    }
+    fn conv_x_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        conv::gemm::x_backward(x, weight, grad, options)
+    }
+    fn conv_weight_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        conv::gemm::weight_backward(x, weight, grad, options)
+    }
+    fn conv_in(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        options: ConvOptions<2>,
+        dtype: FloatDType,
+    ) -> FloatTensor<Self> {
+        conv::gemm::forward_in(x, weight, options, dtype)
+    }
+    fn channel_sums(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        use burn::tensor::DType;
+        use burn_cubecl::kernel::cast;
+        match x.dtype {
+            DType::F32 => channels::channel_sums(x),
+            d => cast(channels::channel_sums(cast(x, DType::F32)), d),
+        }
+    }
+    fn conv_in_x_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        options: ConvOptions<2>,
+        dtype: FloatDType,
+    ) -> FloatTensor<Self> {
+        conv::gemm::x_backward_in(x, weight, grad, options, dtype)
+    }
+}
