@@ -1,10 +1,10 @@
 //! RealNVP flow used by the RLE keypoint loss (yolo_spec §2.5). It has no part in the forward
 //! pass of the network; the loss calls [`RealNvp::log_prob`].
 
+use super::ops::silu;
 use burn::module::Initializer;
 use burn::nn::{Linear, LinearConfig};
 use burn::prelude::*;
-use burn::tensor::activation::silu;
 
 /// Number of affine coupling layers.
 pub const COUPLINGS: usize = 6;
@@ -26,6 +26,7 @@ impl RealNvpConfig {
 }
 
 /// Linear(2,h) → SiLU → Linear(h,h) → SiLU → Linear(h,2); Xavier-uniform weights, gain 0.01.
+/// The SiLUs are [`super::ops::silu`]: one operation each way (24 per flow pass).
 #[derive(Config, Debug)]
 pub struct CouplingNetConfig {
     pub hidden: usize,
@@ -76,15 +77,15 @@ impl RealNvp {
         let [n, _] = x.dims();
         let mut z = x;
         let mut log_det = Tensor::<1>::zeros([n], &device);
+        // Masks alternate [0, 1], [1, 0], … starting with layer 0; each row's complement follows
+        // it. One upload for every layer (a mask per layer was six, and their complements twelve
+        // operations); the rows are views.
+        let masks =
+            Tensor::<2>::from_floats([[0.0f32, 1.0], [1.0, 0.0], [1.0, 0.0], [0.0, 1.0]], &device);
         for i in (0..COUPLINGS).rev() {
-            // Masks alternate [0, 1], [1, 0], … starting with layer 0.
-            let m = if i % 2 == 0 {
-                [0.0f32, 1.0]
-            } else {
-                [1.0, 0.0]
-            };
-            let mask = Tensor::<1>::from_floats(m, &device).reshape([1, 2]);
-            let inv = mask.clone().neg() + 1.0;
+            let row = 2 * (i % 2);
+            let mask = masks.clone().narrow(0, row, 1);
+            let inv = masks.clone().narrow(0, row + 1, 1);
             let zm = z.clone() * mask.clone();
             let s = self.scale_nets[i].forward(zm.clone()).tanh() * inv.clone();
             let t = self.shift_nets[i].forward(zm.clone()) * inv.clone();

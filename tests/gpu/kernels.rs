@@ -400,3 +400,35 @@ fn channel_sums_give_burns_bias_gradient_on_cuda() {
         );
     }
 }
+
+/// SiLU as one kernel each way equals Burn's `silu` in value and gradient, on a contiguous, a
+/// transposed and an odd-sized input.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn silu_matches_burns_on_cuda() {
+    use burn::tensor::activation::silu;
+    let d = cuda().autodiff();
+    d.seed(23);
+    let base = Tensor::<4>::random([3, 37, 5, 64], Distribution::Normal(0.0, 3.0), &d);
+    for (name, x0) in [
+        ("contiguous", base.clone()),
+        ("transposed", base.clone().swap_dims(1, 3)),
+        ("odd", base.slice([0..1, 0..7, 0..3, 0..5])),
+    ] {
+        let probe = x0.clone().cos().detach();
+        let run = |ours: bool| {
+            let x = x0.clone().detach().require_grad();
+            let y = if ours {
+                ops::silu(x.clone())
+            } else {
+                silu(x.clone())
+            };
+            let grads = (y.clone() * probe.clone()).sum().backward();
+            (y.inner(), x.grad(&grads).unwrap())
+        };
+        let (ours, burns) = (run(true), run(false));
+        let (ey, eg) = (rel(ours.0, burns.0), rel(ours.1, burns.1));
+        println!("silu {name}: error y {ey}, dx {eg}");
+        assert!(ey < 1e-6 && eg < 1e-5, "{name}: {ey} {eg}");
+    }
+}

@@ -1,7 +1,7 @@
 //! Our operations on CUDA: the fused BatchNorm + SiLU kernels, CubeCL's implicit GEMM with
-//! channels-last, padded operands for convolutions, and the channel sums of bias gradients.
+//! channels-last, padded operands for convolutions, the channel sums of bias gradients and SiLU.
 
-use super::{FastOps, Kernels, batch_norm, channels, conv, fused_bn, kernels};
+use super::{FastOps, Kernels, batch_norm, channels, conv, fused_bn, kernels, silu_kernels};
 use burn::backend::ops::ConvOptions;
 use burn::backend::tensor::FloatTensor;
 use burn::tensor::FloatDType;
@@ -97,6 +97,21 @@ impl FastOps for burn_cubecl::CubeBackend {
         dtype: FloatDType,
     ) -> FloatTensor<Self> {
         conv::gemm::forward_in(x, weight, options, dtype)
+    }
+    fn silu(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        use burn::tensor::DType;
+        use burn_cubecl::kernel::cast;
+        match x.dtype {
+            DType::F32 => silu_kernels::silu(x),
+            d => cast(silu_kernels::silu(cast(x, DType::F32)), d),
+        }
+    }
+    fn silu_backward(x: FloatTensor<Self>, grad: FloatTensor<Self>) -> FloatTensor<Self> {
+        use burn::tensor::DType;
+        use burn_cubecl::kernel::cast;
+        let d = grad.dtype;
+        let f32 = |t: FloatTensor<Self>| cast(t, DType::F32);
+        cast(silu_kernels::silu_backward(f32(x), f32(grad)), d)
     }
     fn channel_sums(x: FloatTensor<Self>) -> FloatTensor<Self> {
         use burn::tensor::DType;

@@ -28,6 +28,9 @@ mod fused_bn;
 #[cfg(feature = "cuda")]
 #[path = "../../../kernels/im2col.rs"]
 pub mod im2col;
+#[cfg(feature = "cuda")]
+#[path = "../../../kernels/silu.rs"]
+mod silu_kernels;
 pub mod wgrad;
 
 pub use conv::options as conv_options;
@@ -46,7 +49,6 @@ use burn::nn::BatchNorm;
 use burn::nn::conv::Conv2d;
 use burn::prelude::*;
 use burn::tensor::FloatDType;
-use burn::tensor::activation::silu;
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -175,6 +177,18 @@ pub trait FastOps: Backend {
         );
         Self::float_cast(y, FloatDType::F32)
     }
+    /// SiLU, `x · σ(x)`, as one operation (one kernel on CUDA, `kernels/silu.rs`).
+    fn silu(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        Self::float_mul(x.clone(), Self::sigmoid(x))
+    }
+    /// Gradient of [`FastOps::silu`] at `x` for the incoming `grad`:
+    /// `grad · σ(x) · (1 + x · (1 − σ(x)))`.
+    fn silu_backward(x: FloatTensor<Self>, grad: FloatTensor<Self>) -> FloatTensor<Self> {
+        let s = Self::sigmoid(x.clone());
+        let one_minus = Self::float_add_scalar(Self::float_neg(s.clone()), 1.0.into());
+        let inner = Self::float_add_scalar(Self::float_mul(x, one_minus), 1.0.into());
+        Self::float_mul(grad, Self::float_mul(s, inner))
+    }
     /// `y + bias` for each channel of `[N, C, H, W]` `y` (`bias` `[C]`).
     fn add_bias(y: FloatTensor<Self>, bias: FloatTensor<Self>) -> FloatTensor<Self> {
         let c = bias.shape()[0];
@@ -301,6 +315,23 @@ impl<B: Backend + FastOps> Backward<B, 2> for ConvOp {
         }
         if let Some(node) = node_weight {
             grads.register::<B>(node.id, B::conv_weight_backward(x, weight, grad, options));
+        }
+    }
+}
+
+/// [`FastOps::silu`]: its input is checkpointed, the backward is [`FastOps::silu_backward`].
+#[derive(Debug)]
+struct SiluOp;
+
+impl<B: Backend + FastOps> Backward<B, 1> for SiluOp {
+    type State = NodeId;
+
+    fn backward(self, ops: Ops<NodeId, 1>, grads: &mut Gradients, checkpointer: &mut Checkpointer) {
+        let [node_x] = ops.parents;
+        let grad = grads.consume::<B>(&ops.node);
+        let x = checkpointer.retrieve_node_output::<FloatTensor<B>>(ops.state);
+        if let Some(node) = node_x {
+            grads.register::<B>(node.id, B::silu_backward(x, grad));
         }
     }
 }
@@ -449,6 +480,18 @@ impl<B: Backend + FastOps, C: CheckpointStrategy> FastOps for Autodiff<B, C> {
     ) -> FloatTensor<Self> {
         tracked_conv::<B, C>(x, weight, options, Some(dtype))
     }
+    fn silu(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        match SiluOp.prepare::<C>([x.node()]).compute_bound().stateful() {
+            OpsKind::Tracked(mut prep) => {
+                let state = prep.checkpoint(&x);
+                prep.finish(state, B::silu(x.into_primitive()))
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::silu(x.into_primitive())),
+        }
+    }
+    fn silu_backward(_x: FloatTensor<Self>, _grad: FloatTensor<Self>) -> FloatTensor<Self> {
+        panic!("silu_backward is first-order only")
+    }
     fn add_bias(y: FloatTensor<Self>, bias: FloatTensor<Self>) -> FloatTensor<Self> {
         BiasOp
             .prepare::<C>([y.node(), bias.node()])
@@ -494,7 +537,11 @@ pub fn batch_norm_act(bn: &BatchNorm, x: Tensor<4>, act: bool) -> Tensor<4> {
     let training = device.is_autodiff() && bn.training.is_enabled();
     if !training || kernels() == Kernels::Stock {
         let y = bn.forward(x);
-        return if act { silu(y) } else { y };
+        return if act {
+            burn::tensor::activation::silu(y)
+        } else {
+            y
+        };
     }
     let running_mean = bn.running_mean.value_sync().to_device(&device);
     let running_var = bn.running_var.value_sync().to_device(&device);
@@ -543,6 +590,11 @@ pub fn conv2d_in(
 /// [`Kernels::Stock`].
 pub fn takes(_conv: &Conv2d) -> bool {
     kernels() != Kernels::Stock
+}
+
+/// SiLU through [`FastOps::silu`].
+pub fn silu<const D: usize>(x: Tensor<D>) -> Tensor<D> {
+    Tensor::from_dispatch(Dispatch::silu(x.into_dispatch()))
 }
 
 /// `y + bias` per output channel through [`FastOps::add_bias`], when `bias` is given.

@@ -260,3 +260,28 @@ fn add_bias_has_the_gradients_of_burns_broadcast_add() {
         .reshape([5]);
     assert!(rel_diff(partial, burns.2) > 1e-3, "control");
 }
+
+/// The SiLU operation's values and gradients are Burn's `silu`'s; a control with the derivative
+/// of `x · σ(x)` taken as `σ(x)` alone fails the same bound.
+#[test]
+fn silu_has_the_values_and_gradients_of_burns() {
+    use burn::tensor::activation::{sigmoid, silu as burns_silu};
+    let d = device();
+    let x0 = fill([2, 3, 5, 7], 0.73, &d) * 3.0;
+    let probe = fill([2, 3, 5, 7], 1.7, &d);
+    let run = |ours: bool| {
+        let x = x0.clone().detach().require_grad();
+        let y = if ours {
+            silu(x.clone())
+        } else {
+            burns_silu(x.clone())
+        };
+        let grads = (y.clone() * probe.clone()).sum().backward();
+        (y.inner(), x.grad(&grads).unwrap())
+    };
+    let (ours, burns) = (run(true), run(false));
+    assert!(rel_diff(ours.0, burns.0) < 1e-6, "output");
+    assert!(rel_diff(ours.1, burns.1.clone()) < 1e-6, "gradient");
+    let wrong = sigmoid(x0.inner()) * probe.inner();
+    assert!(rel_diff(wrong, burns.1) > 1e-2, "control");
+}

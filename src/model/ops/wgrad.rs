@@ -113,18 +113,19 @@ pub fn weight_backward<B: Backend>(
         let s = B::float_sum_dim(B::float_sum_dim(prod, 3), 0);
         B::float_reshape(s, Shape::new([co, 1, kh, kw]))
     } else {
-        // Chunk the pixel axis: [N, X, S, L] → [N·S, X, L] for both operands, then
+        // Chunk the pixel axis: both operands `[N, X, P]` viewed as `[N, S, X, L]` (a permuted
+        // view, no copy: the matmul takes the two batch dimensions by their strides), then
         // dW = Σ_{N·S} dY · colsᵀ.
         let s = chunks(p);
         let l = p / s;
         let split = |t: FloatTensor<B>, rows: usize| {
             let t = B::float_reshape(t, Shape::new([n, rows, s, l]));
-            let t = B::float_permute(t, &[0, 2, 1, 3]);
-            B::float_reshape(t, Shape::new([n * s, rows, l]))
+            B::float_permute(t, &[0, 2, 1, 3])
         };
         let g = split(B::float_reshape(grad, Shape::new([n, co, p])), co);
         let c = split(B::float_reshape(cols, Shape::new([n, ci * kk, p])), ci * kk);
-        let prod = B::float_matmul(g, B::float_swap_dims(c, 1, 2)); // [N·S, co, ci·kk]
+        let prod = B::float_matmul(g, B::float_swap_dims(c, 2, 3)); // [N, S, co, ci·kk]
+        let prod = B::float_reshape(prod, Shape::new([n * s, co, ci * kk]));
         B::float_reshape(B::float_sum_dim(prod, 0), Shape::new([co, ci, kh, kw]))
     };
     Some(if dtype == FloatDType::F32 {
