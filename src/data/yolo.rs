@@ -1,6 +1,8 @@
 //! Ultralytics YOLO datasets: a yaml (`path`, `train`, `val`, `kpt_shape`, `flip_idx`, `names`,
-//! `kpt_oks_sigmas`) and one `.txt` per image under `labels/` beside `images/`, a row per object:
-//! `class cx cy w h` (+ `k × d` keypoint values for pose), normalised to the image size.
+//! `nc`, `kpt_oks_sigmas`; other keys such as Roboflow's `roboflow:` are ignored) and one `.txt`
+//! per image under `labels/` beside `images/`, a row per object: `class cx cy w h` (+ `k × d`
+//! keypoint values for pose), normalised to the image size. A split is a folder, a `.txt` list of
+//! image paths, or a list of those (docs/data.md, "YOLO datasets").
 
 use super::error::DataError;
 use super::{Instance, Sample};
@@ -20,6 +22,9 @@ struct YamlFile {
     /// A list, or a map from class id to name.
     #[serde(default)]
     names: Option<Names>,
+    /// The class count; optional, but when given it must agree with `names` and the model.
+    #[serde(default)]
+    nc: Option<usize>,
     /// Per-keypoint OKS sigmas for the keypoint loss and validation.
     #[serde(default)]
     kpt_oks_sigmas: Option<Vec<f32>>,
@@ -159,6 +164,17 @@ impl YoloDataset {
             .map(Names::ordered)
             .transpose()
             .map_err(|m| bad("names", m))?;
+        if let Some(declared) = file.nc {
+            if let Some(n) = names.as_ref().filter(|n| n.len() != declared) {
+                return Err(bad(
+                    "nc",
+                    format!("{declared}, but names has {} class names", n.len()),
+                ));
+            }
+            if declared != nc {
+                return Err(bad("nc", format!("{declared}, but model.nc = {nc}")));
+            }
+        }
         if let Some(n) = &names
             && n.len() != nc
         {
@@ -183,16 +199,12 @@ impl YoloDataset {
         };
         let mut skipped = 0;
         let mut split = |folders: &Folders| -> Result<Self, DataError> {
-            let folders = match folders {
-                Folders::One(p) => std::slice::from_ref(p),
-                Folders::Many(v) => v.as_slice(),
+            let sources = match folders {
+                Folders::One(p) => vec![split_source(&root, p)],
+                Folders::Many(v) => v.iter().map(|p| root.join(p)).collect(),
             };
-            let mut items = Vec::new();
-            for folder in folders {
-                let (found, dropped) = scan(&root.join(folder), nc, kpt_shape, skip_bad)?;
-                items.extend(found);
-                skipped += dropped;
-            }
+            let (items, dropped) = load_items(&image_files(&sources)?, nc, kpt_shape, skip_bad)?;
+            skipped += dropped;
             Ok(Self {
                 yaml: yaml.to_path_buf(),
                 items,
@@ -253,32 +265,81 @@ impl YoloDataset {
     }
 }
 
-/// Images of `folder` (sorted by name) with the labels of `…/labels/…/<stem>.txt`. An image
-/// whose header cannot be read, or a label file with a bad row, is an error naming the file
-/// (and line), or with `skip_bad` a warning and a skipped image.
-fn scan(
-    folder: &Path,
+/// Where a split's single `train:`/`val:` entry points: `root/entry`, or, when that does not exist
+/// and the entry starts with `../`, `root/` + the entry without it (Roboflow's exports write
+/// `../train/images` beside a `data.yaml` in the dataset's root; Ultralytics reads them so). A
+/// list's entries are taken as `root/entry` only, as Ultralytics does.
+fn split_source(root: &Path, entry: &Path) -> PathBuf {
+    let joined = root.join(entry);
+    match entry.strip_prefix("..") {
+        Ok(rest) if !joined.exists() => root.join(rest),
+        _ => joined,
+    }
+}
+
+/// Whether `path` has one of the image extensions Ultralytics lists (any case).
+fn is_image(path: &Path) -> bool {
+    path.extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| IMAGE_EXTENSIONS.contains(&e.to_ascii_lowercase().as_str()))
+}
+
+/// The images of a split's sources, sorted by path as text: a folder gives every image below it
+/// (subfolders too); a file is a list of image paths, one per line, where a line starting with
+/// `./` is relative to the list's folder and any other line is taken as written (absolute, or
+/// relative to the working directory), as Ultralytics reads `train2017.txt`. A source that does
+/// not exist is an error naming it.
+fn image_files(sources: &[PathBuf]) -> Result<Vec<PathBuf>, DataError> {
+    let io = |path: &Path, error| DataError::Io {
+        path: path.to_path_buf(),
+        error,
+    };
+    let mut found = Vec::new();
+    for source in sources {
+        if source.is_dir() {
+            let mut folders = vec![source.clone()];
+            while let Some(folder) = folders.pop() {
+                for entry in std::fs::read_dir(&folder).map_err(|e| io(&folder, e))? {
+                    let path = entry.map_err(|e| io(&folder, e))?.path();
+                    if path.is_dir() {
+                        folders.push(path);
+                    } else if is_image(&path) {
+                        found.push(path);
+                    }
+                }
+            }
+        } else {
+            let text = std::fs::read_to_string(source).map_err(|e| io(source, e))?;
+            let here = source.parent().unwrap_or(Path::new("."));
+            found.extend(
+                text.lines()
+                    .map(str::trim)
+                    .filter(|line| !line.is_empty())
+                    .map(|line| match line.strip_prefix("./") {
+                        Some(rest) => here.join(rest),
+                        None => PathBuf::from(line),
+                    })
+                    .filter(|p| is_image(p)),
+            );
+        }
+    }
+    found.sort_by(|a, b| a.as_os_str().cmp(b.as_os_str()));
+    Ok(found)
+}
+
+/// Each image with the labels of `…/labels/…/<stem>.txt`. An image whose header cannot be read,
+/// or a label file with a bad row, is an error naming the file (and line), or with `skip_bad` a
+/// warning and a skipped image.
+fn load_items(
+    images: &[PathBuf],
     nc: usize,
     kpt_shape: [usize; 2],
     skip_bad: bool,
 ) -> Result<(Vec<YoloItem>, usize), DataError> {
-    let read = std::fs::read_dir(folder).map_err(|error| DataError::Io {
-        path: folder.to_path_buf(),
-        error,
-    })?;
-    let mut images: Vec<PathBuf> = read
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.extension()
-                .and_then(|e| e.to_str())
-                .is_some_and(|e| IMAGE_EXTENSIONS.contains(&e.to_ascii_lowercase().as_str()))
-        })
-        .collect();
-    images.sort();
     let mut items = Vec::new();
     let mut skipped = 0;
     for image in images {
-        match load_item(&image, nc, kpt_shape) {
+        match load_item(image, nc, kpt_shape) {
             Ok(item) => items.push(item),
             Err(e) if skip_bad => {
                 eprintln!("warning: {e}; skipped");

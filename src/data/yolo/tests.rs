@@ -271,3 +271,128 @@ fn every_listed_extension_decodes_or_is_reported() {
     let (train, _, skipped) = open(&dir, true).unwrap();
     assert_eq!((train.len(), skipped), (4, 1));
 }
+
+/// A pose image `name` with one labelled person under `images_dir`, its label beside it in the
+/// matching `labels` folder.
+fn put_image(images_dir: &Path, name: &str) {
+    std::fs::create_dir_all(images_dir).unwrap();
+    image::RgbImage::from_pixel(10, 20, image::Rgb([9, 9, 9]))
+        .save(images_dir.join(name))
+        .unwrap();
+    let labels = label_path(&images_dir.join(name));
+    std::fs::create_dir_all(labels.parent().unwrap()).unwrap();
+    std::fs::write(labels, "0 0.5 0.5 0.2 0.4 0.5 0.25 2 0 0 0\n").unwrap();
+}
+
+/// A Roboflow export: `data.yaml` in the root names `../train/images` and `../valid/images`, with
+/// the keys Roboflow adds; Ultralytics drops the `../` when the path does not exist.
+#[test]
+fn roboflow_export_with_parent_relative_splits() {
+    let dir = scratch("roboflow");
+    put_image(&dir.join("train/images"), "a.jpg");
+    put_image(&dir.join("train/images"), "b.jpg");
+    put_image(&dir.join("valid/images"), "c.jpg");
+    std::fs::write(
+        dir.join("data.yaml"),
+        "train: ../train/images\nval: ../valid/images\ntest: ../test/images\n\nkpt_shape: [2, 3]\n\
+         flip_idx: [1, 0]\nnc: 1\nnames: ['person']\n\nroboflow:\n  workspace: w\n  project: p\n  \
+         version: 3\n  license: CC BY 4.0\n  url: https://universe.roboflow.com/w/p/dataset/3\n",
+    )
+    .unwrap();
+    let (train, val, skipped) = open(&dir, false).unwrap();
+    assert_eq!((train.len(), val.len(), skipped), (2, 1, 0));
+    assert!(train.items[0].image.ends_with("train/images/a.jpg"));
+    assert_eq!(train.get(1).unwrap().instances.len(), 1, "labels found");
+    // An existing `../` folder is taken as written.
+    let outside = dir.join("outside");
+    put_image(&outside.join("images"), "d.jpg");
+    let yaml = format!(
+        "path: {}\ntrain: ../outside/images\nval: ../valid/images\nkpt_shape: [2, 3]\nnames: [person]\n",
+        dir.join("train").display()
+    );
+    std::fs::write(dir.join("data.yaml"), yaml).unwrap();
+    let (train, val, _) = open(&dir, false).unwrap();
+    assert!(train.items[0].image.ends_with("outside/images/d.jpg"));
+    assert_eq!(
+        val.len(),
+        1,
+        "../valid/images under train/ exists: taken as written"
+    );
+}
+
+/// Splits as `.txt` lists, as Ultralytics' coco-pose.yaml: `./` lines are relative to the list's
+/// folder, absolute lines as written, blank lines and non-images ignored; a list of sources is
+/// merged and sorted; a folder is searched below its subfolders.
+#[test]
+fn txt_lists_and_nested_folders() {
+    let dir = scratch("lists");
+    put_image(&dir.join("images/train2017"), "b.jpg");
+    put_image(&dir.join("images/train2017"), "a.jpg");
+    put_image(&dir.join("images/val2017/sub"), "v.png");
+    let absolute = dir.join("images/extra/z.jpg");
+    put_image(absolute.parent().unwrap(), "z.jpg");
+    std::fs::write(
+        dir.join("train2017.txt"),
+        format!(
+            "./images/train2017/b.jpg\n\n./images/train2017/a.jpg\n{}\n./notes.md\n",
+            absolute.display()
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("data.yaml"),
+        "path: .\ntrain: train2017.txt\nval: [images/val2017]\nkpt_shape: [2, 3]\nnames: {0: person}\n",
+    )
+    .unwrap();
+    let (train, val, _) = open(&dir, false).unwrap();
+    let names: Vec<String> = train
+        .items
+        .iter()
+        .map(|i| i.image.file_name().unwrap().to_string_lossy().into())
+        .collect();
+    assert_eq!(names, ["z.jpg", "a.jpg", "b.jpg"], "sorted by path text");
+    assert_eq!(val.len(), 1, "images in subfolders are found");
+    assert_eq!(val.get(0).unwrap().instances.len(), 1);
+    // A list naming a missing image is an error naming it.
+    std::fs::write(dir.join("train2017.txt"), "./images/train2017/gone.jpg\n").unwrap();
+    let err = open(&dir, false).unwrap_err().to_string();
+    assert!(err.contains("gone.jpg"), "{err}");
+    // A missing list or folder is an error naming it.
+    std::fs::write(
+        dir.join("data.yaml"),
+        "train: missing.txt\nval: images/val2017\nkpt_shape: [2, 3]\n",
+    )
+    .unwrap();
+    let err = open(&dir, false).unwrap_err().to_string();
+    assert!(
+        err.contains("missing.txt") && err.contains("cannot read"),
+        "{err}"
+    );
+}
+
+/// `nc` is optional; when given it must agree with `names` and with the model.
+#[test]
+fn nc_is_checked_against_names_and_the_model() {
+    let dir = dataset("nc", "0 0.5 0.5 0.2 0.4 0.5 0.25 2 0 0 0\n");
+    let base = "path: .\ntrain: images/train\nval: images/val\nkpt_shape: [2, 3]\n";
+    for (extra, ok, what) in [
+        ("nc: 1\nnames: [person]\n", true, ""),
+        ("nc: 1\n", true, ""),
+        (
+            "nc: 2\nnames: [person]\n",
+            false,
+            "nc: 2, but names has 1 class names",
+        ),
+        (
+            "nc: 2\nnames: [person, dog]\n",
+            false,
+            "data.yaml: nc: 2, but model.nc = 1",
+        ),
+    ] {
+        std::fs::write(dir.join("data.yaml"), format!("{base}{extra}")).unwrap();
+        match open(&dir, false) {
+            Ok(_) => assert!(ok, "{extra} should fail"),
+            Err(e) => assert!(!ok && e.to_string().contains(what), "{extra}: {e}"),
+        }
+    }
+}
