@@ -69,12 +69,23 @@ impl Instance {
 
 /// The image at `path`, decoded to RGB; an error names the file.
 pub fn open_rgb(path: &std::path::Path) -> Result<image::RgbImage, DataError> {
-    image::open(path)
-        .map(|i| i.to_rgb8())
-        .map_err(|e| DataError::Image {
-            path: path.to_path_buf(),
-            message: e.to_string(),
-        })
+    use image::ImageDecoder;
+    let bad = |e: image::ImageError| DataError::Image {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    };
+    let mut decoder = image::ImageReader::open(path)
+        .map_err(|e| bad(image::ImageError::IoError(e)))?
+        .into_decoder()
+        .map_err(bad)?;
+    // Turned as the EXIF orientation says, as the labelling tool showed it (and as OpenCV's
+    // `imread` in Ultralytics reads it); an unreadable orientation counts as none.
+    let orientation = decoder
+        .orientation()
+        .unwrap_or(image::metadata::Orientation::NoTransforms);
+    let mut image = image::DynamicImage::from_decoder(decoder).map_err(bad)?;
+    image.apply_orientation(orientation);
+    Ok(image.to_rgb8())
 }
 
 /// An RGB image with its labels.
