@@ -87,6 +87,10 @@ pub enum Command {
         /// they were scored against (ground_truth.json) into this folder.
         #[arg(long)]
         save_json: Option<PathBuf>,
+        /// Split to validate on instead of the config's `data.val_split`: for a YOLO dataset
+        /// `test` (the yaml's `test:`) or `val`; for COCO an annotation split such as `val2017`.
+        #[arg(long)]
+        split: Option<String>,
     },
     /// Compile every kernel a fit of the config needs into the per-user kernel cache, ahead of
     /// the fit (one training step, one optimizer step, one validation; nothing is saved).
@@ -256,7 +260,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             checkpoint,
             device,
             save_json,
-        } => val::run(&config, checkpoint, device, save_json),
+            split,
+        } => val::run(&config, checkpoint, device, save_json, split),
         Command::Warmup { config, device } => warmup::run(&config, device),
         Command::ExportYolo { config, dir } => {
             use anyhow::Context;

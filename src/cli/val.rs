@@ -1,5 +1,5 @@
 //! `burnpose val`: COCO-style box and pose mAP of a checkpoint's EMA model (or of the freshly
-//! initialised model when no checkpoint is given) on the config's val split.
+//! initialised model when no checkpoint is given) on the config's val split, or on `--split`.
 
 use super::DeviceArg;
 use crate::train::{Trainer, checkpoint, validate};
@@ -11,8 +11,12 @@ pub fn run(
     ckpt: Option<PathBuf>,
     device_arg: Option<DeviceArg>,
     save_json: Option<PathBuf>,
+    split: Option<String>,
 ) -> anyhow::Result<()> {
-    let (cfg, device, what) = super::config_and_device(config_path, device_arg)?;
+    let (mut cfg, device, what) = super::config_and_device(config_path, device_arg)?;
+    if let Some(split) = split {
+        cfg.data.val_split = split;
+    }
     let mut trainer = Trainer::new(cfg, config_path, device)?;
     let source = match &ckpt {
         Some(p) => {
@@ -28,7 +32,15 @@ pub fn run(
         &trainer.cfg,
         &trainer.loss,
     )?;
-    println!("val on {what}: {source}, {} images", trainer.val.len());
+    let split = match (trainer.cfg.data.source, trainer.cfg.data.val_split.as_str()) {
+        (crate::config::DataSource::Yolo, "test") => "test",
+        (crate::config::DataSource::Yolo, _) => "val",
+        (_, s) => s,
+    };
+    println!(
+        "val on {what}: {source}, {} images of split {split}",
+        trainer.val.len()
+    );
     println!(
         "box mAP50 {:.4} mAP50-95 {:.4} | pose mAP50 {:.4} mAP50-95 {:.4} | {:.1} s",
         m.box_map50,

@@ -121,7 +121,9 @@ pub struct DataSection {
     /// The last partial batch of an epoch: "drop" it, or "wrap" (fill it with the first images
     /// of the epoch's order, so every image is seen and every batch stays full).
     pub last_batch: LastBatch,
-    /// COCO split validated on: "val2017", or "train2017" to measure fitting of the train split.
+    /// Split validated on. COCO: the annotation file's split, "val2017", or "train2017" to
+    /// measure fitting of the train split. YOLO: "test" validates on the yaml's `test:`, any
+    /// other value on its `val:`. `burnpose val --split` sets it.
     pub val_split: String,
 }
 

@@ -86,7 +86,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("burnpose-export-{}", std::process::id()));
         let (train, val) = (BuiltinDataset::new(3, 96, 5), BuiltinDataset::new(2, 96, 6));
         let yaml = write_yolo(&train, &val, &dir).unwrap();
-        let (t, v, skipped) = YoloDataset::open_pair(&yaml, 1, [17, 3], false).unwrap();
+        let (t, v, skipped) = YoloDataset::open_pair(&yaml, 1, [17, 3], false, "val").unwrap();
         assert_eq!((t.len(), v.len(), skipped), (3, 2, 0));
         assert_eq!(t.flip_idx.as_deref(), Some(&COCO_FLIP_IDX[..]));
         for (data, back) in [(&train, &t), (&val, &v)] {

@@ -95,8 +95,13 @@ impl Source {
                 (Dataset::Coco(train), Dataset::Coco(val), s1 + s2)
             }
             DataSource::Yolo => {
-                let (train, val, skipped) =
-                    YoloDataset::open_pair(&root(), cfg.model.nc, cfg.model.kpt_shape, d.skip_bad)?;
+                let (train, val, skipped) = YoloDataset::open_pair(
+                    &root(),
+                    cfg.model.nc,
+                    cfg.model.kpt_shape,
+                    d.skip_bad,
+                    &d.val_split,
+                )?;
                 (Dataset::Yolo(train), Dataset::Yolo(val), skipped)
             }
         };

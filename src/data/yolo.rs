@@ -15,6 +15,9 @@ struct YamlFile {
     path: Option<PathBuf>,
     train: Folders,
     val: Folders,
+    /// Validated on instead of `val` when `data.val_split = "test"`.
+    #[serde(default)]
+    test: Option<Folders>,
     #[serde(default)]
     kpt_shape: Option<[usize; 2]>,
     #[serde(default)]
@@ -121,12 +124,14 @@ impl YoloDataset {
     /// given) must count `nc` classes, every label's class must be below `nc`, `kpt_shape` must
     /// equal the model's (`[0, 0]` for detection: no keypoint columns), `flip_idx` must permute
     /// the keypoints and `kpt_oks_sigmas` give one positive sigma per keypoint. Also returns how
-    /// many bad records `skip_bad` dropped.
+    /// many bad records `skip_bad` dropped. The second split is the yaml's `val`, or its `test`
+    /// when `val_split` is `"test"`.
     pub fn open_pair(
         yaml: &Path,
         nc: usize,
         kpt_shape: [usize; 2],
         skip_bad: bool,
+        val_split: &str,
     ) -> Result<(Self, Self, usize), DataError> {
         let text = std::fs::read_to_string(yaml).map_err(|error| DataError::Io {
             path: yaml.to_path_buf(),
@@ -215,7 +220,16 @@ impl YoloDataset {
             })
         };
         let train = split(&file.train)?;
-        let val = split(&file.val)?;
+        let val = match (val_split, &file.test) {
+            ("test", Some(test)) => split(test)?,
+            ("test", None) => {
+                return Err(bad(
+                    "test",
+                    "missing, but data.val_split = \"test\" asks to validate on it".into(),
+                ));
+            }
+            _ => split(&file.val)?,
+        };
         Ok((train, val, skipped))
     }
 

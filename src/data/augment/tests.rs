@@ -175,7 +175,8 @@ fn marker_dataset() -> PathBuf {
 #[test]
 fn image_and_labels_move_together() {
     let dir = marker_dataset();
-    let (train, _, _) = YoloDataset::open_pair(&dir.join("data.yaml"), 1, [2, 3], false).unwrap();
+    let (train, _, _) =
+        YoloDataset::open_pair(&dir.join("data.yaml"), 1, [2, 3], false, "val").unwrap();
     let src = Source::new(Dataset::Yolo(train), 64, CacheMode::Ram);
     let aug = Augment {
         hsv_h: 0.0,

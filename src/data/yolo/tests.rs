@@ -24,7 +24,7 @@ fn dataset(name: &str, label: &str) -> PathBuf {
 }
 
 fn open(dir: &Path, skip_bad: bool) -> Result<(YoloDataset, YoloDataset, usize), DataError> {
-    YoloDataset::open_pair(&dir.join("data.yaml"), 1, [2, 3], skip_bad)
+    YoloDataset::open_pair(&dir.join("data.yaml"), 1, [2, 3], skip_bad, "val")
 }
 
 #[test]
@@ -83,7 +83,7 @@ fn bad_values_are_errors() {
 #[test]
 fn kpt_shape_must_match_the_model() {
     let dir = dataset("shape", "");
-    let err = YoloDataset::open_pair(&dir.join("data.yaml"), 1, [17, 3], false)
+    let err = YoloDataset::open_pair(&dir.join("data.yaml"), 1, [17, 3], false, "val")
         .unwrap_err()
         .to_string();
     assert!(
@@ -123,7 +123,7 @@ fn coco8_pose_real_data() {
     let Some(yaml) = crate::data::shared_test_data("pose-real/coco8-pose/coco8-pose.yaml") else {
         return;
     };
-    let (train, val, skipped) = YoloDataset::open_pair(&yaml, 1, [17, 3], false).unwrap();
+    let (train, val, skipped) = YoloDataset::open_pair(&yaml, 1, [17, 3], false, "val").unwrap();
     assert_eq!((train.len(), val.len(), skipped), (4, 4, 0));
     let s = train.get(0).unwrap();
     assert!(!s.instances.is_empty());
@@ -152,11 +152,12 @@ fn detection_labels_have_five_fields() {
         )
         .unwrap();
     }
-    let (train, _, _) = YoloDataset::open_pair(&dir.join("data.yaml"), 2, [0, 0], false).unwrap();
+    let (train, _, _) =
+        YoloDataset::open_pair(&dir.join("data.yaml"), 2, [0, 0], false, "val").unwrap();
     let s = train.get(0).unwrap();
     assert_eq!(s.instances[0].class, 1);
     assert!(s.instances[0].keypoints.is_empty());
-    let err = YoloDataset::open_pair(&dir.join("data.yaml"), 2, [17, 3], false)
+    let err = YoloDataset::open_pair(&dir.join("data.yaml"), 2, [17, 3], false, "val")
         .unwrap_err()
         .to_string();
     assert!(err.contains("kpt_shape"), "{err}");
@@ -183,7 +184,8 @@ fn class_at_or_above_nc_names_file_and_line() {
     // With two classes (and two names) the same labels load.
     let yaml = YAML.replace("  0: person\n", "  0: person\n  1: robot\n");
     std::fs::write(dir.join("data.yaml"), yaml).unwrap();
-    let (train, _, _) = YoloDataset::open_pair(&dir.join("data.yaml"), 2, [2, 3], false).unwrap();
+    let (train, _, _) =
+        YoloDataset::open_pair(&dir.join("data.yaml"), 2, [2, 3], false, "val").unwrap();
     assert_eq!(train.get(0).unwrap().instances[1].class, 1);
     assert_eq!(
         train.names,
@@ -435,4 +437,27 @@ fn exif_orientation_is_applied_when_decoding() {
     let plain = crate::data::open_rgb(&dir.join("images/train/plain.jpg")).unwrap();
     assert_eq!(plain.dimensions(), (40, 20));
     assert!(plain.get_pixel(5, 10)[0] > 200 && plain.get_pixel(35, 10)[2] > 200);
+}
+
+/// `data.val_split = "test"` validates on the yaml's `test:` split; a yaml without one is an
+/// error naming the key; any other value keeps `val:`.
+#[test]
+fn test_split_is_validated_on_when_asked() {
+    let dir = scratch("testsplit");
+    put_image(&dir.join("images/train"), "a.jpg");
+    put_image(&dir.join("images/val"), "b.jpg");
+    put_image(&dir.join("images/test"), "c.jpg");
+    put_image(&dir.join("images/test"), "d.jpg");
+    let base = "train: images/train\nval: images/val\nkpt_shape: [2, 3]\n";
+    std::fs::write(dir.join("data.yaml"), format!("{base}test: images/test\n")).unwrap();
+    let yaml = dir.join("data.yaml");
+    let (_, val, _) = YoloDataset::open_pair(&yaml, 1, [2, 3], false, "test").unwrap();
+    assert_eq!(val.len(), 2);
+    let (_, val, _) = YoloDataset::open_pair(&yaml, 1, [2, 3], false, "val2017").unwrap();
+    assert_eq!(val.len(), 1);
+    std::fs::write(&yaml, base).unwrap();
+    let err = YoloDataset::open_pair(&yaml, 1, [2, 3], false, "test")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("data.yaml: test: missing"), "{err}");
 }
