@@ -121,6 +121,9 @@ pub struct DataSection {
     /// The last partial batch of an epoch: "drop" it, or "wrap" (fill it with the first images
     /// of the epoch's order, so every image is seen and every batch stays full).
     pub last_batch: LastBatch,
+    /// COCO split trained on: `annotations/person_keypoints_<split>.json` with images in
+    /// `images/<split>/` (CVAT's COCO keypoints export names its split "default").
+    pub train_split: String,
     /// Split validated on. COCO: the annotation file's split, "val2017", or "train2017" to
     /// measure fitting of the train split. YOLO: "test" validates on the yaml's `test:`, any
     /// other value on its `val:`. `burnpose val --split` sets it.
@@ -139,6 +142,7 @@ impl Default for DataSection {
             cache: CacheMode::Ram,
             workers: 4,
             last_batch: LastBatch::Drop,
+            train_split: "train2017".into(),
             val_split: "val2017".into(),
         }
     }

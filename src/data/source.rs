@@ -90,7 +90,7 @@ impl Source {
             }
             DataSource::Coco => {
                 let root = root();
-                let (train, s1) = CocoDataset::open(&root, "train2017", k, d.skip_bad)?;
+                let (train, s1) = CocoDataset::open(&root, &d.train_split, k, d.skip_bad)?;
                 let (val, s2) = CocoDataset::open(&root, &d.val_split, k, d.skip_bad)?;
                 (Dataset::Coco(train), Dataset::Coco(val), s1 + s2)
             }

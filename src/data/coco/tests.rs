@@ -125,3 +125,72 @@ fn other_categories_than_person_are_errors() {
         CocoDataset::from_files(&dir.join("ann.json"), &dir.join("img"), 2, true).unwrap();
     assert_eq!((ds.len(), skipped), (2, 1));
 }
+
+/// A CVAT "COCO Keypoints 1.0" export as written: split `default`, `segmentation` lists, an
+/// image without annotations (a background), a crowd annotation (not trained on), an annotation
+/// with `num_keypoints = 0` (its box trains, every keypoint missing) and no `area`/`iscrowd` keys
+/// on one annotation.
+#[test]
+fn cvat_keypoints_export_loads() {
+    let dir = scratch("cvat");
+    let images = dir.join("images/default");
+    std::fs::create_dir_all(&images).unwrap();
+    std::fs::create_dir_all(dir.join("annotations")).unwrap();
+    for name in ["p1.png", "p2.png", "empty.png"] {
+        write_image(&images.join(name));
+    }
+    let json = r#"{"licenses": [{"name": "", "id": 0, "url": ""}], "info": {"contributor": ""},
+ "categories": [{"id": 1, "name": "person", "supercategory": "", "keypoints": ["a", "b"], "skeleton": [[1, 2]]}],
+ "images": [{"id": 1, "width": 8, "height": 6, "file_name": "p1.png", "license": 0, "flickr_url": "", "coco_url": "", "date_captured": 0},
+            {"id": 2, "width": 8, "height": 6, "file_name": "p2.png"},
+            {"id": 3, "width": 8, "height": 6, "file_name": "empty.png"}],
+ "annotations": [
+  {"id": 1, "image_id": 1, "category_id": 1, "segmentation": [], "area": 12.0, "bbox": [1, 1, 4, 3], "iscrowd": 0, "attributes": {"occluded": false}, "keypoints": [2, 2, 2, 3, 3, 1], "num_keypoints": 2},
+  {"id": 2, "image_id": 1, "category_id": 1, "segmentation": {"counts": [0, 4], "size": [6, 8]}, "area": 4.0, "bbox": [0, 0, 2, 2], "iscrowd": 1, "keypoints": [0, 0, 0, 0, 0, 0], "num_keypoints": 0},
+  {"id": 3, "image_id": 2, "category_id": 1, "bbox": [2, 1, 3, 4], "keypoints": [0, 0, 0, 0, 0, 0], "num_keypoints": 0}]}"#;
+    std::fs::write(dir.join("annotations/person_keypoints_default.json"), json).unwrap();
+    let (ds, skipped) = CocoDataset::open(&dir, "default", 2, false).unwrap();
+    assert_eq!((ds.len(), skipped), (3, 0));
+    let first = ds.get(0).unwrap();
+    assert_eq!(
+        first.instances.len(),
+        1,
+        "the crowd annotation is not trained on"
+    );
+    assert_eq!(
+        first.instances[0].keypoints,
+        vec![[2.0, 2.0, 2.0], [3.0, 3.0, 1.0]]
+    );
+    let second = ds.get(1).unwrap();
+    assert_eq!(second.instances.len(), 1);
+    assert_eq!(second.instances[0].bbox, [2.0, 1.0, 5.0, 5.0]);
+    assert!(second.instances[0].keypoints.iter().all(|k| k[2] == 0.0));
+    assert!(
+        ds.get(2).unwrap().instances.is_empty(),
+        "a background image"
+    );
+}
+
+/// `data.train_split` and `data.val_split` pick the annotation files a fit opens.
+#[test]
+fn config_splits_choose_the_annotation_files() {
+    let dir = scratch("splits");
+    for split in ["default", "holdout"] {
+        let images = dir.join("images").join(split);
+        std::fs::create_dir_all(&images).unwrap();
+        write_image(&images.join("a.png"));
+        write_image(&images.join("b.png"));
+    }
+    std::fs::create_dir_all(dir.join("annotations")).unwrap();
+    let one = r#"{"images": [{"id": 1, "file_name": "a.png"}], "annotations": []}"#;
+    let two = r#"{"images": [{"id": 1, "file_name": "a.png"}, {"id": 2, "file_name": "b.png"}], "annotations": []}"#;
+    std::fs::write(dir.join("annotations/person_keypoints_default.json"), one).unwrap();
+    std::fs::write(dir.join("annotations/person_keypoints_holdout.json"), two).unwrap();
+    let text = format!(
+        "[model]\nkpt_shape = [2, 3]\n[data]\nsource = \"coco\"\npath = \"{}\"\ntrain_split = \"default\"\nval_split = \"holdout\"\ncache = \"none\"\n",
+        dir.display()
+    );
+    let cfg = crate::config::Config::parse(&text, Path::new("c.toml")).unwrap();
+    let (train, val, _) = crate::data::source::Source::open(&cfg, Path::new("c.toml")).unwrap();
+    assert_eq!((train.len(), val.len()), (1, 2));
+}
