@@ -105,9 +105,16 @@ impl Source {
                 (Dataset::Yolo(train), Dataset::Yolo(val), skipped)
             }
         };
+        let cache = match d.cache {
+            CacheMode::Ram => {
+                let need = cache_bytes(&train, size) + cache_bytes(&val, size);
+                ram_or_none(need, available_memory())
+            }
+            mode => mode,
+        };
         Ok((
-            Self::new(train, size, d.cache),
-            Self::new(val, size, d.cache),
+            Self::new(train, size, cache),
+            Self::new(val, size, cache),
             skipped,
         ))
     }
@@ -257,4 +264,105 @@ fn coco_truth(annotations: &[CocoAnnotation]) -> Vec<GtAnn> {
             num_keypoints: a.num_keypoints,
         })
         .collect()
+}
+
+/// Images sampled to estimate the prepared-image cache, at most (Ultralytics samples 30).
+const CACHE_SAMPLES: usize = 30;
+/// Headroom over the estimate the cache must leave (Ultralytics': 50 %).
+const CACHE_MARGIN: f64 = 0.5;
+
+/// Bytes the prepared-image cache would hold for every image of `dataset` at long side `size`:
+/// the mean RGB size of up to [`CACHE_SAMPLES`] evenly spaced images, from their headers
+/// (unreadable headers are left out of the mean), times the image count.
+pub fn cache_bytes(dataset: &Dataset, size: u32) -> u64 {
+    let len = match dataset {
+        Dataset::Builtin(b) => b.len,
+        Dataset::Coco(c) => c.len(),
+        Dataset::Yolo(y) => y.len(),
+    };
+    if len == 0 {
+        return 0;
+    }
+    let prepared = |(w, h): (u32, u32)| {
+        let r = size as f64 / w.max(h).max(1) as f64;
+        (w as f64 * r).round() * (h as f64 * r).round() * 3.0
+    };
+    let picks = len.min(CACHE_SAMPLES);
+    let sizes: Vec<f64> = (0..picks)
+        .filter_map(|k| {
+            let i = k * len / picks;
+            let dims = match dataset {
+                Dataset::Builtin(b) => Some((b.size, b.size)),
+                Dataset::Coco(c) => image::image_dimensions(&c.records[i].path).ok(),
+                Dataset::Yolo(y) => image::image_dimensions(&y.items[i].image).ok(),
+            };
+            dims.map(prepared)
+        })
+        .collect();
+    if sizes.is_empty() {
+        return 0;
+    }
+    (sizes.iter().sum::<f64>() / sizes.len() as f64 * len as f64) as u64
+}
+
+/// The memory the system says is available (`MemAvailable` of `/proc/meminfo`), or `None` where
+/// it cannot tell.
+pub fn available_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// `CacheMode::Ram` when `need` bytes (plus [`CACHE_MARGIN`]) fit in `available`, or when the
+/// available memory is unknown; otherwise `CacheMode::None`, with one warning saying why.
+pub fn ram_or_none(need: u64, available: Option<u64>) -> CacheMode {
+    let gib = |b: f64| b / (1u64 << 30) as f64;
+    match available {
+        Some(free) if need as f64 * (1.0 + CACHE_MARGIN) > free as f64 => {
+            eprintln!(
+                "warning: data.cache = \"ram\" would need ~{:.1} GiB (+{:.0} % headroom) for the \
+                 prepared images, but {:.1} GiB are available: images are decoded every epoch \
+                 instead (set data.cache = \"none\" to silence this)",
+                gib(need as f64),
+                CACHE_MARGIN * 100.0,
+                gib(free as f64)
+            );
+            CacheMode::None
+        }
+        _ => CacheMode::Ram,
+    }
+}
+
+#[cfg(test)]
+mod cache_tests {
+    use super::*;
+
+    #[test]
+    fn cache_estimate_and_the_fallback_when_it_does_not_fit() {
+        let builtin = Dataset::Builtin(BuiltinDataset {
+            len: 100,
+            size: 640,
+            seed: 0,
+        });
+        // Resized to a long side of 320: 320 × 320 × 3 bytes each.
+        let need = cache_bytes(&builtin, 320);
+        assert_eq!(need, 100 * 320 * 320 * 3);
+        assert_eq!(ram_or_none(need, Some(need * 2)), CacheMode::Ram);
+        assert_eq!(
+            ram_or_none(need, Some(need)),
+            CacheMode::None,
+            "no headroom"
+        );
+        assert_eq!(ram_or_none(need, Some(1 << 20)), CacheMode::None);
+        assert_eq!(
+            ram_or_none(need, None),
+            CacheMode::Ram,
+            "unknown: keep the cache"
+        );
+        assert!(
+            available_memory().is_some_and(|b| b > 0),
+            "/proc/meminfo read"
+        );
+    }
 }
