@@ -443,6 +443,7 @@ fn parse_rows(
 ) -> Result<Vec<Row>, DataError> {
     let want = 5 + k * d;
     let mut rows: Vec<Row> = Vec::new();
+    let mut duplicates = 0;
     for (n, line) in text.lines().enumerate() {
         let bad = |message: String| DataError::Label {
             path: path.to_path_buf(),
@@ -504,9 +505,17 @@ fn parse_rows(
             keypoints,
         };
         // Duplicate rows are dropped, as Ultralytics does.
-        if !rows.contains(&row) {
+        if rows.contains(&row) {
+            duplicates += 1;
+        } else {
             rows.push(row);
         }
+    }
+    if duplicates > 0 {
+        eprintln!(
+            "warning: {}: {duplicates} duplicate label row(s) dropped",
+            path.display()
+        );
     }
     Ok(rows)
 }
