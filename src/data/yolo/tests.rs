@@ -103,11 +103,15 @@ fn corrupt_image_is_named_or_skipped() {
 }
 
 #[test]
-fn missing_label_file_is_a_background_image() {
+fn missing_or_empty_label_file_is_a_background_image() {
     let dir = dataset("background", "");
     std::fs::remove_file(dir.join("labels/train/a.txt")).unwrap();
-    let (train, _, _) = open(&dir, false).unwrap();
+    let (train, val, _) = open(&dir, false).unwrap();
     assert!(train.get(0).unwrap().instances.is_empty());
+    // val's label file exists but is empty: a background too, not an error.
+    assert!(dir.join("labels/val/a.txt").exists());
+    assert_eq!(val.len(), 1);
+    assert!(val.get(0).unwrap().instances.is_empty());
 }
 
 #[test]
