@@ -136,5 +136,68 @@ fn predict_rejects_bad_sources_clearly() {
         "{text}"
     );
     assert!(!text.contains("panicked"), "{text}");
+    // An empty folder is named plainly (it was a Rust debug list).
+    let empty = dir.join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let (ok, text) = burnpose(&["predict", "x.safetensors", empty.to_str().unwrap()]);
+    assert!(
+        !ok && text.contains("no images in ") && text.contains("empty ("),
+        "{text}"
+    );
+    assert!(!text.contains("[\""), "{text}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A folder with a corrupt JPEG among good images (one in a subfolder): the bad file is named
+/// and skipped, the good ones are predicted, the end line counts the skip; a folder of nothing
+/// but corrupt files fails, naming the reason.
+#[test]
+fn predict_skips_undecodable_files_and_searches_subfolders() {
+    let dir = std::env::temp_dir().join(format!("burnpose-predict-skip-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("photos/more")).unwrap();
+    let run = short_fit(&dir);
+    let ckpt = run.join("last.safetensors");
+    image::RgbImage::from_pixel(40, 30, image::Rgb([90, 60, 30]))
+        .save(dir.join("photos/good.png"))
+        .unwrap();
+    image::RgbImage::from_pixel(30, 40, image::Rgb([30, 60, 90]))
+        .save(dir.join("photos/more/deeper.png"))
+        .unwrap();
+    std::fs::write(dir.join("photos/broken.jpg"), b"not a jpeg at all").unwrap();
+    let out = dir.join("out");
+    let (ok, text) = burnpose(&[
+        "predict",
+        ckpt.to_str().unwrap(),
+        dir.join("photos").to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(ok, "{text}");
+    assert!(
+        text.contains("broken.jpg") && text.contains("skipped"),
+        "the bad file is named: {text}"
+    );
+    assert!(text.contains("(1 undecodable file(s) skipped)"), "{text}");
+    let results: Vec<ImagePrediction> =
+        serde_json::from_str(&std::fs::read_to_string(out.join("predictions.json")).unwrap())
+            .unwrap();
+    assert_eq!(results.len(), 2, "good.png and more/deeper.png");
+    assert!(out.join("good.png").exists() && out.join("deeper.png").exists());
+
+    std::fs::create_dir_all(dir.join("bad")).unwrap();
+    std::fs::write(dir.join("bad/x.jpg"), b"nope").unwrap();
+    let (ok, text) = burnpose(&[
+        "predict",
+        ckpt.to_str().unwrap(),
+        dir.join("bad").to_str().unwrap(),
+        "--out",
+        dir.join("out_bad").to_str().unwrap(),
+    ]);
+    assert!(
+        !ok && text.contains("none of the 1 images could be decoded"),
+        "{text}"
+    );
+    assert!(!text.contains("panicked"), "{text}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

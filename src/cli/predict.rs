@@ -1,6 +1,6 @@
 //! `burnpose predict CHECKPOINT SOURCE...`: a checkpoint's EMA model on images and folders of
-//! images, batched with a progress bar; one annotated copy per image and `predictions.json` in
-//! the run folder.
+//! images (searched below subfolders), batched with a progress bar; one annotated copy per image
+//! and `predictions.json` in the run folder. Undecodable files are named and skipped.
 
 use super::DeviceArg;
 use crate::predict::{ImagePrediction, PredictOptions, Predictor, draw, image_files};
@@ -21,7 +21,14 @@ pub struct PredictArgs {
 pub fn run(checkpoint: &Path, a: PredictArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.batch > 0, "--batch must be at least 1");
     let files = image_files(&a.sources)?;
-    anyhow::ensure!(!files.is_empty(), "no images in {:?}", a.sources);
+    if files.is_empty() {
+        let names: Vec<String> = a.sources.iter().map(|p| p.display().to_string()).collect();
+        anyhow::bail!(
+            "no images in {} (images with the extensions {})",
+            names.join(", "),
+            crate::data::yolo::decodable_extensions()
+        );
+    }
     let mut cfg = crate::train::checkpoint::read_config(checkpoint)?;
     let (device, what) = super::device_for(&mut cfg, checkpoint, a.device)?;
     let predictor = Predictor::load(checkpoint, &device, a.options)?;
@@ -47,13 +54,29 @@ pub fn run(checkpoint: &Path, a: PredictArgs) -> anyhow::Result<()> {
     );
     let mut results: Vec<ImagePrediction> = Vec::with_capacity(files.len());
     let mut used = std::collections::HashSet::new();
+    let mut skipped = 0;
     for chunk in files.chunks(a.batch) {
-        let images = chunk
-            .iter()
-            .map(|p| crate::data::open_rgb(p))
-            .collect::<Result<Vec<_>, _>>()?;
+        // A file that cannot be decoded is named once and skipped, as Ultralytics does.
+        let mut paths = Vec::with_capacity(chunk.len());
+        let mut images = Vec::with_capacity(chunk.len());
+        for path in chunk {
+            match crate::data::open_rgb(path) {
+                Ok(image) => {
+                    paths.push(path);
+                    images.push(image);
+                }
+                Err(e) => {
+                    bar.suspend(|| eprintln!("warning: {e}; skipped"));
+                    skipped += 1;
+                    bar.inc(1);
+                }
+            }
+        }
+        if images.is_empty() {
+            continue;
+        }
         let found = predictor.predict(&images);
-        for ((path, mut image), detections) in chunk.iter().zip(images).zip(found) {
+        for ((path, mut image), detections) in paths.into_iter().zip(images).zip(found) {
             let marks: Vec<draw::Mark> = detections
                 .iter()
                 .map(|d| draw::Mark::found(d, &predictor.layout))
@@ -73,12 +96,21 @@ pub fn run(checkpoint: &Path, a: PredictArgs) -> anyhow::Result<()> {
         }
     }
     bar.finish();
+    anyhow::ensure!(
+        !results.is_empty(),
+        "none of the {} images could be decoded (each is named above)",
+        files.len()
+    );
     let json = out.join("predictions.json");
     crate::train::report::write_atomic(&json, serde_json::to_string_pretty(&results)?.as_bytes())
         .with_context(|| format!("writing {}", json.display()))?;
     let total: usize = results.iter().map(|r| r.detections.len()).sum();
+    let skipped = match skipped {
+        0 => String::new(),
+        n => format!(" ({n} undecodable file(s) skipped)"),
+    };
     println!(
-        "{total} detections in {} images; annotated images and {} in {}",
+        "{total} detections in {} images{skipped}; annotated images and {} in {}",
         results.len(),
         json.file_name().expect("a file").to_string_lossy(),
         out.display()

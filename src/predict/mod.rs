@@ -169,9 +169,9 @@ impl Predictor {
     }
 }
 
-/// Image files among `sources`: files as given, folders' images (not recursing) sorted by name.
-/// A source that does not exist, or a file that is not an image this build decodes, is an
-/// error naming it.
+/// The images of `sources`: files as given, folders searched below every subfolder (as
+/// Ultralytics does), each folder's images sorted by path text. A missing source, or a file this
+/// build cannot decode by its extension, is an error naming it.
 pub fn image_files(sources: &[PathBuf]) -> Result<Vec<PathBuf>, crate::data::DataError> {
     use crate::data::DataError;
     let is_image = |p: &Path| {
@@ -179,22 +179,27 @@ pub fn image_files(sources: &[PathBuf]) -> Result<Vec<PathBuf>, crate::data::Dat
             .and_then(|e| e.to_str())
             .is_some_and(|e| crate::data::yolo::decodable(&e.to_ascii_lowercase()))
     };
+    let io = |path: &Path, error| DataError::Io {
+        path: path.to_path_buf(),
+        error,
+    };
     let mut out = Vec::new();
     for src in sources {
-        let meta = std::fs::metadata(src).map_err(|error| DataError::Io {
-            path: src.clone(),
-            error,
-        })?;
+        let meta = std::fs::metadata(src).map_err(|e| io(src, e))?;
         if meta.is_dir() {
-            let mut found: Vec<PathBuf> = std::fs::read_dir(src)
-                .map_err(|error| DataError::Io {
-                    path: src.clone(),
-                    error,
-                })?
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.is_file() && is_image(p))
-                .collect();
-            found.sort();
+            let mut found = Vec::new();
+            let mut folders = vec![src.clone()];
+            while let Some(folder) = folders.pop() {
+                for entry in std::fs::read_dir(&folder).map_err(|e| io(&folder, e))? {
+                    let path = entry.map_err(|e| io(&folder, e))?.path();
+                    if path.is_dir() {
+                        folders.push(path);
+                    } else if is_image(&path) {
+                        found.push(path);
+                    }
+                }
+            }
+            found.sort_by(|a, b| a.as_os_str().cmp(b.as_os_str()));
             out.extend(found);
         } else if is_image(src) {
             out.push(src.clone());
