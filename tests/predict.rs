@@ -201,3 +201,66 @@ fn predict_skips_undecodable_files_and_searches_subfolders() {
     assert!(!text.contains("panicked"), "{text}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Pseudo-labelling: `predict --save-txt` writes YOLO label files that `fit` reads back as a
+/// dataset and trains one epoch on.
+#[test]
+fn predicted_labels_train_a_fit() {
+    let dir = std::env::temp_dir().join(format!("burnpose-predict-txt-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let run = short_fit(&dir);
+    let ckpt = run.join("last.safetensors");
+    // Unlabelled images: the built-in ones, exported, with their labels removed.
+    let ds = dir.join("ds");
+    let (ok, text) = burnpose(&[
+        "export-yolo",
+        dir.join("tiny.toml").to_str().unwrap(),
+        ds.to_str().unwrap(),
+    ]);
+    assert!(ok, "{text}");
+    std::fs::remove_dir_all(ds.join("labels")).unwrap();
+    let out = dir.join("pred");
+    let (ok, text) = burnpose(&[
+        "predict",
+        ckpt.to_str().unwrap(),
+        ds.join("images/train").to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--conf",
+        "0.001",
+        "--max-det",
+        "3",
+        "--save-txt",
+    ]);
+    assert!(ok, "{text}");
+    let labels: Vec<_> = std::fs::read_dir(out.join("labels"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert!(!labels.is_empty(), "no label file written: {text}");
+    for file in &labels {
+        for row in std::fs::read_to_string(file).unwrap().lines() {
+            assert_eq!(row.split_whitespace().count(), 5 + 17 * 3, "{row}");
+        }
+    }
+    // The labels go where `fit` looks for them; val keeps its (now absent) labels: backgrounds.
+    let train_labels = ds.join("labels/train");
+    std::fs::create_dir_all(&train_labels).unwrap();
+    for file in &labels {
+        std::fs::copy(file, train_labels.join(file.file_name().unwrap())).unwrap();
+    }
+    let cfg = dir.join("pseudo.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[data]\nsource = \"yolo\"\npath = {:?}\nimgsz = 64\nworkers = 0\n[train]\nepochs = 1\nbatch = 2\nnbs = 2\n[device]\nkind = \"cpu\"\n[output]\ndir = {:?}\nname = \"pseudo\"\n",
+            ds.join("data.yaml").to_str().unwrap(),
+            dir.join("runs").to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let (ok, text) = burnpose(&["fit", cfg.to_str().unwrap()]);
+    assert!(ok && text.contains("done: 1 epochs"), "{text}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

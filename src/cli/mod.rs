@@ -133,6 +133,13 @@ pub enum Command {
         /// Images per forward pass.
         #[arg(long, default_value_t = 8)]
         batch: usize,
+        /// Also write one YOLO label file per image with detections, `labels/<name>.txt`
+        /// (Ultralytics' `save_txt`): `fit` reads them back as a dataset.
+        #[arg(long)]
+        save_txt: bool,
+        /// With --save-txt, end each row with the detection's score (Ultralytics' `save_conf`).
+        #[arg(long, requires = "save_txt")]
+        save_conf: bool,
     },
     /// Complete-fit benchmark: fresh `fit` processes, native and replay alternately, for N
     /// pairs; prints and writes (CSV + markdown) the comparison table.
@@ -293,6 +300,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             nms,
             device,
             batch,
+            save_txt,
+            save_conf,
         } => predict::run(
             &checkpoint,
             predict::PredictArgs {
@@ -307,6 +316,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 },
                 device,
                 batch,
+                labels: save_txt.then_some(predict::Labels { score: save_conf }),
             },
         ),
     }

@@ -16,6 +16,14 @@ pub struct PredictArgs {
     pub options: PredictOptions,
     pub device: Option<DeviceArg>,
     pub batch: usize,
+    /// Write YOLO label files (`--save-txt`), with scores (`--save-conf`).
+    pub labels: Option<Labels>,
+}
+
+/// `--save-txt`: label files in `labels/` of the run folder.
+pub struct Labels {
+    /// Each row ends with the detection's score.
+    pub score: bool,
 }
 
 pub fn run(checkpoint: &Path, a: PredictArgs) -> anyhow::Result<()> {
@@ -40,6 +48,11 @@ pub fn run(checkpoint: &Path, a: PredictArgs) -> anyhow::Result<()> {
         }
     };
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let labels_dir = out.join("labels");
+    if a.labels.is_some() {
+        std::fs::create_dir_all(&labels_dir)
+            .with_context(|| format!("creating {}", labels_dir.display()))?;
+    }
     println!(
         "{} from {} on {what}: {} images at {} px, batch {}",
         cfg.model.yolo().name(),
@@ -82,16 +95,26 @@ pub fn run(checkpoint: &Path, a: PredictArgs) -> anyhow::Result<()> {
                 .map(|d| draw::Mark::found(d, &predictor.layout))
                 .collect();
             draw::annotate(&mut image, &marks, &predictor.layout);
-            let target = out.join(output_name(path, &mut used));
+            let name = output_name(path, &mut used);
+            let target = out.join(&name);
             image
                 .save(&target)
                 .with_context(|| format!("writing {}", target.display()))?;
-            results.push(ImagePrediction {
+            let prediction = ImagePrediction {
                 image: path.clone(),
                 width: image.width(),
                 height: image.height(),
                 detections,
-            });
+            };
+            // As Ultralytics: an image without detections gets no label file (a background).
+            if let Some(labels) = &a.labels
+                && !prediction.detections.is_empty()
+            {
+                let file = labels_dir.join(Path::new(&name).with_extension("txt"));
+                std::fs::write(&file, prediction.yolo_label(labels.score))
+                    .with_context(|| format!("writing {}", file.display()))?;
+            }
+            results.push(prediction);
             bar.inc(1);
         }
     }

@@ -65,6 +65,54 @@ pub struct Found {
     pub keypoints: Vec<[f32; 3]>,
 }
 
+impl ImagePrediction {
+    /// The detections as a YOLO label file, as Ultralytics' `save_txt` writes it: a row per
+    /// detection, `class cx cy w h` normalised to the image, then `x y confidence` per keypoint
+    /// (a keypoint outside the image is written as missing, `0 0 0`, so that `fit` reads the file
+    /// back as a dataset), then the detection's score when `with_score` (`save_conf`).
+    pub fn yolo_label(&self, with_score: bool) -> String {
+        let (w, h) = (self.width.max(1) as f32, self.height.max(1) as f32);
+        let mut text = String::new();
+        for d in &self.detections {
+            let [x1, y1, x2, y2] = d.bbox;
+            let (x1, x2) = ((x1 / w).clamp(0.0, 1.0), (x2 / w).clamp(0.0, 1.0));
+            let (y1, y2) = ((y1 / h).clamp(0.0, 1.0), (y2 / h).clamp(0.0, 1.0));
+            let mut row = vec![
+                d.class.to_string(),
+                number((x1 + x2) / 2.0),
+                number((y1 + y2) / 2.0),
+                number(x2 - x1),
+                number(y2 - y1),
+            ];
+            for &[x, y, c] in &d.keypoints {
+                let (x, y) = (x / w, y / h);
+                if (0.0..=1.0).contains(&x) && (0.0..=1.0).contains(&y) {
+                    row.extend([number(x), number(y), number(c)]);
+                } else {
+                    row.extend(["0".into(), "0".into(), "0".into()]);
+                }
+            }
+            if with_score {
+                row.push(number(d.score));
+            }
+            text.push_str(&row.join(" "));
+            text.push('\n');
+        }
+        text
+    }
+}
+
+/// `v` with six decimals, trailing zeros dropped.
+fn number(v: f32) -> String {
+    let s = format!("{v:.6}");
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    if s.is_empty() || s == "-" {
+        "0".into()
+    } else {
+        s.into()
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum PredictError {
     #[error(transparent)]
@@ -214,4 +262,34 @@ pub fn image_files(sources: &[PathBuf]) -> Result<Vec<PathBuf>, crate::data::Dat
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn yolo_label_rows_are_normalised_and_read_back() {
+        let p = ImagePrediction {
+            image: PathBuf::from("a.jpg"),
+            width: 200,
+            height: 100,
+            detections: vec![Found {
+                class: 0,
+                name: None,
+                score: 0.875,
+                bbox: [20.0, 10.0, 120.0, 90.0],
+                keypoints: vec![[50.0, 25.0, 0.5], [250.0, 50.0, 0.9]],
+            }],
+        };
+        // The second keypoint lies outside the image: written as missing.
+        assert_eq!(
+            p.yolo_label(false),
+            "0 0.35 0.5 0.5 0.8 0.25 0.25 0.5 0 0 0\n"
+        );
+        assert_eq!(
+            p.yolo_label(true),
+            "0 0.35 0.5 0.5 0.8 0.25 0.25 0.5 0 0 0 0.875\n"
+        );
+    }
 }
