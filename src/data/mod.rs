@@ -67,6 +67,32 @@ impl Instance {
     }
 }
 
+/// Every file below `folder` (subfolders included) that `keep` accepts, sorted by path as text,
+/// as Ultralytics' recursive glob lists a folder; an unreadable folder is an error naming it.
+pub fn files_below(
+    folder: &std::path::Path,
+    keep: impl Fn(&std::path::Path) -> bool,
+) -> Result<Vec<std::path::PathBuf>, DataError> {
+    let io = |path: &std::path::Path, error| DataError::Io {
+        path: path.to_path_buf(),
+        error,
+    };
+    let mut found = Vec::new();
+    let mut folders = vec![folder.to_path_buf()];
+    while let Some(folder) = folders.pop() {
+        for entry in std::fs::read_dir(&folder).map_err(|e| io(&folder, e))? {
+            let path = entry.map_err(|e| io(&folder, e))?.path();
+            if path.is_dir() {
+                folders.push(path);
+            } else if keep(&path) {
+                found.push(path);
+            }
+        }
+    }
+    found.sort_by(|a, b| a.as_os_str().cmp(b.as_os_str()));
+    Ok(found)
+}
+
 /// The image at `path`, decoded to RGB; an error names the file.
 pub fn open_rgb(path: &std::path::Path) -> Result<image::RgbImage, DataError> {
     use image::ImageDecoder;

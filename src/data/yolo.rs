@@ -311,17 +311,7 @@ fn image_files(sources: &[PathBuf]) -> Result<Vec<PathBuf>, DataError> {
     let mut found = Vec::new();
     for source in sources {
         if source.is_dir() {
-            let mut folders = vec![source.clone()];
-            while let Some(folder) = folders.pop() {
-                for entry in std::fs::read_dir(&folder).map_err(|e| io(&folder, e))? {
-                    let path = entry.map_err(|e| io(&folder, e))?.path();
-                    if path.is_dir() {
-                        folders.push(path);
-                    } else if is_image(&path) {
-                        found.push(path);
-                    }
-                }
-            }
+            found.extend(super::files_below(source, is_image)?);
         } else {
             let text = std::fs::read_to_string(source).map_err(|e| io(source, e))?;
             let here = source.parent().unwrap_or(Path::new("."));

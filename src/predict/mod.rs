@@ -235,20 +235,7 @@ pub fn image_files(sources: &[PathBuf]) -> Result<Vec<PathBuf>, crate::data::Dat
     for src in sources {
         let meta = std::fs::metadata(src).map_err(|e| io(src, e))?;
         if meta.is_dir() {
-            let mut found = Vec::new();
-            let mut folders = vec![src.clone()];
-            while let Some(folder) = folders.pop() {
-                for entry in std::fs::read_dir(&folder).map_err(|e| io(&folder, e))? {
-                    let path = entry.map_err(|e| io(&folder, e))?.path();
-                    if path.is_dir() {
-                        folders.push(path);
-                    } else if is_image(&path) {
-                        found.push(path);
-                    }
-                }
-            }
-            found.sort_by(|a, b| a.as_os_str().cmp(b.as_os_str()));
-            out.extend(found);
+            out.extend(crate::data::files_below(src, is_image)?);
         } else if is_image(src) {
             out.push(src.clone());
         } else {
