@@ -35,6 +35,21 @@ pub enum Dataset {
     Yolo(YoloDataset),
 }
 
+impl Dataset {
+    /// How many images it holds.
+    pub fn len(&self) -> usize {
+        match self {
+            Dataset::Builtin(b) => b.len,
+            Dataset::Coco(c) => c.len(),
+            Dataset::Yolo(y) => y.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// A dataset served at one training size, with the prepared-image cache: decoded images resized
 /// so the long side is `size` (aspect kept), kept in RAM after first use so later epochs decode
 /// nothing. Thread-safe: prefetch workers share one `Source`.
@@ -57,11 +72,7 @@ pub struct Prepared {
 
 impl Source {
     pub fn new(dataset: Dataset, size: u32, cache: CacheMode) -> Self {
-        let len = match &dataset {
-            Dataset::Builtin(b) => b.len,
-            Dataset::Coco(c) => c.len(),
-            Dataset::Yolo(y) => y.len(),
-        };
+        let len = dataset.len();
         let cache = (cache == CacheMode::Ram).then(|| (0..len).map(|_| OnceLock::new()).collect());
         Self {
             dataset,
@@ -120,11 +131,7 @@ impl Source {
     }
 
     pub fn len(&self) -> usize {
-        match &self.dataset {
-            Dataset::Builtin(b) => b.len,
-            Dataset::Coco(c) => c.len(),
-            Dataset::Yolo(y) => y.len(),
-        }
+        self.dataset.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -275,11 +282,7 @@ const CACHE_MARGIN: f64 = 0.5;
 /// the mean RGB size of up to [`CACHE_SAMPLES`] evenly spaced images, from their headers
 /// (unreadable headers are left out of the mean), times the image count.
 pub fn cache_bytes(dataset: &Dataset, size: u32) -> u64 {
-    let len = match dataset {
-        Dataset::Builtin(b) => b.len,
-        Dataset::Coco(c) => c.len(),
-        Dataset::Yolo(y) => y.len(),
-    };
+    let len = dataset.len();
     if len == 0 {
         return 0;
     }

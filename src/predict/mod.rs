@@ -227,13 +227,12 @@ pub fn image_files(sources: &[PathBuf]) -> Result<Vec<PathBuf>, crate::data::Dat
             .and_then(|e| e.to_str())
             .is_some_and(|e| crate::data::yolo::decodable(&e.to_ascii_lowercase()))
     };
-    let io = |path: &Path, error| DataError::Io {
-        path: path.to_path_buf(),
-        error,
-    };
     let mut out = Vec::new();
     for src in sources {
-        let meta = std::fs::metadata(src).map_err(|e| io(src, e))?;
+        let meta = std::fs::metadata(src).map_err(|error| DataError::Io {
+            path: src.clone(),
+            error,
+        })?;
         if meta.is_dir() {
             out.extend(crate::data::files_below(src, is_image)?);
         } else if is_image(src) {
