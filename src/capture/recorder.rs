@@ -6,10 +6,16 @@
 //! Before each forward replay the trainer's current parameters and BatchNorm running statistics
 //! are copied into them (so the graph always sees the new weights, and warm-up or recording runs
 //! never touch the trainer's state); after it the updated running statistics are copied back.
+//! A tensor the trainer still holds from the previous replay is not copied again: between
+//! optimizer steps the parameters do not change, and the forward graph itself writes the new
+//! running statistics into the buffers it reads next. The forward graph gathers the new running
+//! statistics, and the backward graph the stage's gradients, into one flat buffer each, copied
+//! out with one launch and handed back as views.
 
 use super::copy::{copy_into, duplicate};
 use super::stage::{Scope, leaf, seeded_root};
 use crate::model::Yolo;
+use crate::optim::flat::Layout;
 use crate::optim::grads::{get_flat, put_flat};
 use crate::optim::groups::{ParamInfo, param_table};
 use crate::optim::tensors::{float_tensors, replace_float_tensors};
@@ -49,6 +55,9 @@ pub enum Control {
     /// gradient, so a batch without positives gives them zeros instead of none, and the
     /// optimizer moves them and their state where the native loop skips them.
     RecordStems,
+    /// Copies the trainer's tensors in before the first replay only, as if they never changed:
+    /// the graph keeps training the first step's weights.
+    StaleSources,
 }
 
 /// Everything the two graphs read or write, kept alive for as long as they exist.
@@ -61,14 +70,24 @@ struct Recorded {
     /// `(path, static buffer)` of every parameter and of the running statistics the recorded
     /// forward reads.
     sources: Vec<(String, Tensor<1>)>,
-    /// `(path, buffer)` of the running statistics the recorded forward writes.
-    updated: Vec<(String, Tensor<1>)>,
+    /// Per source, the trainer's tensor its buffer now equals. Held, so that its buffer cannot
+    /// be updated in place (CubeCL mutates only buffers with one owner) or reused.
+    written: Vec<Option<CubeTensor>>,
+    /// `(index in sources, buffer)` of the running statistics the recorded forward writes.
+    updated: Vec<(usize, Tensor<1>)>,
+    /// Where each of `updated` sits in `stats_flat`, the buffer the recorded forward gathers
+    /// them in.
+    stats_layout: Layout,
+    stats_flat: Tensor<1>,
     /// The stage's outputs ([`Scope::run`], then the point stems' outputs under `RecordStems`)
     /// and their seed buffers.
     outputs: Vec<Tensor<4>>,
     seeds: Vec<Tensor<4>>,
-    /// Parameter gradients the recorded backward writes, with the trainer's parameter entry.
-    grads: Vec<(ParamInfo, Tensor<1>)>,
+    /// The stage's parameters with a gradient, in the order of `grad_layout`.
+    grad_params: Vec<ParamInfo>,
+    /// Where each gradient sits in `grad_flat`, the buffer the recorded backward gathers them in.
+    grad_layout: Layout,
+    grad_flat: Tensor<1>,
 }
 
 /// The CUDA float tensor inside `t` (panics on any other device: callers hold CUDA tensors).
@@ -92,6 +111,34 @@ fn write<const D: usize>(src: Tensor<D>, dst: &Tensor<D>) {
 
 fn copy_of<const D: usize>(t: Tensor<D>) -> Tensor<D> {
     from_cube(duplicate(cube(t)))
+}
+
+/// Whether `a` and `b` are the same region of the same allocation, with the same layout. CubeCL
+/// never gives an allocation's id to another, so while `a` is held this means equal values.
+fn same_tensor(a: &CubeTensor, b: &CubeTensor) -> bool {
+    a.handle.memory.descriptor().id == b.handle.memory.descriptor().id
+        && a.handle.offset_start == b.handle.offset_start
+        && a.handle.offset_end == b.handle.offset_end
+        && a.meta == b.meta
+        && a.dtype == b.dtype
+}
+
+/// `stats` gathered into one flat buffer, and where each sits in it.
+fn gather_stats(stats: &[(String, Tensor<1>)], device: &Device) -> (Layout, Tensor<1>) {
+    let layout = Layout::new(stats.iter().map(|(_, t)| t.dims()[0]).collect());
+    let flat = layout.gather(stats.iter().map(|(_, t)| Some(t.clone())).collect(), device);
+    (layout, flat)
+}
+
+/// The stage's parameter gradients in `all` (table order), gathered into one flat buffer.
+fn gather_grads(
+    all: &GradientsParams,
+    params: &[ParamInfo],
+    layout: &Layout,
+    device: &Device,
+) -> Tensor<1> {
+    let parts = params.iter().map(|p| get_flat(all, p)).collect();
+    layout.gather(parts, device)
 }
 
 fn is_running_stat(path: &str) -> bool {
@@ -165,19 +212,28 @@ impl Recorder {
             );
             self.state = Some(recorded.unwrap_or_else(|e| panic!("{e}")));
         }
-        let r = self.state.as_ref().expect("recorded");
+        let r = self.state.as_mut().expect("recorded");
         let current: HashMap<String, Tensor<1>> =
             float_tensors(&model.valid()).into_iter().collect();
-        for (path, buffer) in &r.sources {
-            write(current[path].clone(), buffer);
+        for ((path, buffer), written) in r.sources.iter().zip(&mut r.written) {
+            let now = cube(current[path].clone());
+            let stale = self.control == Control::StaleSources && written.is_some();
+            if stale || written.as_ref().is_some_and(|w| same_tensor(w, &now)) {
+                continue;
+            }
+            copy_into(now.clone(), &cube(buffer.clone()));
+            *written = Some(now);
         }
         write(images, &r.input);
         replay(&self.device, &r.forward);
-        let mut stats: HashMap<String, Tensor<1>> = r
-            .updated
-            .iter()
-            .map(|(p, t)| (p.clone(), Tensor::from_inner(copy_of(t.clone()))))
-            .collect();
+        let flat = copy_of(r.stats_flat.clone());
+        let mut stats: HashMap<String, Tensor<1>> = HashMap::new();
+        for (k, (i, _)) in r.updated.iter().enumerate() {
+            let view = r.stats_layout.view(&flat, k);
+            // The graph has written the same values into the source buffer.
+            r.written[*i] = Some(cube(view.clone()));
+            stats.insert(r.sources[*i].0.clone(), Tensor::from_inner(view));
+        }
         let (updated, missing) = replace_float_tensors(model.clone(), &mut stats);
         assert!(
             missing.is_empty(),
@@ -196,9 +252,10 @@ impl Recorder {
             write(s, buffer);
         }
         replay(&self.device, &r.backward);
+        let flat = copy_of(r.grad_flat.clone());
         let mut out = GradientsParams::new();
-        for (p, g) in &r.grads {
-            put_flat(&mut out, p, copy_of(g.clone()));
+        for (i, p) in r.grad_params.iter().enumerate() {
+            put_flat(&mut out, p, r.grad_layout.view(&flat, i));
         }
         out
     }
@@ -249,12 +306,35 @@ fn record(
             .collect()
     };
 
+    // The stage's parameters that get a gradient, and the flat buffer the backward gathers
+    // them in (gathered in every warm-up too, so that the pool has room for it).
+    let stage_params: Vec<ParamInfo> = param_table(&net)
+        .into_iter()
+        .filter(|p| is_recorded(&p.path, scope, control))
+        .collect();
+    let with_grad = |all: &GradientsParams| -> Vec<ParamInfo> {
+        stage_params
+            .iter()
+            .filter(|p| get_flat(all, p).is_some())
+            .cloned()
+            .collect()
+    };
+    let backward_of = |net: &Yolo, f: &[Tensor<4>]| {
+        GradientsParams::from_grads(seeded_root(f, &seeds).backward(), net)
+    };
+
     Dispatch::graph_prepare(dispatch).map_err(|e| err("prepare", &e))?;
+    let mut grad_params = Vec::new();
+    let mut grad_layout = Layout::new(Vec::new());
     for _ in 0..WARMUPS {
         let f = run(&net);
-        let grads = seeded_root(&f, &seeds).backward();
+        let all = backward_of(&net, &f);
+        grad_params = with_grad(&all);
+        grad_layout = Layout::new(grad_params.iter().map(ParamInfo::numel).collect());
+        let flat = gather_grads(&all, &grad_params, &grad_layout, &inner);
+        let (_, stats) = gather_stats(&stage_tensors(&net, is_running_stat), &inner);
         inner.sync().map_err(|e| err("warm-up sync", &e))?;
-        drop((f, grads));
+        drop((f, all, flat, stats));
     }
     // What the recorded forward reads. `valid()` also merges the warm-ups' pending running-stat
     // updates now, outside the window.
@@ -264,8 +344,21 @@ fn record(
     Dispatch::graph_start_capture(dispatch).map_err(|e| err("start forward capture", &e))?;
     let taped = run(&net);
     // Merging the new running statistics inside the window records that step too, so these
-    // are buffers every replay rewrites.
-    let updated = stage_tensors(&net, is_running_stat);
+    // are buffers every replay rewrites; and their copies into the buffers the next replay reads.
+    let index: HashMap<&str, usize> = sources
+        .iter()
+        .enumerate()
+        .map(|(i, (p, _))| (p.as_str(), i))
+        .collect();
+    let stats = stage_tensors(&net, is_running_stat);
+    let (stats_layout, stats_flat) = gather_stats(&stats, &inner);
+    let updated: Vec<(usize, Tensor<1>)> = stats
+        .into_iter()
+        .map(|(p, t)| (index[p.as_str()], t))
+        .collect();
+    for (i, t) in &updated {
+        write(t.clone(), &sources[*i].1);
+    }
     let forward = Dispatch::graph_stop_capture(dispatch).map_err(|e| err("forward capture", &e))?;
 
     Dispatch::graph_prepare(dispatch).map_err(|e| err("prepare backward", &e))?;
@@ -275,20 +368,27 @@ fn record(
     {
         let twin = net.valid().train();
         let f = run(&twin);
-        let grads = seeded_root(&f, &seeds).backward();
+        let all = backward_of(&twin, &f);
+        let flat = gather_grads(&all, &grad_params, &grad_layout, &inner);
         inner.sync().map_err(|e| err("backward warm-up sync", &e))?;
-        drop((f, grads, twin));
+        drop((f, all, flat, twin));
     }
     Dispatch::graph_start_capture(dispatch).map_err(|e| err("start backward capture", &e))?;
-    let all = GradientsParams::from_grads(seeded_root(&taped, &seeds).backward(), &net);
-    let grads: Vec<(ParamInfo, Tensor<1>)> = param_table(&net)
-        .into_iter()
-        .filter(|p| is_recorded(&p.path, scope, control))
-        .filter_map(|p| get_flat(&all, &p).map(|g| (p, g)))
-        .collect();
+    let all = backward_of(&net, &taped);
+    let captured = with_grad(&all);
+    let grad_flat = gather_grads(&all, &grad_params, &grad_layout, &inner);
     let backward =
         Dispatch::graph_stop_capture(dispatch).map_err(|e| err("backward capture", &e))?;
     drop(all);
+    if captured
+        .iter()
+        .map(|p| p.id)
+        .ne(grad_params.iter().map(|p| p.id))
+    {
+        return Err(RecordError(
+            "the recorded backward reached other parameters than the warm-ups".into(),
+        ));
+    }
     inner.sync().map_err(|e| err("sync after capture", &e))?;
 
     let outputs = taped.into_iter().map(|t| t.inner()).collect();
@@ -297,10 +397,15 @@ fn record(
         backward,
         _net: net,
         input,
+        written: vec![None; sources.len()],
         sources,
         updated,
+        stats_layout,
+        stats_flat,
         outputs,
         seeds,
-        grads,
+        grad_params,
+        grad_layout,
+        grad_flat,
     })
 }

@@ -6,16 +6,17 @@
 //! Per element the arithmetic is the per-tensor update's, in the same order, with the per-step
 //! scalars read from a small table instead of kernel arguments, so both give the same bits
 //! (`optim::tests::flat_update_equals_per_tensor_*`). Parameters and state are handed back as
-//! views of the new buffers; segments start on 512-byte boundaries so that a view needs no copy
-//! on CUDA. Absent gradients: the segment is masked, so the parameter and its state keep their
-//! values and its step count does not move, as in the per-tensor update. On the CPU the same
-//! arithmetic runs as one loop over the buffers on the host (`host_update`).
+//! views of the new buffers; segments start and (padded) end on 512-byte boundaries so that a
+//! view needs no copy on CUDA. Absent gradients: the segment is masked, so the parameter and its
+//! state keep their values and its step count does not move, as in the per-tensor update. On the
+//! CPU the same arithmetic runs as one loop over the buffers on the host (`host_update`).
 
 use super::grads::take_flat;
 use super::groups::ParamInfo;
 use super::optimizer::{Hyper, ParamState, Rule};
 use super::reduce::sum_all;
 use crate::config::device::is_cuda;
+use crate::model::ops::segment;
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::{DType, TensorData};
@@ -68,10 +69,11 @@ impl Layout {
         flat
     }
 
-    /// Segment `i` of `flat`.
+    /// Segment `i` of `flat`: a view of its buffer on CUDA, whose padded segment reaches an
+    /// aligned end ([`crate::model::ops::segment`]).
     pub fn view(&self, flat: &Tensor<1>, i: usize) -> Tensor<1> {
-        let o = self.offsets[i];
-        flat.clone().slice(o..o + self.sizes[i])
+        let n = self.sizes[i];
+        segment(flat.clone(), self.offsets[i], n, n.div_ceil(ALIGN) * ALIGN)
     }
 }
 

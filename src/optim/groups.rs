@@ -28,6 +28,11 @@ pub struct ParamInfo {
 }
 
 impl ParamInfo {
+    /// Number of values.
+    pub fn numel(&self) -> usize {
+        self.dims.iter().product()
+    }
+
     /// Muon applies to matrices and conv kernels.
     pub fn muon_eligible(&self) -> bool {
         matches!(self.dims.len(), 2 | 4)

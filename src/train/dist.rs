@@ -100,7 +100,7 @@ pub fn all_reduce_grads(
     table: &[ParamInfo],
     device: &Device,
 ) -> GradientsParams {
-    let sizes: Vec<usize> = table.iter().map(|p| p.dims.iter().product()).collect();
+    let sizes: Vec<usize> = table.iter().map(ParamInfo::numel).collect();
     let total: usize = sizes.iter().sum();
     // Layout: one presence flag per parameter, then every parameter's values in table order.
     let mut flat = vec![0f32; table.len() + total];

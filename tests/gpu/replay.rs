@@ -278,3 +278,26 @@ fn detection_replay_matches_native_bf16() {
 fn detection_replay_matches_native_on_an_empty_batch() {
     assert_empty_parity("detect");
 }
+
+/// Negative control: replay copies a parameter in only when the trainer holds a new tensor for
+/// it. Copying once and never again (as if nothing changed) leaves the graph on the first step's
+/// weights after the first optimizer step; the parity check must see it.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn stale_parameters_break_parity() {
+    let cfg = config_for("pose", "fp32", true);
+    let (native, native_losses, _) = fit(&config_for("pose", "fp32", false), Control::None);
+    let (broken, broken_losses, _) = fit(&cfg, Control::StaleSources);
+    assert_eq!(
+        native_losses[0], broken_losses[0],
+        "the first step ran on the same weights"
+    );
+    assert_ne!(
+        native_losses, broken_losses,
+        "the per-step losses missed stale parameters"
+    );
+    assert_ne!(
+        native.model, broken.model,
+        "the parity check missed stale parameters"
+    );
+}

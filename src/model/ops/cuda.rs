@@ -113,6 +113,28 @@ impl FastOps for burn_cubecl::CubeBackend {
             d,
         )
     }
+    fn segment(x: FloatTensor<Self>, start: usize, len: usize, reach: usize) -> FloatTensor<Self> {
+        let size = x.dtype.size();
+        let total = x.meta.shape()[0];
+        let align = x.client.properties().memory.alignment;
+        let (head, tail) = (
+            (start * size) as u64,
+            ((total - start - reach) * size) as u64,
+        );
+        if x.meta.strides()[0] != 1 || !head.is_multiple_of(align) || !tail.is_multiple_of(align) {
+            let range = [burn::tensor::Slice::from(start..start + len)];
+            return <Self as burn::backend::ops::FloatTensorOps<Self>>::float_slice(x, &range);
+        }
+        let handle = x.handle.clone().offset_start(head).offset_end(tail);
+        let meta = burn_cubecl::cubecl::zspace::metadata::Metadata::new([len], [1]);
+        burn_cubecl::tensor::CubeTensor::new(
+            x.client.clone(),
+            handle,
+            meta,
+            x.device.clone(),
+            x.dtype,
+        )
+    }
     fn channel_sums(x: FloatTensor<Self>) -> FloatTensor<Self> {
         let d = x.dtype;
         cast(channels::channel_sums(cast(x, F32)), d)

@@ -201,6 +201,14 @@ pub trait FastOps: Backend {
         let s = Self::float_sum_dim(Self::float_sum_dim(Self::float_sum_dim(x, 3), 2), 0);
         Self::float_reshape(s, Shape::new([c]))
     }
+    /// Elements `start..start + len` of the 1-D `x`, whose elements `start..start + reach`
+    /// (`reach ≥ len`) belong to this segment alone. CUDA makes it a view of `x`'s buffer when
+    /// `start` and the end of `reach` fall on the allocator's alignment: Burn's `slice` makes a
+    /// view only when the slice's own end does, and copies otherwise (docs/kernels.md).
+    fn segment(x: FloatTensor<Self>, start: usize, len: usize, reach: usize) -> FloatTensor<Self> {
+        debug_assert!(reach >= len);
+        Self::float_slice(x, &[burn::tensor::Slice::from(start..start + len)])
+    }
     /// Gradient of [`FastOps::conv_in`] with respect to its (FP32) input, in FP32.
     fn conv_in_x_backward(
         x: FloatTensor<Self>,
@@ -590,6 +598,12 @@ pub fn conv2d_in(
 /// [`Kernels::Stock`].
 pub fn takes(_conv: &Conv2d) -> bool {
     kernels() != Kernels::Stock
+}
+
+/// Elements `start..start + len` of `x` through [`FastOps::segment`]: a view on CUDA when
+/// `start` and `start + reach` are aligned, else a copy.
+pub fn segment(x: Tensor<1>, start: usize, len: usize, reach: usize) -> Tensor<1> {
+    Tensor::from_dispatch(Dispatch::segment(x.into_dispatch(), start, len, reach))
 }
 
 /// SiLU through [`FastOps::silu`].
