@@ -16,7 +16,7 @@ use super::copy::{copy_into, duplicate};
 use super::stage::{Scope, leaf, seeded_root};
 use crate::model::Yolo;
 use crate::optim::flat::Layout;
-use crate::optim::grads::{get_flat, put_flat};
+use crate::optim::grads::{FlatGrads, get_flat};
 use crate::optim::groups::{ParamInfo, param_table};
 use crate::optim::tensors::{float_tensors, replace_float_tensors};
 use burn::backend::{Backend, BackendTensor, Dispatch, DispatchTensor, DispatchTensorKind};
@@ -244,20 +244,19 @@ impl Recorder {
     }
 
     /// Replays the backward graph with the gradients at the stage's outputs (`seeds`) and returns
-    /// copies of the stage's parameter gradients.
-    pub fn backward(&mut self, seeds: Vec<Tensor<4>>) -> GradientsParams {
+    /// a copy of the stage's parameter gradients.
+    pub fn backward(&mut self, seeds: Vec<Tensor<4>>) -> FlatGrads {
         let r = self.state.as_ref().expect("forward before backward");
         assert_eq!(seeds.len(), r.seeds.len(), "one seed per recorded output");
         for (s, buffer) in seeds.into_iter().zip(&r.seeds) {
             write(s, buffer);
         }
         replay(&self.device, &r.backward);
-        let flat = copy_of(r.grad_flat.clone());
-        let mut out = GradientsParams::new();
-        for (i, p) in r.grad_params.iter().enumerate() {
-            put_flat(&mut out, p, r.grad_layout.view(&flat, i));
+        FlatGrads {
+            params: r.grad_params.clone(),
+            layout: r.grad_layout.clone(),
+            buf: copy_of(r.grad_flat.clone()),
         }
-        out
     }
 }
 

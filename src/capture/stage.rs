@@ -8,7 +8,7 @@
 use crate::model::backbone::Features;
 use crate::model::head::{BranchOutput, Head, HeadOutput};
 use crate::model::{Task, Yolo};
-use crate::optim::grads::take_flat;
+use crate::optim::grads::{FlatGrads, take_flat};
 use crate::optim::groups::param_table;
 use crate::optim::reduce::sum_all;
 use burn::optim::GradientsParams;
@@ -108,7 +108,8 @@ impl FeatureStage {
         }
     }
 
-    /// The stage's parameter gradients, given the backward of the rest of the step (`grads`).
+    /// The stage's parameter gradients, given the backward of the rest of the step (`grads`),
+    /// and, from replay, the flat buffer they are views of.
     /// A head output the loss did not reach leaves the parameters that only feed it without a
     /// gradient, as one uncut backward would.
     pub fn backward(
@@ -116,17 +117,22 @@ impl FeatureStage {
         model: &Yolo,
         features: StepFeatures,
         grads: &Gradients,
-    ) -> GradientsParams {
+    ) -> (GradientsParams, Option<FlatGrads>) {
         let found: Vec<Option<Tensor<4>>> = features.leaves.iter().map(|l| l.grad(grads)).collect();
         let unreached: Vec<bool> = found.iter().map(Option::is_none).collect();
         let seeds = seeds(&features.leaves, found);
-        let mut out = match (self, features.taped) {
+        let (mut out, mut flat) = match (self, features.taped) {
             (FeatureStage::Native(_), Some(taped)) => {
                 let root = seeded_root(&taped, &seeds);
-                GradientsParams::from_grads(root.backward(), model)
+                (GradientsParams::from_grads(root.backward(), model), None)
             }
             #[cfg(feature = "cuda")]
-            (FeatureStage::Replay(r), None) => r.backward(seeds),
+            (FeatureStage::Replay(r), None) => {
+                let flat = r.backward(seeds);
+                let mut out = GradientsParams::new();
+                flat.put_views(&mut out);
+                (out, Some(flat))
+            }
             _ => unreachable!("features come from the stage's own forward"),
         };
         if features.scope == Scope::Network && unreached.contains(&true) {
@@ -136,8 +142,10 @@ impl FeatureStage {
                     take_flat(&mut out, &p);
                 }
             }
+            // The buffer still holds the removed ones.
+            flat = None;
         }
-        out
+        (out, flat)
     }
 }
 
@@ -274,7 +282,7 @@ mod tests {
         let mut stage = FeatureStage::Native(Scope::of(task));
         let f = stage.forward(&mut model, x);
         let rest = loss(f.head(&model.head)).backward();
-        let below = stage.backward(&model, f, &rest);
+        let (below, _) = stage.backward(&model, f, &rest);
         let mut cut = GradientsParams::from_grads(rest, &model);
         merge(&mut cut, below, &param_table(&model));
         (model, whole, cut)

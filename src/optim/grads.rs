@@ -2,6 +2,7 @@
 //! read the rank from the parameter table, so callers (clipping, accumulation, checkpoints,
 //! data-parallel all-reduce) do not each dispatch on it.
 
+use super::flat::Layout;
 use super::groups::ParamInfo;
 use burn::optim::GradientsParams;
 use burn::prelude::*;
@@ -47,4 +48,75 @@ pub fn put_flat(grads: &mut GradientsParams, p: &ParamInfo, g: Tensor<1>) {
         4 => grads.register::<4>(p.id, g.reshape([d[0], d[1], d[2], d[3]])),
         _ => unsupported(p),
     }
+}
+
+/// Gradients of `params` as segments of one flat buffer, as feature replay hands them out:
+/// accumulating two of them with the same parameters is one addition of the buffers.
+#[derive(Clone, Debug)]
+pub struct FlatGrads {
+    pub params: Vec<ParamInfo>,
+    pub layout: Layout,
+    pub buf: Tensor<1>,
+}
+
+impl FlatGrads {
+    /// Registers every gradient in `into` as a view of the buffer.
+    pub fn put_views(&self, into: &mut GradientsParams) {
+        for (i, p) in self.params.iter().enumerate() {
+            put_flat(into, p, self.layout.view(&self.buf, i));
+        }
+    }
+
+    /// Whether `other` holds the same parameters in the same places.
+    pub fn same_layout(&self, other: &FlatGrads) -> bool {
+        self.layout.len == other.layout.len
+            && self
+                .params
+                .iter()
+                .map(|p| p.id)
+                .eq(other.params.iter().map(|p| p.id))
+    }
+}
+
+/// Adds a micro-batch's `grads` to `pending`, per parameter; a parameter absent from every
+/// micro-batch stays absent. `pending_flat` is the buffer that some of `pending` are views of:
+/// when `flat` (the buffer some of `grads` are views of) holds the same parameters in the same
+/// places, those are summed as one addition of the two buffers (per value the same sum) and
+/// handed on as views of the result.
+pub fn accumulate(
+    pending: &mut Option<GradientsParams>,
+    pending_flat: &mut Option<FlatGrads>,
+    mut grads: GradientsParams,
+    flat: Option<FlatGrads>,
+    table: &[ParamInfo],
+) {
+    let Some(mut sums) = pending.take() else {
+        *pending = Some(grads);
+        *pending_flat = flat;
+        return;
+    };
+    *pending_flat = match (pending_flat.take(), flat) {
+        (Some(old), Some(new)) if old.same_layout(&new) => {
+            for p in &new.params {
+                take_flat(&mut grads, p);
+            }
+            let sum = FlatGrads {
+                buf: old.buf + new.buf,
+                ..new
+            };
+            sum.put_views(&mut sums);
+            Some(sum)
+        }
+        _ => None,
+    };
+    for p in table {
+        if let Some(g) = take_flat(&mut grads, p) {
+            let sum = match take_flat(&mut sums, p) {
+                Some(old) => old + g,
+                None => g,
+            };
+            put_flat(&mut sums, p, sum);
+        }
+    }
+    *pending = Some(sums);
 }

@@ -403,3 +403,72 @@ fn flat_update_keeps_frozen_parameters_frozen() {
     );
     assert_eq!(values(m.bias.val()), bias);
 }
+
+/// Three micro-batches of the nano pose model whose backbone gradients come as views of one flat
+/// buffer (as feature replay hands them out): summed as buffers, they must give the per-tensor
+/// sums' bits, and a buffer laid out differently must fall back to them.
+#[test]
+fn flat_accumulation_equals_per_tensor() {
+    use crate::model::{Scale, Task, YoloConfig};
+    use crate::optim::flat::Layout;
+    use grads::{FlatGrads, accumulate, get_flat};
+    let d = device();
+    let model = YoloConfig::new(Scale::N, Task::Pose).init(&d);
+    let table = Optimizer::new(Rule::AdamW, &model).table;
+    let stage = |skip: usize| -> Vec<ParamInfo> {
+        table
+            .iter()
+            .filter(|p| p.path.starts_with("backbone."))
+            .skip(skip)
+            .cloned()
+            .collect()
+    };
+    let micro: Vec<Vec<Option<Tensor<1>>>> = (0..3)
+        .map(|k| model_grads(&table, &d, 40 + k, 1.0, k == 1))
+        .collect();
+    // (grads, flat) of micro-batch `k` with the stage's gradients as views of one buffer.
+    let with_flat = |k: usize, params: &[ParamInfo]| -> (GradientsParams, Option<FlatGrads>) {
+        let mut g = registered(&table, &micro[k]);
+        let parts = params.iter().map(|p| grads::take_flat(&mut g, p)).collect();
+        let layout = Layout::new(params.iter().map(ParamInfo::numel).collect());
+        let buf = layout.gather(parts, &d.clone().inner());
+        let flat = FlatGrads {
+            params: params.to_vec(),
+            layout,
+            buf,
+        };
+        flat.put_views(&mut g);
+        (g, Some(flat))
+    };
+    let run = |layouts: [usize; 3]| -> (GradientsParams, bool) {
+        let (mut pending, mut pending_flat) = (None, None);
+        for (k, &skip) in layouts.iter().enumerate() {
+            let (g, flat) = match skip {
+                usize::MAX => (registered(&table, &micro[k]), None),
+                _ => with_flat(k, &stage(skip)),
+            };
+            accumulate(&mut pending, &mut pending_flat, g, flat, &table);
+        }
+        (pending.unwrap(), pending_flat.is_some())
+    };
+    let (reference, _) = run([usize::MAX; 3]);
+    let bytes = |g: &GradientsParams| -> Vec<Option<Vec<u8>>> {
+        table
+            .iter()
+            .map(|p| get_flat(g, p).map(|t| t.into_data().as_bytes().to_vec()))
+            .collect()
+    };
+    let (flat, summed_flat) = run([0, 0, 0]);
+    assert!(summed_flat, "equal layouts must be summed as buffers");
+    assert_eq!(bytes(&flat), bytes(&reference));
+    let (mixed, kept_flat) = run([0, 1, 0]);
+    assert!(
+        !kept_flat,
+        "a different layout must fall back to per-tensor sums"
+    );
+    assert_eq!(bytes(&mixed), bytes(&reference));
+    assert!(
+        micro[1].iter().any(Option::is_none),
+        "the test needs a parameter absent from one micro-batch"
+    );
+}

@@ -15,7 +15,7 @@ use crate::data::{Batch, COCO_FLIP_IDX, DataError, Instance, Loader, Source};
 use crate::loss::E2eLoss;
 use crate::model::precision::autocast;
 use crate::model::{Task, Yolo};
-use crate::optim::grads::{put_flat, take_flat};
+use crate::optim::grads::{self, FlatGrads};
 use crate::optim::hash::{StateHasher, module_hash};
 use crate::optim::{Ema, LossScaler, Optimizer, Rule, Schedule};
 use burn::optim::GradientsParams;
@@ -89,6 +89,9 @@ pub struct Trainer {
     pub last_opt_step: i64,
     /// Gradients summed since the last optimizer step.
     pub pending: Option<GradientsParams>,
+    /// The flat buffer that the replayed stage's entries of `pending` are views of (see
+    /// [`FlatGrads`]); dropped whenever `pending` is replaced.
+    pub(crate) pending_flat: Option<FlatGrads>,
     pub history: Vec<EpochRecord>,
     /// Training batches (augmented, prefetched) and the validation images.
     pub loader: Loader,
@@ -200,6 +203,7 @@ impl Trainer {
             ni: 0,
             last_opt_step: -1,
             pending: None,
+            pending_flat: None,
             history: Vec::new(),
             loader: Loader {
                 source: Arc::new(train),
@@ -308,16 +312,17 @@ impl Trainer {
         };
         let head_grads = total.backward();
         clock.mark(Phase::HeadBackward);
-        let stage_grads = self.stage.backward(&self.model, features, &head_grads);
+        let (stage_grads, mut flat) = self.stage.backward(&self.model, features, &head_grads);
         let mut grads = GradientsParams::from_grads(head_grads, &self.model);
         merge(&mut grads, stage_grads, &self.optimizer.table);
         clock.mark(Phase::FeatureBackward);
         if let Some(c) = &self.collective {
             grads = all_reduce_grads(c.as_ref(), grads, &self.optimizer.table, &self.device);
+            flat = None;
             // Before the optimizer step, so the EMA copies rank 0's statistics too.
             self.model = broadcast_buffers(c.as_ref(), self.model.clone(), &self.device);
         }
-        self.accumulate(grads);
+        self.accumulate(grads, flat);
         let stepped =
             self.ni as i64 - self.last_opt_step >= self.schedule.accumulate(self.ni) as i64;
         if stepped {
@@ -399,6 +404,7 @@ impl Trainer {
     /// Unscale, clip and update with the accumulated gradients; the caller updates the EMA.
     fn optimizer_update(&mut self) {
         let mut grads = self.pending.take().unwrap_or_default();
+        self.pending_flat = None;
         let table = &self.optimizer.table;
         let finite = self
             .scaler
@@ -418,23 +424,16 @@ impl Trainer {
         }
     }
 
-    /// Sums gradients per parameter; a parameter absent from every micro-batch stays absent.
-    fn accumulate(&mut self, grads: GradientsParams) {
-        let Some(mut pending) = self.pending.take() else {
-            self.pending = Some(grads);
-            return;
-        };
-        let mut grads = grads;
-        for p in &self.optimizer.table {
-            if let Some(g) = take_flat(&mut grads, p) {
-                let sum = match take_flat(&mut pending, p) {
-                    Some(old) => old + g,
-                    None => g,
-                };
-                put_flat(&mut pending, p, sum);
-            }
-        }
-        self.pending = Some(pending);
+    /// Adds a micro-batch's gradients to the pending ones ([`grads::accumulate`]).
+    fn accumulate(&mut self, grads: GradientsParams, flat: Option<FlatGrads>) {
+        let table = &self.optimizer.table;
+        grads::accumulate(
+            &mut self.pending,
+            &mut self.pending_flat,
+            grads,
+            flat,
+            table,
+        );
     }
 
     /// Trains one epoch, updates the loss weights, validates the EMA and records the epoch.
