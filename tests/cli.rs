@@ -264,3 +264,48 @@ fn missing_files_are_reported_once() {
         assert_eq!(text.matches("No such file").count(), 1, "{text}");
     }
 }
+
+#[test]
+fn duplicate_label_rows_are_dropped_with_one_warning() {
+    // As Ultralytics: a label file's repeated rows train once, and the file is named.
+    let dir = std::env::temp_dir().join(format!("burnpose-cli-dup-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let ds = dir.join("ds");
+    for split in ["train", "val"] {
+        std::fs::create_dir_all(ds.join(format!("images/{split}"))).unwrap();
+        std::fs::create_dir_all(ds.join(format!("labels/{split}"))).unwrap();
+        for name in ["a", "b"] {
+            image::RgbImage::from_pixel(40, 30, image::Rgb([90, 120, 150]))
+                .save(ds.join(format!("images/{split}/{name}.png")))
+                .unwrap();
+            let row = "0 0.5 0.5 0.4 0.3\n";
+            let rows = if split == "train" && name == "a" {
+                row.repeat(3)
+            } else {
+                row.to_string()
+            };
+            std::fs::write(ds.join(format!("labels/{split}/{name}.txt")), rows).unwrap();
+        }
+    }
+    std::fs::write(
+        ds.join("data.yaml"),
+        "train: images/train\nval: images/val\nnames: [thing]\n",
+    )
+    .unwrap();
+    let cfg = dir.join("dup.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[model]\ntask = \"detect\"\nnc = 1\n[data]\nsource = \"yolo\"\npath = {:?}\nimgsz = 64\nworkers = 0\n[train]\nepochs = 1\nbatch = 2\nnbs = 2\n[device]\nkind = \"cpu\"\n[output]\ndir = {:?}\nname = \"dup\"\n",
+            ds.join("data.yaml").to_str().unwrap(),
+            dir.join("runs").to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let (ok, text) = burnpose(&["fit", cfg.to_str().unwrap()]);
+    assert!(ok && text.contains("done: 1 epochs"), "{text}");
+    let warning = "labels/train/a.txt: 2 duplicate label row(s) dropped";
+    assert_eq!(text.matches(warning).count(), 1, "{text}");
+    assert_eq!(text.matches("duplicate label row").count(), 1, "{text}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -82,6 +82,15 @@ impl ModelSection {
         }
     }
 
+    /// The keypoint layout a YOLO dataset's labels must declare: `kpt_shape` for pose, none
+    /// (`[0, 0]`) for detection.
+    pub fn label_kpt_shape(&self) -> [usize; 2] {
+        match self.task {
+            Task::Pose => self.kpt_shape,
+            Task::Detect => [0, 0],
+        }
+    }
+
     pub fn yolo(&self) -> YoloConfig {
         YoloConfig::new(self.scale, self.task)
             .with_nc(self.nc)

@@ -109,7 +109,7 @@ impl Source {
                 let (train, val, skipped) = YoloDataset::open_pair(
                     &root(),
                     cfg.model.nc,
-                    cfg.model.kpt_shape,
+                    cfg.model.label_kpt_shape(),
                     d.skip_bad,
                     &d.val_split,
                 )?;
