@@ -125,17 +125,28 @@ fn predict_rejects_bad_sources_clearly() {
     let missing = dir.join("missing.jpg");
     let (ok, text) = burnpose(&["predict", "x.safetensors", missing.to_str().unwrap()]);
     assert!(!ok && text.contains("missing.jpg"), "{text}");
-    std::fs::write(dir.join("notes.txt"), "x").unwrap();
+    std::fs::write(dir.join("notes.md"), "x").unwrap();
     let (ok, text) = burnpose(&[
         "predict",
         "x.safetensors",
-        dir.join("notes.txt").to_str().unwrap(),
+        dir.join("notes.md").to_str().unwrap(),
     ]);
     assert!(
-        !ok && text.contains("notes.txt") && text.contains("not an image"),
+        !ok && text.contains("notes.md") && text.contains("not an image"),
         "{text}"
     );
     assert!(!text.contains("panicked"), "{text}");
+    // A `.txt` source is a list of sources; a line naming nothing is named with its list.
+    std::fs::write(dir.join("list.txt"), "gone.jpg\n").unwrap();
+    let (ok, text) = burnpose(&[
+        "predict",
+        "x.safetensors",
+        dir.join("list.txt").to_str().unwrap(),
+    ]);
+    assert!(
+        !ok && text.contains("list.txt: line 1: gone.jpg does not exist"),
+        "{text}"
+    );
     // An empty folder is named plainly (it was a Rust debug list).
     let empty = dir.join("empty");
     std::fs::create_dir_all(&empty).unwrap();

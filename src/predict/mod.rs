@@ -217,9 +217,50 @@ impl Predictor {
     }
 }
 
+/// The sources a `.txt` list names, one per line, sorted, as Ultralytics' predict reads one: a
+/// line is taken as written (absolute, or relative to the working directory) when it exists, else
+/// relative to the list's folder; a line that names nothing is an error naming the list and line.
+fn listed_sources(list: &Path) -> Result<Vec<PathBuf>, crate::data::DataError> {
+    use crate::data::DataError;
+    let text = std::fs::read_to_string(list).map_err(|error| DataError::Io {
+        path: list.to_path_buf(),
+        error,
+    })?;
+    let mut lines: Vec<(usize, &str)> = text
+        .lines()
+        .enumerate()
+        .map(|(n, l)| (n + 1, l.trim()))
+        .filter(|(_, l)| !l.is_empty())
+        .collect();
+    lines.sort_by_key(|&(_, l)| l);
+    let here = list.parent().unwrap_or(Path::new("."));
+    lines
+        .into_iter()
+        .map(|(n, line)| {
+            let as_written = PathBuf::from(line);
+            if as_written.exists() {
+                return Ok(as_written);
+            }
+            let beside = here.join(line);
+            if beside.exists() {
+                return Ok(beside);
+            }
+            Err(DataError::Label {
+                path: list.to_path_buf(),
+                record: format!("line {n}"),
+                message: format!(
+                    "{line} does not exist (as written, or beside the list in {})",
+                    here.display()
+                ),
+            })
+        })
+        .collect()
+}
+
 /// The images of `sources`: files as given, folders searched below every subfolder (as
-/// Ultralytics does), each folder's images sorted by path text. A missing source, or a file this
-/// build cannot decode by its extension, is an error naming it.
+/// Ultralytics does), each folder's images sorted by path text, and a `.txt` file taken as a list
+/// of such sources ([`listed_sources`]). A missing source, or a file this build cannot decode by
+/// its extension, is an error naming it.
 pub fn image_files(sources: &[PathBuf]) -> Result<Vec<PathBuf>, crate::data::DataError> {
     use crate::data::DataError;
     let is_image = |p: &Path| {
@@ -227,8 +268,18 @@ pub fn image_files(sources: &[PathBuf]) -> Result<Vec<PathBuf>, crate::data::Dat
             .and_then(|e| e.to_str())
             .is_some_and(|e| crate::data::yolo::decodable(&e.to_ascii_lowercase()))
     };
-    let mut out = Vec::new();
+    let is_list =
+        |p: &Path| p.extension().is_some_and(|e| e.eq_ignore_ascii_case("txt")) && p.is_file();
+    let mut expanded = Vec::new();
     for src in sources {
+        if is_list(src) {
+            expanded.extend(listed_sources(src)?);
+        } else {
+            expanded.push(src.clone());
+        }
+    }
+    let mut out = Vec::new();
+    for src in &expanded {
         let meta = std::fs::metadata(src).map_err(|error| DataError::Io {
             path: src.clone(),
             error,
@@ -253,6 +304,41 @@ pub fn image_files(sources: &[PathBuf]) -> Result<Vec<PathBuf>, crate::data::Dat
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_txt_source_lists_files_and_folders_as_ultralytics_reads_it() {
+        let dir = std::env::temp_dir().join(format!("burnpose-list-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("sub/deeper")).unwrap();
+        for f in ["a.png", "sub/b.png", "sub/deeper/c.png", "d.png"] {
+            image::RgbImage::new(4, 4).save(dir.join(f)).unwrap();
+        }
+        let absolute = dir.join("d.png");
+        let list = dir.join("list.txt");
+        // Relative lines are beside the list (they name nothing in the working directory); an
+        // absolute one as written; blank lines are skipped; the lines are taken sorted.
+        let text = format!("sub\n\n{}\n./a.png\n", absolute.display());
+        std::fs::write(&list, text).unwrap();
+        let files = image_files(std::slice::from_ref(&list)).unwrap();
+        // Sorted as text: "./a.png" < "/…/d.png" < "sub".
+        let want = [
+            dir.join("./a.png"),
+            absolute,
+            dir.join("sub/b.png"),
+            dir.join("sub/deeper/c.png"),
+        ];
+        assert_eq!(files, want);
+
+        std::fs::write(&list, "a.png\nmissing.png\n").unwrap();
+        let err = image_files(std::slice::from_ref(&list))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("list.txt") && err.contains("line 2") && err.contains("missing.png"),
+            "{err}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn yolo_label_rows_are_normalised_and_read_back() {
