@@ -24,6 +24,11 @@ use burn::tensor::{DType, TensorData};
 /// Segment alignment in f32 elements (512 bytes, CubeCL's CUDA memory alignment).
 const ALIGN: usize = 128;
 
+/// The room a segment of `n` values takes: `n` rounded up to a multiple of [`ALIGN`].
+fn padded(n: usize) -> usize {
+    n.div_ceil(ALIGN) * ALIGN
+}
+
 /// Where each parameter sits in the flat buffers.
 #[derive(Clone, Debug)]
 pub struct Layout {
@@ -39,7 +44,7 @@ impl Layout {
         let mut len = 0;
         for n in &sizes {
             offsets.push(len);
-            len += n.div_ceil(ALIGN) * ALIGN;
+            len += padded(*n);
         }
         Self {
             offsets,
@@ -73,7 +78,7 @@ impl Layout {
     /// aligned end ([`crate::model::ops::segment`]).
     pub fn view(&self, flat: &Tensor<1>, i: usize) -> Tensor<1> {
         let n = self.sizes[i];
-        segment(flat.clone(), self.offsets[i], n, n.div_ceil(ALIGN) * ALIGN)
+        segment(flat.clone(), self.offsets[i], n, padded(n))
     }
 }
 
