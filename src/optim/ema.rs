@@ -4,6 +4,7 @@
 use super::flat::Layout;
 use super::hash::StateHasher;
 use super::tensors::{float_tensors, replace_float_tensors};
+use crate::model::ops::storage;
 use burn::module::Module;
 use burn::prelude::*;
 use std::collections::HashMap;
@@ -74,19 +75,22 @@ impl<M: Module> Ema<M> {
     fn update_flat(&mut self, model: &M) {
         let d = self.next_decay();
         self.updates += 1;
+        let mut current: HashMap<String, Tensor<1>> =
+            float_tensors(&model.valid()).into_iter().collect();
         let (paths, layout, averaged) = match self.flat.take() {
             Some(f) => f,
             None => {
-                let (paths, tensors): (Vec<String>, Vec<Tensor<1>>) =
-                    float_tensors(&self.model).into_iter().unzip();
+                // In the order the model's tensors sit in their buffers (the optimizer's flat
+                // values, replay's statistics): each such buffer is then one copy per update.
+                let mut own = float_tensors(&self.model);
+                own.sort_by_key(|(p, _)| current.get(p).and_then(storage));
+                let (paths, tensors): (Vec<String>, Vec<Tensor<1>>) = own.into_iter().unzip();
                 let device = tensors[0].device();
                 let layout = Layout::new(tensors.iter().map(|t| t.dims()[0]).collect());
                 let flat = layout.gather(tensors.into_iter().map(Some).collect(), &device);
                 (paths, layout, flat)
             }
         };
-        let mut current: HashMap<String, Tensor<1>> =
-            float_tensors(&model.valid()).into_iter().collect();
         let parts = paths
             .iter()
             .map(|p| {

@@ -16,7 +16,7 @@ use super::groups::ParamInfo;
 use super::optimizer::{Hyper, ParamState, Rule};
 use super::reduce::sum_all;
 use crate::config::device::is_cuda;
-use crate::model::ops::segment;
+use crate::model::ops::{run, segment};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::{DType, TensorData};
@@ -62,14 +62,24 @@ impl Layout {
         seg
     }
 
-    /// `parts` (each `[size]`, or absent → zeros) written into one zeroed `[len]` buffer.
+    /// `parts` (each `[size]`, or absent → zeros) written into one zeroed `[len]` buffer. Parts
+    /// that are consecutive views of another buffer at this layout's distances (a flat buffer of
+    /// the same padding rule: the optimizer's values, replay's gradients and statistics) are
+    /// copied as one run ([`crate::model::ops::run`]), the padding between them included.
     pub fn gather(&self, parts: Vec<Option<Tensor<1>>>, device: &Device) -> Tensor<1> {
         let mut flat = Tensor::<1>::zeros([self.len], (device, DType::F32));
-        for (i, t) in parts.into_iter().enumerate() {
-            if let Some(t) = t {
-                let o = self.offsets[i];
-                flat = flat.slice_assign(o..o + self.sizes[i], f32_of(t));
+        let mut i = 0;
+        while i < parts.len() {
+            let o = self.offsets[i];
+            if let Some((j, whole)) = run(&parts, &self.offsets, &self.sizes, i) {
+                flat = flat.slice_assign(o..o + whole.dims()[0], whole);
+                i = j;
+                continue;
             }
+            if let Some(t) = &parts[i] {
+                flat = flat.slice_assign(o..o + self.sizes[i], f32_of(t.clone()));
+            }
+            i += 1;
         }
         flat
     }
@@ -220,10 +230,6 @@ pub fn step(
         host_update(constants, flat, &rows, g, mu, clip_norm);
         return FlatStep { present };
     }
-    let g = layout.gather(parts, &device);
-    // Over the one buffer (padding adds zeros).
-    let norm = sum_of_squares(&g, layout.len).sqrt();
-    let g = g * (norm.add_scalar(1e-6).recip() * clip_norm).clamp_max(1.0);
     let per_row = Tensor::<2>::from_data(
         TensorData::new(rows, [table.len() + 1, COLUMNS]),
         (&device, DType::F32),
@@ -236,6 +242,12 @@ pub fn step(
             .reshape([layout.len])
     };
     let present_mask = col(PRESENT).equal_elem(1.0);
+    // Padding and absent gradients are zero, whatever a run copied between its segments.
+    let g = layout
+        .gather(parts, &device)
+        .mask_fill(present_mask.clone().bool_not(), 0.0);
+    let norm = sum_of_squares(&g, layout.len).sqrt();
+    let g = g * (norm.add_scalar(1e-6).recip() * clip_norm).clamp_max(1.0);
     let init_mask = col(INIT).equal_elem(1.0);
     let (p, buf, second) = (flat.p.clone(), flat.buf.clone(), flat.second.clone());
     let (p_new, buf_new, second_new) = match rule {

@@ -1,12 +1,15 @@
 //! The flat (multi-tensor) optimizer update and EMA against the per-tensor ones on CUDA: the same
-//! bits (the CPU tests in `optim::tests` check the same on the flex backend).
+//! bits (the CPU tests in `optim::tests` check the same on the flex backend). The flat side's
+//! gradients are views of one buffer, as replay hands them on, so its gather copies them as runs.
 
 use super::cuda;
 use burn::module::Module;
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::Distribution;
+use burnpose::model::ops;
 use burnpose::model::{Scale, Task, YoloConfig};
+use burnpose::optim::flat::Layout;
 use burnpose::optim::grads::put_flat;
 use burnpose::optim::hash::module_hash;
 use burnpose::optim::{Ema, Hyper, Optimizer, Rule};
@@ -19,6 +22,29 @@ fn grads_of(opt: &Optimizer, g: &[Option<Tensor<1>>]) -> GradientsParams {
         }
     }
     out
+}
+
+/// `g` as views of one buffer in the table's layout, as replay's gradients sit in theirs, but with
+/// ones in the padding and in absent gradients' segments: the flat update copies the views as runs
+/// (padding included) and must count neither.
+fn as_views(opt: &Optimizer, g: &[Option<Tensor<1>>], device: &Device) -> Vec<Option<Tensor<1>>> {
+    let layout = Layout::new(opt.table.iter().map(|p| p.dims.iter().product()).collect());
+    let mut buf = Tensor::<1>::ones([layout.len], device);
+    for (i, g) in g.iter().enumerate() {
+        if let Some(g) = g {
+            let o = layout.offsets[i];
+            buf = buf.slice_assign(o..o + layout.sizes[i], g.clone());
+        }
+    }
+    let views: Vec<Option<Tensor<1>>> = g
+        .iter()
+        .enumerate()
+        .map(|(i, g)| g.as_ref().map(|_| layout.view(&buf, i)))
+        .collect();
+    let (end, _) = ops::run(&views, &layout.offsets, &layout.sizes, 0)
+        .expect("views of one buffer in order are one run");
+    assert!(end > 50, "the run stopped at {end}");
+    views
 }
 
 fn flat_equals_per_tensor_on_cuda(rule: Rule) {
@@ -49,7 +75,8 @@ fn flat_equals_per_tensor_on_cuda(rule: Rule) {
             weight_decay: 5e-4,
         };
         a = per_tensor.step_clipped(a, grads_of(&per_tensor, &g), &h, 10.0);
-        b = flat.step_clipped(b, grads_of(&flat, &g), &h, 10.0);
+        let views = as_views(&flat, &g, &inner);
+        b = flat.step_clipped(b, grads_of(&flat, &views), &h, 10.0);
         ema_a.update(&a);
         ema_b.update(&b);
     }
@@ -76,4 +103,49 @@ fn flat_update_equals_per_tensor_on_cuda_adamw() {
 #[ignore = "needs a CUDA GPU"]
 fn flat_update_equals_per_tensor_on_cuda_sgd() {
     flat_equals_per_tensor_on_cuda(Rule::Sgd);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gather_copies_runs_of_views_and_only_those_on_cuda() {
+    let d = cuda();
+    let sizes = vec![3, 200, 5, 130, 7];
+    let layout = Layout::new(sizes.clone());
+    let buf = Tensor::<1>::random([layout.len], Distribution::Uniform(-1.0, 1.0), &d);
+    let view = |i: usize| Some(layout.view(&buf, i));
+    let values = |t: Tensor<1>| t.into_data().try_to_vec::<f32>().unwrap();
+    // In order: one run over all five; gathered, every segment is the source's.
+    let in_order: Vec<_> = (0..sizes.len()).map(view).collect();
+    let (end, whole) = ops::run(&in_order, &layout.offsets, &layout.sizes, 0).expect("a run");
+    assert_eq!((end, whole.dims()[0]), (5, layout.offsets[4] + 7));
+    let gathered = layout.gather(in_order, &d);
+    for i in 0..sizes.len() {
+        assert_eq!(
+            values(layout.view(&gathered, i)),
+            values(layout.view(&buf, i))
+        );
+    }
+    // Swapped, or a gap, or another buffer's view: no run there, and still the right values.
+    let swapped = Layout::new(vec![200, 3, 5, 130, 7]);
+    let parts = vec![view(1), view(0), view(2), view(3), view(4)];
+    assert!(ops::run(&parts, &swapped.offsets, &swapped.sizes, 0).is_none());
+    assert_eq!(
+        ops::run(&parts, &swapped.offsets, &swapped.sizes, 2).map(|r| r.0),
+        Some(5)
+    );
+    let gathered = swapped.gather(parts, &d);
+    assert_eq!(
+        values(swapped.view(&gathered, 0)),
+        values(layout.view(&buf, 1))
+    );
+    assert_eq!(
+        values(swapped.view(&gathered, 1)),
+        values(layout.view(&buf, 0))
+    );
+    let gap = vec![view(0), None, view(2)];
+    let three = Layout::new(vec![3, 200, 5]);
+    assert!(ops::run(&gap, &three.offsets, &three.sizes, 0).is_none());
+    let other = buf.clone() * 1.0;
+    let mixed = vec![view(0), Some(layout.view(&other, 1))];
+    assert!(ops::run(&mixed, &three.offsets, &three.sizes, 0).is_none());
 }

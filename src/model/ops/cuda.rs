@@ -4,11 +4,14 @@
 use super::{FastOps, Kernels, batch_norm, channels, conv, fused_bn, kernels, silu_kernels};
 use burn::backend::ops::ConvOptions;
 use burn::backend::tensor::FloatTensor;
+use burn::backend::{BackendTensor, DispatchTensor, DispatchTensorKind};
+use burn::prelude::*;
 use burn::tensor::DType::F32;
 use burn::tensor::FloatDType;
 // Our SiLU and channel-sum kernels take FP32; Burn's cast returns a tensor already in the asked
 // dtype as it is, so FP32 inputs pass through with no launch either way.
 use burn_cubecl::kernel::cast;
+use burn_cubecl::tensor::CubeTensor;
 
 impl FastOps for burn_cubecl::CubeBackend {
     fn bn_act_train(
@@ -148,4 +151,75 @@ impl FastOps for burn_cubecl::CubeBackend {
     ) -> FloatTensor<Self> {
         conv::gemm::x_backward_in(x, weight, grad, options, dtype)
     }
+}
+
+/// `x`'s CUDA tensor when it is a contiguous 1-D FP32 tensor on a CUDA device.
+fn contiguous_f32(x: &Tensor<1>) -> Option<CubeTensor> {
+    match x.clone().inner().into_dispatch().kind {
+        DispatchTensorKind::Cube(BackendTensor::Float(c))
+            if c.dtype == F32 && c.meta.strides()[0] == 1 =>
+        {
+            Some(c)
+        }
+        _ => None,
+    }
+}
+
+/// See [`super::storage`].
+pub fn storage(x: &Tensor<1>) -> Option<(usize, u64)> {
+    let c = contiguous_f32(x)?;
+    Some((
+        c.handle.memory.descriptor().id.value,
+        c.handle.offset_start.unwrap_or(0),
+    ))
+}
+
+/// See [`super::run`].
+pub fn run(
+    parts: &[Option<Tensor<1>>],
+    offsets: &[usize],
+    sizes: &[usize],
+    i: usize,
+) -> Option<(usize, Tensor<1>)> {
+    let size = F32.size() as u64;
+    let at = |k: usize| {
+        let c = contiguous_f32(parts[k].as_ref()?)?;
+        (c.meta.shape()[0] == sizes[k]).then_some(c)
+    };
+    let first = at(i)?;
+    let (id, base) = (
+        first.handle.memory.descriptor().id,
+        first.handle.offset_start.unwrap_or(0),
+    );
+    let mut last = None;
+    let mut j = i + 1;
+    while j < parts.len() {
+        let Some(c) = at(j) else { break };
+        let expected = base + (offsets[j] - offsets[i]) as u64 * size;
+        if c.handle.memory.descriptor().id != id || c.handle.offset_start.unwrap_or(0) != expected {
+            break;
+        }
+        last = Some(c);
+        j += 1;
+    }
+    let last = last?;
+    // The first part's start and the last part's end: both lie inside the one allocation.
+    let mut handle = first.handle.clone();
+    handle.offset_end = last.handle.offset_end;
+    let len = offsets[j - 1] + sizes[j - 1] - offsets[i];
+    let meta = burn_cubecl::cubecl::zspace::metadata::Metadata::new([len], [1]);
+    let view = CubeTensor::new(
+        first.client.clone(),
+        handle,
+        meta,
+        first.device.clone(),
+        F32,
+    );
+    Some((
+        j,
+        Tensor::from_dispatch(DispatchTensor {
+            kind: DispatchTensorKind::Cube(BackendTensor::Float(view)),
+            autodiff: Default::default(),
+        }),
+    ))
 }

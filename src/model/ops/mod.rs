@@ -45,6 +45,7 @@ use burn::backend::tensor::FloatTensor;
 use burn::backend::{
     Autodiff, AutodiffBackend, Backend, Dispatch, Shape, TensorMetadata, backend_extension,
 };
+use burn::module::{ModuleMapper, Param, RunningState};
 use burn::nn::BatchNorm;
 use burn::nn::conv::Conv2d;
 use burn::prelude::*;
@@ -563,11 +564,25 @@ pub fn batch_norm_act(bn: &BatchNorm, x: Tensor<4>, act: bool) -> Tensor<4> {
         bn.momentum,
         act,
     );
-    bn.running_mean
-        .update(Tensor::<1>::from_dispatch(new_mean).detach());
-    bn.running_var
-        .update(Tensor::<1>::from_dispatch(new_var).detach());
+    set_running(&bn.running_mean, Tensor::from_dispatch(new_mean).detach());
+    set_running(&bn.running_var, Tensor::from_dispatch(new_var).detach());
     Tensor::from_dispatch(out)
+}
+
+/// Makes `value` the running state's value, as `RunningState::update` followed by a read does on
+/// one thread, but without its merge: `update` keeps one value per thread and the next read
+/// averages them, a division by one launched per statistic per step (~100 launches a step for
+/// the nano pose model's head alone). The state's clones share the value, as they share
+/// `update`'s. Every model here is trained by one thread (data-parallel ranks own theirs).
+fn set_running(state: &RunningState<Tensor<1>>, value: Tensor<1>) {
+    struct Set(Option<Tensor<1>>);
+    impl ModuleMapper for Set {
+        fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+            let value = self.0.take().expect("a running state holds one tensor");
+            Param::initialized(param.id, value.reshape(param.shape()))
+        }
+    }
+    let _shared = state.clone().map(&mut Set(Some(value)));
 }
 
 /// A convolution without bias through [`FastOps::conv`].
@@ -604,6 +619,37 @@ pub fn takes(_conv: &Conv2d) -> bool {
 /// `start` and `start + reach` are aligned, else a copy.
 pub fn segment(x: Tensor<1>, start: usize, len: usize, reach: usize) -> Tensor<1> {
     Tensor::from_dispatch(Dispatch::segment(x.into_dispatch(), start, len, reach))
+}
+
+/// Where `x`'s values sit, `(allocation, byte offset)`, when `x` is a contiguous FP32 CUDA
+/// tensor; `None` elsewhere. Sorting by it puts views of one buffer in the buffer's order.
+pub fn storage(x: &Tensor<1>) -> Option<(usize, u64)> {
+    #[cfg(feature = "cuda")]
+    return cuda::storage(x);
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = x;
+        None
+    }
+}
+
+/// `parts[i..j]` (`j ≥ i + 2`, the longest such run) as one tensor of elements
+/// `offsets[i]..offsets[j - 1] + sizes[j - 1]`, with `j`, when they are FP32 CUDA views of one
+/// allocation lying at the distances that `offsets` (in elements) give: copying the run is one
+/// copy of the view. `None` when they are not (always off CUDA).
+pub fn run(
+    parts: &[Option<Tensor<1>>],
+    offsets: &[usize],
+    sizes: &[usize],
+    i: usize,
+) -> Option<(usize, Tensor<1>)> {
+    #[cfg(feature = "cuda")]
+    return cuda::run(parts, offsets, sizes, i);
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (parts, offsets, sizes, i);
+        None
+    }
 }
 
 /// SiLU through [`FastOps::silu`].

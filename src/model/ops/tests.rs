@@ -82,6 +82,34 @@ fn fused_batch_norm_silu_matches_burns_batch_norm_then_silu() {
     assert!(rel_diff(plain.1, stock.1) > 1e-2, "the check cannot fail");
 }
 
+/// Three training steps in a row: the running statistics follow Burn's `update` after each (ours
+/// set the value in place), and a clone of the module sees them, as it sees Burn's.
+#[test]
+fn running_statistics_follow_burns_step_after_step() {
+    let d = device();
+    let stats = |bn: &BatchNorm| {
+        let v = bn.clone().valid();
+        (v.running_mean.value(), v.running_var.value())
+    };
+    let init = || BatchNormConfig::new(5).with_momentum(0.1).init(&d);
+    let (stock, ours) = (init(), init());
+    let ours_clone = ours.clone();
+    for k in [0.37, 1.13, 2.9] {
+        let x = fill([2, 5, 4, 3], k, &d);
+        let _ = stock.forward(x.clone());
+        let _ = batch_norm_act(&ours, x, true);
+        let ((sm, sv), (om, ov)) = (stats(&stock), stats(&ours));
+        assert!(rel_diff(om, sm.clone()) < 1e-6, "running mean at {k}");
+        assert!(rel_diff(ov, sv) < 1e-6, "running variance at {k}");
+        assert!(
+            rel_diff(stats(&ours_clone).0, sm) < 1e-6,
+            "the clone's mean at {k}"
+        );
+    }
+    // The check can fail: the initial statistics are far from the third step's.
+    assert!(rel_diff(stats(&init()).0, stats(&stock).0) > 1e-2);
+}
+
 #[test]
 fn batch_norm_outside_training_is_burns_inference() {
     let d = Device::flex();
