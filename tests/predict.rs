@@ -273,5 +273,36 @@ fn predicted_labels_train_a_fit() {
     .unwrap();
     let (ok, text) = burnpose(&["fit", cfg.to_str().unwrap()]);
     assert!(ok && text.contains("done: 1 epochs"), "{text}");
+
+    // `--split val`: the dataset's val images, from the checkpoint's own config and from a config.
+    let pseudo = dir.join("runs/pseudo/last.safetensors");
+    let pseudo = pseudo.to_str().unwrap();
+    let val = ds.join("images/val");
+    let mut expected: Vec<PathBuf> = std::fs::read_dir(&val)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    expected.sort();
+    for config in [None, Some(cfg.to_str().unwrap())] {
+        let out = dir.join(format!("split-{}", config.is_some()));
+        let mut args = vec!["predict", pseudo, "--split", "val"];
+        args.extend(config.map(|c| ["--config", c]).into_iter().flatten());
+        args.extend(["--out", out.to_str().unwrap()]);
+        let (ok, text) = burnpose(&args);
+        assert!(ok, "{text}");
+        let found: Vec<ImagePrediction> =
+            serde_json::from_str(&std::fs::read_to_string(out.join("predictions.json")).unwrap())
+                .unwrap();
+        let images: Vec<PathBuf> = found.into_iter().map(|p| p.image).collect();
+        assert_eq!(images, expected, "{text}");
+    }
+    // A split the yaml lacks, and a checkpoint trained on the built-in (drawn) images.
+    let (ok, text) = burnpose(&["predict", pseudo, "--split", "test"]);
+    assert!(
+        !ok && text.contains("--split test") && text.contains("no such split"),
+        "{text}"
+    );
+    let (ok, text) = burnpose(&["predict", ckpt.to_str().unwrap(), "--split", "val"]);
+    assert!(!ok && text.contains("built-in dataset"), "{text}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

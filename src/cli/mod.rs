@@ -107,9 +107,18 @@ pub enum Command {
     Predict {
         /// A checkpoint written by `fit` (last.safetensors or best.safetensors).
         checkpoint: PathBuf,
-        /// Image files and folders of images.
-        #[arg(required = true)]
+        /// Image files, folders of images, and `.txt` lists of those.
+        #[arg(required_unless_present = "split")]
         sources: Vec<PathBuf>,
+        /// Also predict on this split of the dataset the checkpoint was trained on (a YOLO
+        /// yaml's `train`, `val` or `test`; a COCO split name such as `val2017`).
+        #[arg(long)]
+        split: Option<String>,
+        /// With --split: take the dataset from this config's `[data]` (a relative `data.path`
+        /// beside it) instead of the checkpoint's (a relative `data.path` from the working
+        /// directory).
+        #[arg(long, requires = "split")]
+        config: Option<PathBuf>,
         /// Folder to write into (default: a new runs/predict/predict<N>).
         #[arg(long)]
         out: Option<PathBuf>,
@@ -292,6 +301,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Predict {
             checkpoint,
             sources,
+            split,
+            config,
             out,
             conf,
             iou,
@@ -306,6 +317,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             &checkpoint,
             predict::PredictArgs {
                 sources,
+                split: split.map(|name| predict::Split { name, config }),
                 out,
                 options: crate::predict::PredictOptions {
                     conf,

@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 /// What `predict` takes besides the checkpoint and sources.
 pub struct PredictArgs {
     pub sources: Vec<PathBuf>,
+    /// A split of a dataset, predicted on besides `sources`.
+    pub split: Option<Split>,
     /// The folder to write into (default: a fresh `runs/predict/predict<N>`).
     pub out: Option<PathBuf>,
     pub options: PredictOptions,
@@ -18,6 +20,48 @@ pub struct PredictArgs {
     pub batch: usize,
     /// Write YOLO label files (`--save-txt`), with scores (`--save-conf`).
     pub labels: Option<Labels>,
+}
+
+/// `--split NAME [--config CONFIG]`: the images of a dataset split.
+pub struct Split {
+    pub name: String,
+    /// The config whose `[data]` names the dataset; default: the checkpoint's.
+    pub config: Option<PathBuf>,
+}
+
+impl Split {
+    /// The split's image files, found as training finds them.
+    fn images(&self, checkpoint: &Path) -> anyhow::Result<Vec<PathBuf>> {
+        let (cfg, config_path, whose) = match &self.config {
+            Some(p) => (
+                crate::config::Config::load(p)?,
+                p.clone(),
+                p.display().to_string(),
+            ),
+            // No config file: a relative data.path is taken from the working directory.
+            None => (
+                crate::train::checkpoint::read_config(checkpoint)?,
+                PathBuf::new(),
+                format!("the config stored in {}", checkpoint.display()),
+            ),
+        };
+        let found = crate::data::Source::split_images(&cfg, &config_path, &self.name)
+            .with_context(|| {
+                format!(
+                    "--split {}: the dataset of {whose} (data.path {:?}; --config CONFIG reads \
+                     another config's [data])",
+                    self.name,
+                    cfg.data.path.clone().unwrap_or_default()
+                )
+            })?;
+        found.ok_or_else(|| {
+            anyhow::anyhow!(
+                "--split {}: {whose} trains on the built-in dataset, whose images are drawn, not \
+                 files; give predict image files or folders",
+                self.name
+            )
+        })
+    }
 }
 
 /// `--save-txt`: label files in `labels/` of the run folder.
@@ -28,9 +72,13 @@ pub struct Labels {
 
 pub fn run(checkpoint: &Path, a: PredictArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.batch > 0, "--batch must be at least 1");
-    let files = image_files(&a.sources)?;
+    let mut files = image_files(&a.sources)?;
+    if let Some(split) = &a.split {
+        files.extend(split.images(checkpoint)?);
+    }
     if files.is_empty() {
-        let names: Vec<String> = a.sources.iter().map(|p| p.display().to_string()).collect();
+        let mut names: Vec<String> = a.sources.iter().map(|p| p.display().to_string()).collect();
+        names.extend(a.split.as_ref().map(|s| format!("split {}", s.name)));
         anyhow::bail!(
             "no images in {} (images with the extensions {})",
             names.join(", "),

@@ -12,6 +12,12 @@ struct CocoFile {
     annotations: Vec<CocoAnnotation>,
 }
 
+/// A COCO file's image list alone (the annotations are skipped, not parsed).
+#[derive(Deserialize)]
+struct CocoImages {
+    images: Vec<CocoImage>,
+}
+
 #[derive(Deserialize)]
 struct CocoImage {
     id: u64,
@@ -68,6 +74,29 @@ impl CocoDataset {
             .join(format!("person_keypoints_{split}.json"));
         let images = root.join("images").join(split);
         Self::from_files(&json, &images, num_keypoints, skip_bad)
+    }
+
+    /// The image files of `root`'s split `split`, in image-id order, without reading annotations
+    /// or images: for `predict --split`.
+    pub fn split_images(root: &Path, split: &str) -> Result<Vec<PathBuf>, DataError> {
+        let json = root
+            .join("annotations")
+            .join(format!("person_keypoints_{split}.json"));
+        let text = std::fs::read_to_string(&json).map_err(|error| DataError::Io {
+            path: json.clone(),
+            error,
+        })?;
+        let mut file: CocoImages = serde_json::from_str(&text).map_err(|e| DataError::Json {
+            path: json.clone(),
+            message: e.to_string(),
+        })?;
+        file.images.sort_by_key(|i| i.id);
+        let images = root.join("images").join(split);
+        Ok(file
+            .images
+            .iter()
+            .map(|i| images.join(&i.file_name))
+            .collect())
     }
 
     pub fn from_files(

@@ -8,7 +8,7 @@ use super::yolo::YoloDataset;
 use super::{BuiltinDataset, DataError, Instance, Sample};
 use crate::config::{CacheMode, Config, DataSource};
 use crate::eval::GtAnn;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 /// Maps network-input pixels back to the original image: `x = (x' − pad) / scale`.
@@ -70,6 +70,16 @@ pub struct Prepared {
     pub original: (u32, u32),
 }
 
+/// `data.path`: as written when it exists or is absolute, else relative to the config's folder.
+fn data_root(cfg: &Config, config_path: &Path) -> PathBuf {
+    let root = cfg.data.path.clone().unwrap_or_default();
+    if root.is_relative() && !root.exists() {
+        config_path.parent().unwrap_or(Path::new(".")).join(root)
+    } else {
+        root
+    }
+}
+
 impl Source {
     pub fn new(dataset: Dataset, size: u32, cache: CacheMode) -> Self {
         let len = dataset.len();
@@ -86,14 +96,7 @@ impl Source {
         let d = &cfg.data;
         let size = d.imgsz as u32;
         let k = cfg.model.kpt_shape[0];
-        let root = || {
-            let root = d.path.clone().unwrap_or_default();
-            if root.is_relative() && !root.exists() {
-                config_path.parent().unwrap_or(Path::new(".")).join(root)
-            } else {
-                root
-            }
-        };
+        let root = || data_root(cfg, config_path);
         let (train, val, skipped) = match d.source {
             DataSource::Builtin => {
                 let (train, val) = BuiltinDataset::splits(cfg);
@@ -128,6 +131,22 @@ impl Source {
             Self::new(val, size, cache),
             skipped,
         ))
+    }
+
+    /// The image files of the config's split `split` (a YOLO yaml's `train`, `val` or `test`; a
+    /// COCO split name), found as training finds them; no label is read. `None` for the built-in
+    /// dataset, whose images are drawn, not files.
+    pub fn split_images(
+        cfg: &Config,
+        config_path: &Path,
+        split: &str,
+    ) -> Result<Option<Vec<PathBuf>>, DataError> {
+        let root = data_root(cfg, config_path);
+        Ok(match cfg.data.source {
+            DataSource::Builtin => None,
+            DataSource::Coco => Some(CocoDataset::split_images(&root, split)?),
+            DataSource::Yolo => Some(super::yolo::split_images(&root, split)?),
+        })
     }
 
     pub fn len(&self) -> usize {

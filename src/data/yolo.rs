@@ -133,14 +133,8 @@ impl YoloDataset {
         skip_bad: bool,
         val_split: &str,
     ) -> Result<(Self, Self, usize), DataError> {
-        let text = std::fs::read_to_string(yaml).map_err(|error| DataError::Io {
-            path: yaml.to_path_buf(),
-            error,
-        })?;
-        let file: YamlFile = serde_yaml_ng::from_str(&text).map_err(|e| DataError::Json {
-            path: yaml.to_path_buf(),
-            message: e.to_string(),
-        })?;
+        let file = read_yaml(yaml)?;
+        let root = root_of(yaml, &file);
         let bad = |record: &str, message: String| DataError::Label {
             path: yaml.to_path_buf(),
             record: record.into(),
@@ -196,19 +190,10 @@ impl YoloDataset {
                 format!("expected {k} positive sigmas, one per keypoint, got {s:?}"),
             ));
         }
-        let here = yaml.parent().unwrap_or(Path::new("."));
-        let root = match file.path {
-            Some(p) if p.is_absolute() => p,
-            Some(p) => here.join(p),
-            None => here.to_path_buf(),
-        };
         let mut skipped = 0;
         let mut split = |folders: &Folders| -> Result<Self, DataError> {
-            let sources = match folders {
-                Folders::One(p) => vec![split_source(&root, p)],
-                Folders::Many(v) => v.iter().map(|p| root.join(p)).collect(),
-            };
-            let (items, dropped) = load_items(&image_files(&sources)?, nc, kpt_shape, skip_bad)?;
+            let images = image_files(&sources(&root, folders))?;
+            let (items, dropped) = load_items(&images, nc, kpt_shape, skip_bad)?;
             skipped += dropped;
             Ok(Self {
                 yaml: yaml.to_path_buf(),
@@ -276,6 +261,54 @@ impl YoloDataset {
                 }
             })
             .collect()
+    }
+}
+
+/// The images of split `name` (`train`, `val` or `test`) of the dataset yaml at `yaml`, found by
+/// the rules training uses (no label is read): for `predict --split`.
+pub fn split_images(yaml: &Path, name: &str) -> Result<Vec<PathBuf>, DataError> {
+    let file = read_yaml(yaml)?;
+    let folders = match name {
+        "train" => Some(&file.train),
+        "val" => Some(&file.val),
+        "test" => file.test.as_ref(),
+        _ => None,
+    };
+    let folders = folders.ok_or_else(|| DataError::Label {
+        path: yaml.to_path_buf(),
+        record: name.into(),
+        message: "no such split in the yaml (it has train, val and, if given, test)".into(),
+    })?;
+    image_files(&sources(&root_of(yaml, &file), folders))
+}
+
+fn read_yaml(yaml: &Path) -> Result<YamlFile, DataError> {
+    let text = std::fs::read_to_string(yaml).map_err(|error| DataError::Io {
+        path: yaml.to_path_buf(),
+        error,
+    })?;
+    serde_yaml_ng::from_str(&text).map_err(|e| DataError::Json {
+        path: yaml.to_path_buf(),
+        message: e.to_string(),
+    })
+}
+
+/// The dataset's root: the yaml's `path` (absolute, or relative to the yaml's folder), else the
+/// yaml's folder.
+fn root_of(yaml: &Path, file: &YamlFile) -> PathBuf {
+    let here = yaml.parent().unwrap_or(Path::new("."));
+    match &file.path {
+        Some(p) if p.is_absolute() => p.clone(),
+        Some(p) => here.join(p),
+        None => here.to_path_buf(),
+    }
+}
+
+/// A split's sources: its one entry by [`split_source`], or each entry of its list below `root`.
+fn sources(root: &Path, folders: &Folders) -> Vec<PathBuf> {
+    match folders {
+        Folders::One(p) => vec![split_source(root, p)],
+        Folders::Many(v) => v.iter().map(|p| root.join(p)).collect(),
     }
 }
 

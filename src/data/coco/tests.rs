@@ -169,6 +169,9 @@ fn cvat_keypoints_export_loads() {
         ds.get(2).unwrap().instances.is_empty(),
         "a background image"
     );
+    // `predict --split default` sees the same images, backgrounds included.
+    let paths: Vec<_> = ds.records.iter().map(|r| r.path.clone()).collect();
+    assert_eq!(CocoDataset::split_images(&dir, "default").unwrap(), paths);
 }
 
 /// `data.train_split` and `data.val_split` pick the annotation files a fit opens.
