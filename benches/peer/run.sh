@@ -3,7 +3,7 @@
 # The GPU machine has torch and torchvision but no network: run benches/peer/stage.sh here first
 # and carry ".whl" (and ".gpu" for burnpose). Then, from the project root on the GPU machine
 # (after `source .gpu/setup.sh`):
-#   bash benches/peer/run.sh OUT_DIR
+#   bash benches/peer/run.sh OUT_DIR        (BATCH=16 for the batch-16 table; default 4)
 set -euo pipefail
 out=${1:-runs/peer}
 mkdir -p "$out"
@@ -17,7 +17,8 @@ python3 -c 'import polars' 2>/dev/null || export PYTHONPATH=${PYTHONPATH:+$PYTHO
 python3 -c 'import ultralytics; print("ultralytics", ultralytics.__version__)' 
 burnpose export-yolo configs/bench_seed.toml "$out/data"
 start=$(date +%s.%N)
-python3 benches/peer/ultralytics_pose.py "$out/data/data.yaml" "$out/ultralytics.json" --project "$out"
+python3 benches/peer/ultralytics_pose.py "$out/data/data.yaml" "$out/ultralytics.json" --project "$out" \
+  --batch "${BATCH:-4}"
 end=$(date +%s.%N)
 python3 - "$out/ultralytics.json" "$start" "$end" <<'PY'
 import json, sys
