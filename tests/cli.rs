@@ -309,3 +309,40 @@ fn duplicate_label_rows_are_dropped_with_one_warning() {
     assert_eq!(text.matches("duplicate label row").count(), 1, "{text}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Label Studio's COCO export as its converter writes it: `result.json` beside `images/`, each
+/// `file_name` `images/<name>`, category ids from 0, rectangles (`segmentation: []`) and polygons,
+/// no keypoints. Named as the split, the file trains a detector.
+#[test]
+fn label_studio_coco_export_trains_a_detector() {
+    let dir = std::env::temp_dir().join(format!("burnpose-cli-ls-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let export = dir.join("export");
+    std::fs::create_dir_all(export.join("images")).unwrap();
+    for name in ["1a2b3c4d-cat.png", "5e6f7a8b-dog.png"] {
+        image::RgbImage::from_pixel(40, 30, image::Rgb([90, 120, 150]))
+            .save(export.join("images").join(name))
+            .unwrap();
+    }
+    let json = r#"{"images": [{"width": 40, "height": 30, "id": 0, "file_name": "images/1a2b3c4d-cat.png"},
+  {"width": 40, "height": 30, "id": 1, "file_name": "images/5e6f7a8b-dog.png"}],
+ "categories": [{"id": 0, "name": "thing"}],
+ "annotations": [
+  {"id": 0, "image_id": 0, "category_id": 0, "segmentation": [], "bbox": [4, 3, 20, 15], "ignore": 0, "iscrowd": 0, "area": 300},
+  {"id": 1, "image_id": 1, "category_id": 0, "segmentation": [[10.0, 5.0, 30.0, 5.0, 30.0, 25.0]], "bbox": [10.0, 5.0, 20.0, 20.0], "ignore": 0, "iscrowd": 0, "area": 200.0}],
+ "info": {"year": 2026, "version": "1.0", "description": "", "contributor": "Label Studio", "url": "", "date_created": "2026-12-02 12:00:00"}}"#;
+    std::fs::write(export.join("result.json"), json).unwrap();
+    let cfg = dir.join("ls.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[model]\ntask = \"detect\"\nnc = 1\n[data]\nsource = \"coco\"\npath = {:?}\ntrain_split = \"result.json\"\nval_split = \"result.json\"\nimgsz = 64\nworkers = 0\n[train]\nepochs = 1\nbatch = 2\nnbs = 2\n[device]\nkind = \"cpu\"\n[output]\ndir = {:?}\nname = \"ls\"\n",
+            export.to_str().unwrap(),
+            dir.join("runs").to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let (ok, text) = burnpose(&["fit", cfg.to_str().unwrap()]);
+    assert!(ok && text.contains("done: 1 epochs"), "{text}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

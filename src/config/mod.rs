@@ -131,7 +131,9 @@ pub struct DataSection {
     /// of the epoch's order, so every image is seen and every batch stays full).
     pub last_batch: LastBatch,
     /// COCO split trained on: `annotations/person_keypoints_<split>.json` with images in
-    /// `images/<split>/` (CVAT's COCO keypoints export names its split "default").
+    /// `images/<split>/` (CVAT's COCO keypoints export names its split "default"); or a `.json`
+    /// file below `data.path` whose `file_name`s are relative to its folder (Label Studio's
+    /// `result.json`).
     pub train_split: String,
     /// Split validated on. COCO: the annotation file's split, "val2017", or "train2017" to
     /// measure fitting of the train split. YOLO: "test" validates on the yaml's `test:`, any

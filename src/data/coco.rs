@@ -1,4 +1,5 @@
-//! COCO keypoints datasets: `annotations/person_keypoints_<split>.json` + `images/<split>/`.
+//! COCO keypoints datasets: `annotations/person_keypoints_<split>.json` + `images/<split>/`, or
+//! one named `.json` file with images relative to it.
 
 use super::error::DataError;
 use super::{Instance, Sample};
@@ -6,10 +7,36 @@ use serde::Deserialize;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+/// The annotation file of split `split` of `root` and the folder its `file_name`s are relative to:
+/// `annotations/person_keypoints_<split>.json` with `images/<split>/`; or, when `split` names a
+/// `.json` file (relative to `root`), that file with names relative to its own folder — Label
+/// Studio's COCO export (`result.json` beside `images/`, each `file_name` `images/<name>`) and
+/// converters' single files.
+fn files_of(root: &Path, split: &str) -> (PathBuf, PathBuf) {
+    if split.ends_with(".json") {
+        let json = root.join(split);
+        let here = json.parent().map(Path::to_path_buf).unwrap_or_default();
+        return (json, here);
+    }
+    (
+        root.join("annotations")
+            .join(format!("person_keypoints_{split}.json")),
+        root.join("images").join(split),
+    )
+}
+
 #[derive(Deserialize)]
 struct CocoFile {
     images: Vec<CocoImage>,
     annotations: Vec<CocoAnnotation>,
+    #[serde(default)]
+    categories: Vec<CocoCategory>,
+}
+
+#[derive(Deserialize)]
+struct CocoCategory {
+    #[serde(default)]
+    name: String,
 }
 
 /// A COCO file's image list alone (the annotations are skipped, not parsed).
@@ -60,7 +87,7 @@ pub struct CocoDataset {
 }
 
 impl CocoDataset {
-    /// Opens `root/annotations/person_keypoints_<split>.json` with images in `root/images/<split>`.
+    /// Opens split `split` of `root` ([`files_of`]).
     /// Every referenced image must exist with a readable header and every keypoint list must
     /// hold `num_keypoints` triples; with `skip_bad` such records are dropped and counted instead.
     pub fn open(
@@ -69,19 +96,14 @@ impl CocoDataset {
         num_keypoints: usize,
         skip_bad: bool,
     ) -> Result<(Self, usize), DataError> {
-        let json = root
-            .join("annotations")
-            .join(format!("person_keypoints_{split}.json"));
-        let images = root.join("images").join(split);
+        let (json, images) = files_of(root, split);
         Self::from_files(&json, &images, num_keypoints, skip_bad)
     }
 
     /// The image files of `root`'s split `split`, in image-id order, without reading annotations
     /// or images: for `predict --split`.
     pub fn split_images(root: &Path, split: &str) -> Result<Vec<PathBuf>, DataError> {
-        let json = root
-            .join("annotations")
-            .join(format!("person_keypoints_{split}.json"));
+        let (json, images) = files_of(root, split);
         let text = std::fs::read_to_string(&json).map_err(|error| DataError::Io {
             path: json.clone(),
             error,
@@ -91,7 +113,6 @@ impl CocoDataset {
             message: e.to_string(),
         })?;
         file.images.sort_by_key(|i| i.id);
-        let images = root.join("images").join(split);
         Ok(file
             .images
             .iter()
@@ -113,6 +134,21 @@ impl CocoDataset {
             path: json.to_path_buf(),
             message: e.to_string(),
         })?;
+        // One class: a file listing several would otherwise train them as one (Label Studio
+        // numbers its categories from 0, so ids 0 and 1 both pass the id check below).
+        if file.categories.len() > 1 {
+            let names: Vec<&str> = file.categories.iter().map(|c| c.name.as_str()).collect();
+            return Err(DataError::Label {
+                path: json.to_path_buf(),
+                record: "categories".into(),
+                message: format!(
+                    "{} categories ({}); a COCO file here holds one class; for several classes \
+                     use a YOLO dataset",
+                    names.len(),
+                    names.join(", ")
+                ),
+            });
+        }
         let mut by_image: HashMap<u64, Vec<CocoAnnotation>> = HashMap::new();
         let mut skipped = 0;
         for ann in file.annotations {

@@ -95,7 +95,7 @@ impl Source {
     pub fn open(cfg: &Config, config_path: &Path) -> Result<(Self, Self, usize), DataError> {
         let d = &cfg.data;
         let size = d.imgsz as u32;
-        let k = cfg.model.kpt_shape[0];
+        let k = cfg.model.label_kpt_shape()[0];
         let root = || data_root(cfg, config_path);
         let (train, val, skipped) = match d.source {
             DataSource::Builtin => {

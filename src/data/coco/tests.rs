@@ -197,3 +197,40 @@ fn config_splits_choose_the_annotation_files() {
     let (train, val, _) = crate::data::source::Source::open(&cfg, Path::new("c.toml")).unwrap();
     assert_eq!((train.len(), val.len()), (1, 2));
 }
+
+/// A split named as a `.json` file: Label Studio's `result.json`, whose `file_name`s (with the
+/// `images/` prefix) are relative to its folder; category 0, no keypoints (a detection export).
+#[test]
+fn a_json_split_reads_names_beside_the_file() {
+    let dir = scratch("labelstudio");
+    let export = dir.join("export");
+    std::fs::create_dir_all(export.join("images")).unwrap();
+    write_image(&export.join("images/1a2b-cat.png"));
+    let json = r#"{"images": [{"width": 8, "height": 6, "id": 0, "file_name": "images/1a2b-cat.png"}],
+ "categories": [{"id": 0, "name": "cat"}],
+ "annotations": [{"id": 0, "image_id": 0, "category_id": 0, "segmentation": [], "bbox": [1, 1, 4, 3], "ignore": 0, "iscrowd": 0, "area": 12}]}"#;
+    std::fs::write(export.join("result.json"), json).unwrap();
+    let (ds, skipped) = CocoDataset::open(&dir, "export/result.json", 0, false).unwrap();
+    assert_eq!((ds.len(), skipped), (1, 0));
+    assert_eq!(ds.records[0].path, export.join("images/1a2b-cat.png"));
+    let sample = ds.get(0).unwrap();
+    assert_eq!(sample.instances.len(), 1);
+    assert_eq!(sample.instances[0].bbox, [1.0, 1.0, 5.0, 4.0]);
+    assert_eq!(
+        CocoDataset::split_images(&dir, "export/result.json").unwrap(),
+        vec![export.join("images/1a2b-cat.png")]
+    );
+    // Two categories (ids 0 and 1, both below the id check) are refused, not merged.
+    let two = json.replace(
+        r#"[{"id": 0, "name": "cat"}]"#,
+        r#"[{"id": 0, "name": "cat"}, {"id": 1, "name": "dog"}]"#,
+    );
+    std::fs::write(export.join("result.json"), two).unwrap();
+    let e = CocoDataset::open(&dir, "export/result.json", 0, false)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("result.json: categories: 2 categories (cat, dog)"),
+        "{e}"
+    );
+}
