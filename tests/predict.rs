@@ -195,6 +195,27 @@ fn predict_skips_undecodable_files_and_searches_subfolders() {
             .unwrap();
     assert_eq!(results.len(), 2, "good.png and more/deeper.png");
     assert!(out.join("good.png").exists() && out.join("deeper.png").exists());
+    // The streamed record holds the same results, one line each; the end line gives the rate.
+    let streamed: Vec<ImagePrediction> = std::fs::read_to_string(out.join("predictions.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(streamed, results);
+    assert!(text.contains("images/s"), "{text}");
+
+    // A glob source (quoted, as a shell would pass it), `**` reaching into subfolders.
+    let out = dir.join("out_glob");
+    let pattern = dir.join("photos/**/*.png");
+    let (ok, text) = burnpose(&[
+        "predict",
+        ckpt.to_str().unwrap(),
+        pattern.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(ok && text.contains("in 2 images;"), "{text}");
+    assert!(out.join("good.png").exists() && out.join("deeper.png").exists());
 
     std::fs::create_dir_all(dir.join("bad")).unwrap();
     std::fs::write(dir.join("bad/x.jpg"), b"nope").unwrap();

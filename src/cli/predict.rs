@@ -1,11 +1,13 @@
-//! `burnpose predict CHECKPOINT SOURCE...`: a checkpoint's EMA model on images and folders of
-//! images (searched below subfolders), batched with a progress bar; one annotated copy per image
-//! and `predictions.json` in the run folder. Undecodable files are named and skipped.
+//! `burnpose predict CHECKPOINT SOURCE...`: a checkpoint's EMA model on images, folders of images
+//! (searched below subfolders), `.txt` lists and glob patterns, batched with a progress bar; one
+//! annotated copy per image, `predictions.jsonl` written as it goes and `predictions.json` at the
+//! end in the run folder. Undecodable files are named and skipped.
 
 use super::DeviceArg;
 use crate::predict::{ImagePrediction, PredictOptions, Predictor, draw, image_files};
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// What `predict` takes besides the checkpoint and sources.
@@ -113,9 +115,18 @@ pub fn run(checkpoint: &Path, a: PredictArgs) -> anyhow::Result<()> {
     bar.set_style(
         ProgressStyle::with_template("{bar:25} {pos}/{len} [{elapsed}<{eta}]").expect("template"),
     );
-    let mut results: Vec<ImagePrediction> = Vec::with_capacity(files.len());
+    // Each image's result is a line of predictions.jsonl, written as it is produced (flushed per
+    // batch), so an interrupted run keeps what it finished and memory does not grow with the
+    // number of images; predictions.json is made from it at the end.
+    let lines_path = out.join("predictions.jsonl");
+    let mut lines = std::io::BufWriter::new(
+        std::fs::File::create(&lines_path)
+            .with_context(|| format!("creating {}", lines_path.display()))?,
+    );
+    let (mut done, mut total) = (0usize, 0usize);
     let mut used = std::collections::HashSet::new();
     let mut skipped = 0;
+    let start = std::time::Instant::now();
     for chunk in files.chunks(a.batch) {
         // A file that cannot be decoded is named once and skipped, as Ultralytics does.
         let mut paths = Vec::with_capacity(chunk.len());
@@ -162,30 +173,57 @@ pub fn run(checkpoint: &Path, a: PredictArgs) -> anyhow::Result<()> {
                 std::fs::write(&file, prediction.yolo_label(labels.score))
                     .with_context(|| format!("writing {}", file.display()))?;
             }
-            results.push(prediction);
+            serde_json::to_writer(&mut lines, &prediction)?;
+            writeln!(lines).with_context(|| format!("writing {}", lines_path.display()))?;
+            done += 1;
+            total += prediction.detections.len();
             bar.inc(1);
         }
+        lines
+            .flush()
+            .with_context(|| format!("writing {}", lines_path.display()))?;
     }
     bar.finish();
+    let seconds = start.elapsed().as_secs_f64();
     anyhow::ensure!(
-        !results.is_empty(),
+        done > 0,
         "none of the {} images could be decoded (each is named above)",
         files.len()
     );
     let json = out.join("predictions.json");
-    crate::train::report::write_atomic(&json, serde_json::to_string_pretty(&results)?.as_bytes())
+    json_array_of_lines(&lines_path, &json)
         .with_context(|| format!("writing {}", json.display()))?;
-    let total: usize = results.iter().map(|r| r.detections.len()).sum();
     let skipped = match skipped {
         0 => String::new(),
         n => format!(" ({n} undecodable file(s) skipped)"),
     };
     println!(
-        "{total} detections in {} images{skipped}; annotated images and {} in {}",
-        results.len(),
+        "{total} detections in {done} images{skipped}; {seconds:.1} s, {:.1} images/s; annotated \
+         images and {} in {}",
+        done as f64 / seconds.max(1e-9),
         json.file_name().expect("a file").to_string_lossy(),
         out.display()
     );
+    Ok(())
+}
+
+/// The JSON values of `lines` (one per line) as one JSON array in `json`, streamed through a
+/// temporary file and renamed into place.
+fn json_array_of_lines(lines: &Path, json: &Path) -> anyhow::Result<()> {
+    use std::io::BufRead;
+    let tmp = json.with_extension("json.tmp");
+    let mut w = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+    w.write_all(b"[")?;
+    for (i, line) in std::io::BufReader::new(std::fs::File::open(lines)?)
+        .lines()
+        .enumerate()
+    {
+        w.write_all(if i == 0 { b"\n" } else { b",\n" })?;
+        w.write_all(line?.as_bytes())?;
+    }
+    w.write_all(b"\n]\n")?;
+    w.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+    std::fs::rename(&tmp, json)?;
     Ok(())
 }
 

@@ -271,14 +271,16 @@ pub fn image_files(sources: &[PathBuf]) -> Result<Vec<PathBuf>, crate::data::Dat
     let is_list =
         |p: &Path| p.extension().is_some_and(|e| e.eq_ignore_ascii_case("txt")) && p.is_file();
     let mut expanded = Vec::new();
+    let mut out = Vec::new();
     for src in sources {
         if is_list(src) {
             expanded.extend(listed_sources(src)?);
+        } else if src.to_string_lossy().contains('*') {
+            out.extend(glob_images(src, is_image)?);
         } else {
             expanded.push(src.clone());
         }
     }
-    let mut out = Vec::new();
     for src in &expanded {
         let meta = std::fs::metadata(src).map_err(|error| DataError::Io {
             path: src.clone(),
@@ -301,9 +303,72 @@ pub fn image_files(sources: &[PathBuf]) -> Result<Vec<PathBuf>, crate::data::Dat
     Ok(out)
 }
 
+/// The images a glob pattern matches (`**` reaches into subfolders), sorted by path, as
+/// Ultralytics expands a source holding `*`; other files it matches are left out. A pattern that
+/// matches no image is named in a warning (the run fails later only if no source gave an image).
+fn glob_images(
+    pattern: &Path,
+    is_image: impl Fn(&Path) -> bool,
+) -> Result<Vec<PathBuf>, crate::data::DataError> {
+    use crate::data::DataError;
+    let text = pattern.to_string_lossy();
+    let matches = glob::glob(&text).map_err(|e| DataError::Label {
+        path: pattern.to_path_buf(),
+        record: "glob pattern".into(),
+        message: e.to_string(),
+    })?;
+    let mut found = Vec::new();
+    for m in matches {
+        let path = m.map_err(|e| DataError::Io {
+            path: e.path().to_path_buf(),
+            error: std::io::Error::new(e.error().kind(), e.error().to_string()),
+        })?;
+        if path.is_file() && is_image(&path) {
+            found.push(path);
+        }
+    }
+    if found.is_empty() {
+        eprintln!("warning: {text} matches no image");
+    }
+    found.sort_by(|a, b| a.as_os_str().cmp(b.as_os_str()));
+    Ok(found)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn glob_sources_expand_as_ultralytics_expands_them() {
+        let dir = std::env::temp_dir().join(format!("burnpose-glob-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("sub/deeper")).unwrap();
+        for f in [
+            "a.png",
+            "b.txt",
+            "sub/c.jpg",
+            "sub/deeper/d.png",
+            "sub/deeper/e.PNG",
+        ] {
+            std::fs::write(dir.join(f), b"").unwrap();
+        }
+        let files = |pattern: &str| image_files(&[dir.join(pattern)]).unwrap();
+        let under = |names: &[&str]| names.iter().map(|n| dir.join(n)).collect::<Vec<_>>();
+        assert_eq!(
+            files("**/*.png"),
+            under(&["a.png", "sub/deeper/d.png"]),
+            "sorted, subfolders included, case as written"
+        );
+        assert_eq!(files("*"), under(&["a.png"]), "images only, no folders");
+        assert_eq!(
+            files("sub/**/*"),
+            under(&["sub/c.jpg", "sub/deeper/d.png", "sub/deeper/e.PNG"])
+        );
+        assert!(files("*.webp").is_empty(), "no match: a warning, no error");
+        let e = image_files(&[dir.join("[*.png")]).unwrap_err().to_string();
+        assert!(e.contains("glob pattern"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn a_txt_source_lists_files_and_folders_as_ultralytics_reads_it() {
