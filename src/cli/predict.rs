@@ -127,12 +127,18 @@ pub fn run(checkpoint: &Path, a: PredictArgs) -> anyhow::Result<()> {
     let mut used = std::collections::HashSet::new();
     let mut skipped = 0;
     let start = std::time::Instant::now();
+    let layout = &predictor.layout;
     for chunk in files.chunks(a.batch) {
-        // A file that cannot be decoded is named once and skipped, as Ultralytics does.
+        // Decoding, drawing and encoding are most of a batch's time: one thread per image of the
+        // batch (up to the cores), results in input order. A file that cannot be decoded is
+        // named once and skipped, as Ultralytics does.
         let mut paths = Vec::with_capacity(chunk.len());
         let mut images = Vec::with_capacity(chunk.len());
-        for path in chunk {
-            match crate::data::open_rgb(path) {
+        for (path, decoded) in chunk
+            .iter()
+            .zip(in_parallel(chunk, |p| crate::data::open_rgb(p)))
+        {
+            match decoded {
                 Ok(image) => {
                     paths.push(path);
                     images.push(image);
@@ -148,31 +154,44 @@ pub fn run(checkpoint: &Path, a: PredictArgs) -> anyhow::Result<()> {
             continue;
         }
         let found = predictor.predict(&images);
-        for ((path, mut image), detections) in paths.into_iter().zip(images).zip(found) {
+        let jobs: Vec<_> = paths
+            .into_iter()
+            .zip(images)
+            .zip(found)
+            .map(|((path, image), detections)| {
+                let name = output_name(path, &mut used);
+                (path, image, detections, name)
+            })
+            .collect();
+        let written = in_parallel(&jobs, |(path, image, detections, name)| {
+            let mut image = image.clone();
             let marks: Vec<draw::Mark> = detections
                 .iter()
-                .map(|d| draw::Mark::found(d, &predictor.layout))
+                .map(|d| draw::Mark::found(d, layout))
                 .collect();
-            draw::annotate(&mut image, &marks, &predictor.layout);
-            let name = output_name(path, &mut used);
-            let target = out.join(&name);
+            draw::annotate(&mut image, &marks, layout);
+            let target = out.join(name);
             image
                 .save(&target)
                 .with_context(|| format!("writing {}", target.display()))?;
             let prediction = ImagePrediction {
-                image: path.clone(),
+                image: (*path).clone(),
                 width: image.width(),
                 height: image.height(),
-                detections,
+                detections: detections.clone(),
             };
             // As Ultralytics: an image without detections gets no label file (a background).
             if let Some(labels) = &a.labels
                 && !prediction.detections.is_empty()
             {
-                let file = labels_dir.join(Path::new(&name).with_extension("txt"));
+                let file = labels_dir.join(Path::new(name).with_extension("txt"));
                 std::fs::write(&file, prediction.yolo_label(labels.score))
                     .with_context(|| format!("writing {}", file.display()))?;
             }
+            anyhow::Ok(prediction)
+        });
+        for prediction in written {
+            let prediction = prediction?;
             serde_json::to_writer(&mut lines, &prediction)?;
             writeln!(lines).with_context(|| format!("writing {}", lines_path.display()))?;
             done += 1;
@@ -205,6 +224,26 @@ pub fn run(checkpoint: &Path, a: PredictArgs) -> anyhow::Result<()> {
         out.display()
     );
     Ok(())
+}
+
+/// `f` of every item, in the items' order, spread over up to the machine's cores in contiguous
+/// runs of items.
+fn in_parallel<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let per = items.len().div_ceil(cores.max(1)).max(1);
+    if items.len() <= 1 || cores == 1 {
+        return items.iter().map(f).collect();
+    }
+    std::thread::scope(|scope| {
+        let f = &f;
+        let runs: Vec<_> = items
+            .chunks(per)
+            .map(|run| scope.spawn(move || run.iter().map(f).collect::<Vec<R>>()))
+            .collect();
+        runs.into_iter()
+            .flat_map(|h| h.join().expect("a predict worker panicked"))
+            .collect()
+    })
 }
 
 /// The JSON values of `lines` (one per line) as one JSON array in `json`, streamed through a
