@@ -134,10 +134,9 @@ pub fn run(checkpoint: &Path, a: PredictArgs) -> anyhow::Result<()> {
         // named once and skipped, as Ultralytics does.
         let mut paths = Vec::with_capacity(chunk.len());
         let mut images = Vec::with_capacity(chunk.len());
-        for (path, decoded) in chunk
-            .iter()
-            .zip(in_parallel(chunk, |p| crate::data::open_rgb(p)))
-        {
+        for (path, decoded) in chunk.iter().zip(in_parallel(chunk.iter().collect(), |p| {
+            crate::data::open_rgb(p)
+        })) {
             match decoded {
                 Ok(image) => {
                     paths.push(path);
@@ -163,28 +162,27 @@ pub fn run(checkpoint: &Path, a: PredictArgs) -> anyhow::Result<()> {
                 (path, image, detections, name)
             })
             .collect();
-        let written = in_parallel(&jobs, |(path, image, detections, name)| {
-            let mut image = image.clone();
+        let written = in_parallel(jobs, |(path, mut image, detections, name)| {
             let marks: Vec<draw::Mark> = detections
                 .iter()
                 .map(|d| draw::Mark::found(d, layout))
                 .collect();
             draw::annotate(&mut image, &marks, layout);
-            let target = out.join(name);
+            let target = out.join(&name);
             image
                 .save(&target)
                 .with_context(|| format!("writing {}", target.display()))?;
             let prediction = ImagePrediction {
-                image: (*path).clone(),
+                image: path.clone(),
                 width: image.width(),
                 height: image.height(),
-                detections: detections.clone(),
+                detections,
             };
             // As Ultralytics: an image without detections gets no label file (a background).
             if let Some(labels) = &a.labels
                 && !prediction.detections.is_empty()
             {
-                let file = labels_dir.join(Path::new(name).with_extension("txt"));
+                let file = labels_dir.join(Path::new(&name).with_extension("txt"));
                 std::fs::write(&file, prediction.yolo_label(labels.score))
                     .with_context(|| format!("writing {}", file.display()))?;
             }
@@ -226,19 +224,24 @@ pub fn run(checkpoint: &Path, a: PredictArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `f` of every item, in the items' order, spread over up to the machine's cores in contiguous
-/// runs of items.
-fn in_parallel<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+/// `f` of every item (moved in, not copied), in the items' order, spread over up to the machine's
+/// cores in contiguous runs of items.
+fn in_parallel<T: Send, R: Send>(mut items: Vec<T>, f: impl Fn(T) -> R + Sync) -> Vec<R> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let per = items.len().div_ceil(cores.max(1)).max(1);
     if items.len() <= 1 || cores == 1 {
-        return items.iter().map(f).collect();
+        return items.into_iter().map(f).collect();
+    }
+    let per = items.len().div_ceil(cores);
+    let mut runs = Vec::new();
+    while !items.is_empty() {
+        let rest = items.split_off(per.min(items.len()));
+        runs.push(std::mem::replace(&mut items, rest));
     }
     std::thread::scope(|scope| {
         let f = &f;
-        let runs: Vec<_> = items
-            .chunks(per)
-            .map(|run| scope.spawn(move || run.iter().map(f).collect::<Vec<R>>()))
+        let runs: Vec<_> = runs
+            .into_iter()
+            .map(|run| scope.spawn(move || run.into_iter().map(f).collect::<Vec<R>>()))
             .collect();
         runs.into_iter()
             .flat_map(|h| h.join().expect("a predict worker panicked"))

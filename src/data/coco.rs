@@ -25,6 +25,18 @@ fn files_of(root: &Path, split: &str) -> (PathBuf, PathBuf) {
     )
 }
 
+/// `json` parsed as `T`; an unreadable file or bad JSON is an error naming the file.
+fn read_json<T: serde::de::DeserializeOwned>(json: &Path) -> Result<T, DataError> {
+    let text = std::fs::read_to_string(json).map_err(|error| DataError::Io {
+        path: json.to_path_buf(),
+        error,
+    })?;
+    serde_json::from_str(&text).map_err(|e| DataError::Json {
+        path: json.to_path_buf(),
+        message: e.to_string(),
+    })
+}
+
 #[derive(Deserialize)]
 struct CocoFile {
     images: Vec<CocoImage>,
@@ -104,14 +116,7 @@ impl CocoDataset {
     /// or images: for `predict --split`.
     pub fn split_images(root: &Path, split: &str) -> Result<Vec<PathBuf>, DataError> {
         let (json, images) = files_of(root, split);
-        let text = std::fs::read_to_string(&json).map_err(|error| DataError::Io {
-            path: json.clone(),
-            error,
-        })?;
-        let mut file: CocoImages = serde_json::from_str(&text).map_err(|e| DataError::Json {
-            path: json.clone(),
-            message: e.to_string(),
-        })?;
+        let mut file: CocoImages = read_json(&json)?;
         file.images.sort_by_key(|i| i.id);
         Ok(file
             .images
@@ -126,14 +131,7 @@ impl CocoDataset {
         num_keypoints: usize,
         skip_bad: bool,
     ) -> Result<(Self, usize), DataError> {
-        let text = std::fs::read_to_string(json).map_err(|error| DataError::Io {
-            path: json.to_path_buf(),
-            error,
-        })?;
-        let file: CocoFile = serde_json::from_str(&text).map_err(|e| DataError::Json {
-            path: json.to_path_buf(),
-            message: e.to_string(),
-        })?;
+        let file: CocoFile = read_json(json)?;
         // One class: a file listing several would otherwise train them as one (Label Studio
         // numbers its categories from 0, so ids 0 and 1 both pass the id check below).
         if file.categories.len() > 1 {
