@@ -3,7 +3,7 @@
 mod common;
 
 use burn::prelude::*;
-use burnpose::config::Config;
+use burnpose::config::{Config, Scope};
 use burnpose::data::Batch;
 use burnpose::train::{Trainer, checkpoint};
 use std::path::Path;
@@ -290,26 +290,16 @@ fn empty_batch_skips_point_stems() {
 
 /// Detection cuts its tape at the head outputs (the whole network is the stage): a batch without
 /// positives must still leave the box branches without gradient, and untouched.
-#[test]
-fn empty_batch_skips_box_branches_in_detection() {
-    let mut cfg =
-        config("epochs = 1\nnbs = 2\n[optim]\noptimizer = \"sgd\"\nwarmup_epochs = 0.0\n");
-    cfg.model.task = burnpose::model::Task::Detect;
-    let mut t = trainer(&cfg);
+/// A batch without objects after an ordinary step, on a trainer built from `cfg`: the weight
+/// of the branch `still` picks must not move, the class branch must.
+fn empty_batch_moves_only_classes(cfg: &Config, still: fn(&Trainer) -> TensorData) {
+    let mut t = trainer(cfg);
     let order = t.epoch_order(0);
     t.train_step(&t.batch(&order, 0).unwrap());
     let mut samples = t.batch(&order, 1).unwrap().samples;
     for s in &mut samples {
         s.instances.clear();
     }
-    let boxes = |t: &Trainer| {
-        t.model.head.one2many.boxes[0]
-            .cv1
-            .conv
-            .weight
-            .val()
-            .into_data()
-    };
     let cls = |t: &Trainer| {
         t.model.head.one2many.classes[0]
             .out
@@ -317,14 +307,43 @@ fn empty_batch_skips_box_branches_in_detection() {
             .val()
             .into_data()
     };
-    let (boxes_before, cls_before) = (boxes(&t), cls(&t));
+    let (still_before, cls_before) = (still(&t), cls(&t));
     t.train_step(&Batch::collate(samples));
-    assert_eq!(
-        boxes(&t),
-        boxes_before,
-        "box branch moved without positives"
-    );
+    assert_eq!(still(&t), still_before, "a branch moved without positives");
     assert_ne!(cls(&t), cls_before, "class branch should still train");
+}
+
+fn empty_batch_config() -> Config {
+    config("epochs = 1\nnbs = 2\n[optim]\noptimizer = \"sgd\"\nwarmup_epochs = 0.0\n")
+}
+
+#[test]
+fn empty_batch_skips_box_branches_in_detection() {
+    let mut cfg = empty_batch_config();
+    cfg.model.task = burnpose::model::Task::Detect;
+    empty_batch_moves_only_classes(&cfg, |t| {
+        t.model.head.one2many.boxes[0]
+            .cv1
+            .conv
+            .weight
+            .val()
+            .into_data()
+    });
+}
+
+/// With the whole network as the stage (`capture.scope = "network"`), the tape is cut at the
+/// head's outputs: the keypoint outputs the loss did not read must leave the point stems
+/// without gradient, as when the head runs in autodiff.
+#[test]
+fn empty_batch_skips_point_stems_with_the_head_in_the_stage() {
+    for scope in [Scope::Features, Scope::Network] {
+        let mut cfg = empty_batch_config();
+        cfg.capture.scope = Some(scope);
+        empty_batch_moves_only_classes(&cfg, |t| {
+            let pose = t.model.head.one2many.pose.as_ref().unwrap();
+            pose.point_stems[0].cv1.conv.weight.val().into_data()
+        });
+    }
 }
 
 #[test]

@@ -13,6 +13,8 @@ pub struct Setup<'a> {
     pub device: &'a Device,
     pub multi_device: bool,
     pub task: Task,
+    /// What the stage would record (`capture.scope`).
+    pub scope: super::Scope,
     pub model: &'a Yolo,
     /// A freshly built model of the configured type: the head certificate.
     pub reference: &'a Yolo,
@@ -27,10 +29,9 @@ pub fn check(s: &Setup) -> Result<(), String> {
     if s.multi_device {
         return Err("data-parallel training (multi-device) replays per rank untested".into());
     }
-    let scope = super::Scope::of(s.task);
     let frozen: Vec<String> = frozen_params(s.model)
         .into_iter()
-        .filter(|p| scope.covers(p))
+        .filter(|p| s.scope.covers(p))
         .collect();
     if !frozen.is_empty() {
         return Err(format!("frozen feature layers: {}", frozen.join(", ")));
@@ -83,6 +84,7 @@ pub fn frozen_params(model: &Yolo) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::capture::Scope;
     use crate::model::{Scale, YoloConfig};
 
     fn pose(nc: usize, kpts: usize) -> Yolo {
@@ -102,6 +104,7 @@ mod tests {
             device: &device,
             multi_device: false,
             task: Task::Pose,
+            scope: Scope::Features,
             model: &model,
             reference: &reference,
         };
@@ -125,6 +128,7 @@ mod tests {
         let detect_ref = YoloConfig::new(Scale::N, Task::Detect).init(&device);
         let d = Setup {
             task: Task::Detect,
+            scope: Scope::Network,
             model: &detect,
             reference: &detect_ref,
             ..ok
@@ -158,6 +162,26 @@ mod tests {
             ..ok
         });
         assert!(e.contains("frozen") && e.contains("backbone.l2."), "{e}");
+        // A frozen head is refused only where the stage records it.
+        let mut frozen_stems = pose(1, 17);
+        let pose_head = frozen_stems.head.one2many.pose.as_mut().unwrap();
+        pose_head.point_stems[0] = pose_head.point_stems[0].clone().no_grad();
+        assert!(
+            why(Setup {
+                model: &frozen_stems,
+                ..ok
+            })
+            .contains("CUDA")
+        );
+        let e = why(Setup {
+            model: &frozen_stems,
+            scope: Scope::Network,
+            ..ok
+        });
+        assert!(
+            e.contains("frozen") && e.contains("head.one2many.pose.point_stems.0."),
+            "{e}"
+        );
         // Everything else is fine; the CPU device is what refuses.
         let e = why(ok);
         assert!(e.contains("CUDA"), "{e}");

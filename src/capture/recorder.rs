@@ -58,6 +58,10 @@ pub enum Control {
     /// Copies the trainer's tensors in before the first replay only, as if they never changed:
     /// the graph keeps training the first step's weights.
     StaleSources,
+    /// Keeps the recorded gradients of parameters that feed only head outputs the loss did not
+    /// read (`Scope::Network`): their zero seeds give zero gradients, and the optimizer moves
+    /// them where the native loop skips them.
+    KeepUnreached,
 }
 
 /// Everything the two graphs read or write, kept alive for as long as they exist.
@@ -194,6 +198,10 @@ impl Recorder {
 
     pub fn scope(&self) -> Scope {
         self.scope
+    }
+
+    pub fn control(&self) -> Control {
+        self.control
     }
 
     /// Replays the forward graph on `images` (recording it first on the first call) and returns

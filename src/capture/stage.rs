@@ -5,9 +5,9 @@
 //! stage's outputs, and the stage's backward is a second, seeded backward of
 //! `Σ_i sum(o_i ⊙ s_i)` whose seeds `s_i` are the leaves' gradients.
 
+use crate::model::Yolo;
 use crate::model::backbone::Features;
 use crate::model::head::{BranchOutput, Head, HeadOutput};
-use crate::model::{Task, Yolo};
 use crate::optim::grads::{FlatGrads, take_flat};
 use crate::optim::groups::param_table;
 use crate::optim::reduce::sum_all;
@@ -18,24 +18,10 @@ use burn::tensor::Gradients;
 #[cfg(feature = "cuda")]
 use super::recorder::Recorder;
 
-/// What the stage computes before the tape is cut.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Scope {
-    /// Backbone + neck → P3/P4/P5; the head runs natively (pose: the point stems must, so that a
-    /// batch without positives leaves their gradients absent).
-    Features,
-    /// The whole network → the head's raw outputs; only the loss runs natively (detection).
-    Network,
-}
+/// What the stage computes before the tape is cut (`capture.scope`).
+pub use crate::config::Scope;
 
 impl Scope {
-    pub fn of(task: Task) -> Self {
-        match task {
-            Task::Pose => Scope::Features,
-            Task::Detect => Scope::Network,
-        }
-    }
-
     /// Whether the stage computes with the tensor at `path` (the head's flow belongs to the loss).
     pub fn covers(self, path: &str) -> bool {
         path.starts_with("backbone.")
@@ -121,6 +107,11 @@ impl FeatureStage {
         let found: Vec<Option<Tensor<4>>> = features.leaves.iter().map(|l| l.grad(grads)).collect();
         let unreached: Vec<bool> = found.iter().map(Option::is_none).collect();
         let seeds = seeds(&features.leaves, found);
+        #[cfg(feature = "cuda")]
+        let keep_unreached = matches!(self, FeatureStage::Replay(r)
+            if r.control() == super::recorder::Control::KeepUnreached);
+        #[cfg(not(feature = "cuda"))]
+        let keep_unreached = false;
         let (mut out, mut flat) = match (self, features.taped) {
             (FeatureStage::Native(_), Some(taped)) => {
                 let root = seeded_root(&taped, &seeds);
@@ -135,7 +126,7 @@ impl FeatureStage {
             }
             _ => unreachable!("features come from the stage's own forward"),
         };
-        if features.scope == Scope::Network && unreached.contains(&true) {
+        if features.scope == Scope::Network && unreached.contains(&true) && !keep_unreached {
             let prefixes = unreached_prefixes(&unreached);
             for p in param_table(model) {
                 if prefixes.iter().any(|x| p.path.starts_with(x.as_str())) {
@@ -263,13 +254,13 @@ pub fn merge(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Scale, YoloConfig};
+    use crate::model::{Scale, Task, YoloConfig};
     use crate::optim::grads::get_flat;
 
     type Loss = fn(HeadOutput) -> Tensor<1>;
 
     /// Gradients of one uncut backward and of the stage's cut backward (merged), for `task`.
-    fn both(task: Task, loss: Loss) -> (Yolo, GradientsParams, GradientsParams) {
+    fn both(task: Task, scope: Scope, loss: Loss) -> (Yolo, GradientsParams, GradientsParams) {
         let device = Device::flex().autodiff();
         device.seed(3);
         let mut model = YoloConfig::new(Scale::N, task).init(&device);
@@ -279,7 +270,7 @@ mod tests {
             &device,
         );
         let whole = GradientsParams::from_grads(loss(model.forward(x.clone())).backward(), &model);
-        let mut stage = FeatureStage::Native(Scope::of(task));
+        let mut stage = FeatureStage::Native(scope);
         let f = stage.forward(&mut model, x);
         let rest = loss(f.head(&model.head)).backward();
         let (below, _) = stage.backward(&model, f, &rest);
@@ -298,8 +289,8 @@ mod tests {
 
     /// The cut changes only summation order: gradients of every parameter equal those of one
     /// uncut backward to float rounding, and the same parameters have one.
-    fn assert_cut_matches(task: Task, loss: Loss, at_least: usize) {
-        let (model, whole, cut) = both(task, loss);
+    fn assert_cut_matches(task: Task, scope: Scope, loss: Loss, at_least: usize) {
+        let (model, whole, cut) = both(task, scope, loss);
         // Per tensor relative to its own size, with a floor at the largest gradient's rounding
         // level for tensors whose gradient nearly cancels (e.g. a beta before another BN).
         let table = param_table(&model);
@@ -330,12 +321,17 @@ mod tests {
 
     #[test]
     fn cut_at_the_features_equals_one_backward() {
-        assert_cut_matches(Task::Pose, every_output, 200);
+        assert_cut_matches(Task::Pose, Scope::Features, every_output, 200);
+    }
+
+    #[test]
+    fn cut_at_the_pose_head_outputs_equals_one_backward() {
+        assert_cut_matches(Task::Pose, Scope::Network, every_output, 200);
     }
 
     #[test]
     fn cut_at_the_head_outputs_equals_one_backward() {
-        assert_cut_matches(Task::Detect, every_output, 200);
+        assert_cut_matches(Task::Detect, Scope::Network, every_output, 200);
     }
 
     /// A loss that never reads the box outputs (a batch without positives) leaves the box
@@ -343,8 +339,8 @@ mod tests {
     #[test]
     fn unreached_head_outputs_leave_their_branches_absent() {
         let scores_only: Loss = |out| out.one2many.scores.sum() + out.one2one.scores.sum();
-        assert_cut_matches(Task::Detect, scores_only, 150);
-        let (model, _, cut) = both(Task::Detect, scores_only);
+        assert_cut_matches(Task::Detect, Scope::Network, scores_only, 150);
+        let (model, _, cut) = both(Task::Detect, Scope::Network, scores_only);
         let table = param_table(&model);
         let boxes: Vec<_> = table
             .iter()
@@ -352,6 +348,55 @@ mod tests {
             .collect();
         assert!(!boxes.is_empty());
         assert!(boxes.iter().all(|p| get_flat(&cut, p).is_none()));
+    }
+
+    /// A pose loss without keypoint terms (a batch without positives) leaves the point stems and
+    /// the keypoint and sigma predictors without gradient when the head is inside the stage; one
+    /// read output of the two keeps the stems.
+    #[test]
+    fn unreached_keypoint_outputs_leave_the_point_stems_absent() {
+        let no_kpts: Loss = |out| {
+            let b = out.one2many;
+            b.boxes.sum() + b.scores.sum() + out.one2one.scores.sum()
+        };
+        assert_cut_matches(Task::Pose, Scope::Network, no_kpts, 150);
+        let (model, _, cut) = both(Task::Pose, Scope::Network, no_kpts);
+        let table = param_table(&model);
+        let under = |prefix: &str| -> Vec<_> {
+            table
+                .iter()
+                .filter(|p| p.path.starts_with(prefix))
+                .collect()
+        };
+        for prefix in [
+            "head.one2many.pose.point_stems.",
+            "head.one2many.pose.kpts.",
+            "head.one2many.pose.sigma.",
+            "head.one2one.",
+        ] {
+            let dropped = under(prefix);
+            assert!(!dropped.is_empty(), "{prefix}");
+            let kept = dropped.iter().filter(|p| get_flat(&cut, p).is_some());
+            // The one-to-one scores feed its class branches only.
+            let want = if prefix == "head.one2one." {
+                under("head.one2one.classes.").len()
+            } else {
+                0
+            };
+            assert_eq!(kept.count(), want, "{prefix}");
+        }
+        let sigma_only: Loss = |out| out.one2many.kpts_sigma.unwrap().sum();
+        let (model, _, cut) = both(Task::Pose, Scope::Network, sigma_only);
+        let table = param_table(&model);
+        let stems = |p: &&crate::optim::groups::ParamInfo| {
+            p.path.starts_with("head.one2many.pose.point_stems.")
+        };
+        assert!(
+            table
+                .iter()
+                .filter(stems)
+                .all(|p| get_flat(&cut, p).is_some())
+        );
     }
 
     #[test]

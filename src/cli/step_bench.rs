@@ -15,6 +15,9 @@ pub struct Options {
     /// Override `model.capture_network`.
     #[arg(long)]
     pub replay: Option<bool>,
+    /// Override `capture.scope`.
+    #[arg(long, value_enum)]
+    pub scope: Option<crate::config::Scope>,
     /// Override `train.precision`.
     #[arg(long, value_enum)]
     pub precision: Option<Precision>,
@@ -60,6 +63,9 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
     let (mut cfg, device, what) = super::config_and_device(config_path, o.device)?;
     if let Some(r) = o.replay {
         cfg.model.capture_network = r;
+    }
+    if let Some(s) = o.scope {
+        cfg.capture.scope = Some(s);
     }
     if let Some(p) = o.precision {
         cfg.train.precision = p;

@@ -303,12 +303,32 @@ impl Default for OptimSection {
 pub struct CaptureSection {
     /// Eager steps run before recording.
     pub warmup_steps: usize,
+    /// Where a training step's autodiff tape is cut, and what feature replay
+    /// (`model.capture_network`) records: "features" (backbone + neck; the head runs in Burn
+    /// autodiff; pose only) or "network" (the whole network but the pose loss's flow; only
+    /// assignment and losses run in Burn autodiff). Unset: "features" for pose, "network" for
+    /// detection. Native and replayed fits of one scope are byte-identical; the two scopes sum
+    /// gradients in different orders, so their results differ by rounding (docs/capture.md).
+    pub scope: Option<Scope>,
 }
 
 impl Default for CaptureSection {
     fn default() -> Self {
-        Self { warmup_steps: 3 }
+        Self {
+            warmup_steps: 3,
+            scope: None,
+        }
     }
+}
+
+/// What the feature stage of a step computes before the tape is cut (`capture.scope`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Scope {
+    /// Backbone + neck → P3/P4/P5; the head runs in Burn autodiff.
+    Features,
+    /// The whole network → the head's raw outputs; only the loss runs in Burn autodiff.
+    Network,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -379,6 +399,14 @@ impl Config {
         Ok(config)
     }
 
+    /// The feature stage's scope: `capture.scope`, or the task's default.
+    pub fn capture_scope(&self) -> Scope {
+        self.capture.scope.unwrap_or(match self.model.task {
+            Task::Pose => Scope::Features,
+            Task::Detect => Scope::Network,
+        })
+    }
+
     fn validate(&self, path: &Path) -> Result<(), ConfigError> {
         let bad = |key, message: String| {
             Err(ConfigError::Value {
@@ -405,6 +433,14 @@ impl Config {
                      dataset with your keypoints (data.source = \"yolo\" or \"coco\")",
                     m.kpt_shape
                 ),
+            );
+        }
+        if m.task == Task::Detect && self.capture.scope == Some(Scope::Features) {
+            return bad(
+                "capture.scope",
+                "\"features\" applies to pose models; a detection model's stage is its whole \
+                 network (\"network\")"
+                    .into(),
             );
         }
         if d.imgsz == 0 || d.imgsz % 32 != 0 {

@@ -13,6 +13,15 @@ fn empty_config_gives_defaults() {
 }
 
 #[test]
+fn capture_scope_defaults_by_task() {
+    assert_eq!(parse("").unwrap().capture_scope(), Scope::Features);
+    let detect = parse("[model]\ntask = \"detect\"\n").unwrap();
+    assert_eq!(detect.capture_scope(), Scope::Network);
+    let pose = parse("[capture]\nscope = \"network\"\n").unwrap();
+    assert_eq!(pose.capture_scope(), Scope::Network);
+}
+
+#[test]
 fn shipped_configs_parse() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs");
     let mut n = 0;
@@ -27,7 +36,7 @@ fn shipped_configs_parse() {
 }
 
 #[test]
-fn b16_bench_config_differs_from_the_seed_shape_only_in_batch() {
+fn bench_configs_differ_from_the_seed_shape_only_in_their_key() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs");
     let seed = Config::load(&dir.join("bench_seed.toml")).unwrap();
     let mut b16 = Config::load(&dir.join("bench_seed_b16.toml")).unwrap();
@@ -35,6 +44,11 @@ fn b16_bench_config_differs_from_the_seed_shape_only_in_batch() {
     b16.train.batch = seed.train.batch;
     b16.output.name = seed.output.name.clone();
     assert_eq!(b16, seed);
+    let mut network = Config::load(&dir.join("bench_seed_network.toml")).unwrap();
+    assert_eq!(network.capture_scope(), Scope::Network);
+    network.capture.scope = None;
+    network.output.name = seed.output.name.clone();
+    assert_eq!(network, seed);
 }
 
 #[test]
@@ -74,6 +88,11 @@ fn bad_values_name_the_key() {
         ("[augment]\nscale = 1.0\n", "augment.scale"),
         ("[augment]\nhsv_v = -0.1\n", "augment.hsv_v"),
         ("[model]\nkpt_shape = [5, 3]\n", "model.kpt_shape"),
+        (
+            "[model]\ntask = \"detect\"\n[capture]\nscope = \"features\"\n",
+            "capture.scope",
+        ),
+        ("[capture]\nscope = \"head\"\n", "scope"),
     ] {
         let e = parse(text).unwrap_err().to_string();
         assert!(e.contains(key) && e.contains("cfg.toml"), "{text}: {e}");

@@ -539,17 +539,18 @@ fn choose_stage(
             device,
             multi_device,
             task: cfg.model.task,
+            scope: cfg.capture_scope(),
             model,
             reference,
         }),
     };
     match verdict {
-        Ok(()) => (replay_stage(device, Scope::of(cfg.model.task)), None),
+        Ok(()) => (replay_stage(device, cfg.capture_scope()), None),
         Err(why) => {
             if enabled {
                 eprintln!("feature replay off: {why}; the backbone and neck run natively");
             }
-            (FeatureStage::Native(Scope::of(cfg.model.task)), Some(why))
+            (FeatureStage::Native(cfg.capture_scope()), Some(why))
         }
     }
 }

@@ -3,8 +3,8 @@
 
 use super::cuda;
 use burn::module::Module;
+use burnpose::capture::FeatureStage;
 use burnpose::capture::recorder::{Control, Recorder};
-use burnpose::capture::{FeatureStage, Scope};
 use burnpose::config::Config;
 use burnpose::data::Batch;
 use burnpose::model::Yolo;
@@ -12,9 +12,14 @@ use burnpose::optim::tensors::float_tensors;
 use burnpose::train::{StateHashes, Trainer};
 use std::path::Path;
 
+/// `task` is "pose", "detect", or "pose-network" (a pose model with `capture.scope = "network"`).
 fn config_for(task: &str, precision: &str, capture: bool) -> Config {
+    let (task, scope) = match task {
+        "pose-network" => ("pose", "[capture]\nscope = \"network\"\n"),
+        other => (other, ""),
+    };
     let text = format!(
-        "[model]\ntask = \"{task}\"\ncapture_network = {capture}\n[data]\nimgsz = 256\ntrain_images = 24\nval_images = 4\n[train]\nbatch = 4\nnbs = 8\nepochs = 2\nclose_mosaic = 1\nseed = 11\nprecision = \"{precision}\"\n"
+        "{scope}[model]\ntask = \"{task}\"\ncapture_network = {capture}\n[data]\nimgsz = 256\ntrain_images = 24\nval_images = 4\n[train]\nbatch = 4\nnbs = 8\nepochs = 2\nclose_mosaic = 1\nseed = 11\nprecision = \"{precision}\"\n"
     );
     Config::parse(&text, Path::new("replay.toml")).unwrap()
 }
@@ -24,7 +29,7 @@ fn trainer(cfg: &Config, control: Control) -> Trainer {
     if cfg.model.capture_network {
         assert!(t.stage.is_replay(), "replay refused: {:?}", t.replay_off);
         if control != Control::None {
-            let scope = Scope::of(cfg.model.task);
+            let scope = cfg.capture_scope();
             t.stage =
                 FeatureStage::Replay(Box::new(Recorder::with_control(&t.device, scope, control)));
         }
@@ -277,6 +282,47 @@ fn detection_replay_matches_native_bf16() {
 #[ignore = "needs a CUDA GPU"]
 fn detection_replay_matches_native_on_an_empty_batch() {
     assert_empty_parity("detect");
+}
+
+/// A pose model whose stage is the whole network (`capture.scope = "network"`: the head
+/// recorded too, only assignment and losses in autodiff): byte parity over two epochs.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn pose_network_replay_matches_native_bf16() {
+    assert_parity_of("pose-network", "bf16");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn pose_network_replay_matches_native_fp16() {
+    assert_parity_of("pose-network", "fp16");
+}
+
+/// Without positives the point stems and keypoint predictors get no gradient natively; with
+/// the head recorded they must stay absent too.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn pose_network_replay_matches_native_on_an_empty_batch() {
+    assert_empty_parity("pose-network");
+}
+
+/// Negative control: keeping the recorded zero gradients of the branches the loss did not read
+/// moves the point stems on the batch without positives. The parity check must see it.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn keeping_unreached_gradients_breaks_parity() {
+    let (native, _, native_still) = empty_layout_of("pose-network", false, Control::None);
+    let (broken, _, broken_still) = empty_layout_of("pose-network", true, Control::KeepUnreached);
+    assert!(
+        native_still,
+        "a point stem moved without positives natively"
+    );
+    assert!(
+        !broken_still,
+        "the point stems stayed put: the control kept nothing"
+    );
+    assert_ne!(native.model, broken.model);
+    assert_ne!(native.optimizer, broken.optimizer);
 }
 
 /// Negative control: replay copies a parameter in only when the trainer holds a new tensor for
