@@ -123,83 +123,112 @@ pub fn run(checkpoint: &Path, a: PredictArgs) -> anyhow::Result<()> {
         std::fs::File::create(&lines_path)
             .with_context(|| format!("creating {}", lines_path.display()))?,
     );
-    let (mut done, mut total) = (0usize, 0usize);
-    let mut used = std::collections::HashSet::new();
     let mut skipped = 0;
     let start = std::time::Instant::now();
     let layout = &predictor.layout;
-    for chunk in files.chunks(a.batch) {
-        // Decoding, drawing and encoding are most of a batch's time: one thread per image of the
-        // batch (up to the cores), results in input order. A file that cannot be decoded is
-        // named once and skipped, as Ultralytics does.
-        let mut paths = Vec::with_capacity(chunk.len());
-        let mut images = Vec::with_capacity(chunk.len());
-        for (path, decoded) in chunk.iter().zip(in_parallel(chunk.iter().collect(), |p| {
-            crate::data::open_rgb(p)
-        })) {
-            match decoded {
-                Ok(image) => {
-                    paths.push(path);
-                    images.push(image);
+    // Three stages overlap, one batch apart: a reader decodes the next batch, this thread runs
+    // the network on the current one, a writer draws, encodes and records the previous one.
+    // Decoding, drawing and encoding are most of a batch's time, so each spreads its batch over
+    // the cores (results in input order). A file that cannot be decoded is named once and
+    // skipped, as Ultralytics does.
+    let (files, batch_size, labels) = (&files, a.batch, &a.labels);
+    let (done, total) = std::thread::scope(|scope| -> anyhow::Result<(usize, usize)> {
+        let (decoded_tx, decoded_rx) = std::sync::mpsc::sync_channel(1);
+        let (found_tx, found_rx) = std::sync::mpsc::sync_channel::<Predicted>(1);
+        scope.spawn(move || {
+            for chunk in files.chunks(batch_size) {
+                let decoded = in_parallel(chunk.iter().collect(), |p| crate::data::open_rgb(p));
+                if decoded_tx.send((chunk, decoded)).is_err() {
+                    return;
                 }
-                Err(e) => {
-                    bar.suspend(|| eprintln!("warning: {e}; skipped"));
-                    skipped += 1;
+            }
+        });
+        let writer = scope.spawn(|| -> anyhow::Result<(usize, usize)> {
+            let (mut done, mut total) = (0, 0);
+            let mut used = std::collections::HashSet::new();
+            for batch in found_rx {
+                let jobs: Vec<_> = batch
+                    .into_iter()
+                    .map(|(path, image, detections)| {
+                        let name = output_name(path, &mut used);
+                        (path, image, detections, name)
+                    })
+                    .collect();
+                let written = in_parallel(jobs, |(path, mut image, detections, name)| {
+                    let marks: Vec<draw::Mark> = detections
+                        .iter()
+                        .map(|d| draw::Mark::found(d, layout))
+                        .collect();
+                    draw::annotate(&mut image, &marks, layout);
+                    let target = out.join(&name);
+                    image
+                        .save(&target)
+                        .with_context(|| format!("writing {}", target.display()))?;
+                    let prediction = ImagePrediction {
+                        image: path.clone(),
+                        width: image.width(),
+                        height: image.height(),
+                        detections,
+                    };
+                    // As Ultralytics: an image without detections gets no label file (a
+                    // background).
+                    if let Some(labels) = labels
+                        && !prediction.detections.is_empty()
+                    {
+                        let file = labels_dir.join(Path::new(&name).with_extension("txt"));
+                        std::fs::write(&file, prediction.yolo_label(labels.score))
+                            .with_context(|| format!("writing {}", file.display()))?;
+                    }
+                    anyhow::Ok(prediction)
+                });
+                for prediction in written {
+                    let prediction = prediction?;
+                    serde_json::to_writer(&mut lines, &prediction)?;
+                    writeln!(lines).with_context(|| format!("writing {}", lines_path.display()))?;
+                    done += 1;
+                    total += prediction.detections.len();
                     bar.inc(1);
                 }
+                lines
+                    .flush()
+                    .with_context(|| format!("writing {}", lines_path.display()))?;
             }
-        }
-        if images.is_empty() {
-            continue;
-        }
-        let found = predictor.predict(&images);
-        let jobs: Vec<_> = paths
-            .into_iter()
-            .zip(images)
-            .zip(found)
-            .map(|((path, image), detections)| {
-                let name = output_name(path, &mut used);
-                (path, image, detections, name)
-            })
-            .collect();
-        let written = in_parallel(jobs, |(path, mut image, detections, name)| {
-            let marks: Vec<draw::Mark> = detections
-                .iter()
-                .map(|d| draw::Mark::found(d, layout))
-                .collect();
-            draw::annotate(&mut image, &marks, layout);
-            let target = out.join(&name);
-            image
-                .save(&target)
-                .with_context(|| format!("writing {}", target.display()))?;
-            let prediction = ImagePrediction {
-                image: path.clone(),
-                width: image.width(),
-                height: image.height(),
-                detections,
-            };
-            // As Ultralytics: an image without detections gets no label file (a background).
-            if let Some(labels) = &a.labels
-                && !prediction.detections.is_empty()
-            {
-                let file = labels_dir.join(Path::new(&name).with_extension("txt"));
-                std::fs::write(&file, prediction.yolo_label(labels.score))
-                    .with_context(|| format!("writing {}", file.display()))?;
-            }
-            anyhow::Ok(prediction)
+            Ok((done, total))
         });
-        for prediction in written {
-            let prediction = prediction?;
-            serde_json::to_writer(&mut lines, &prediction)?;
-            writeln!(lines).with_context(|| format!("writing {}", lines_path.display()))?;
-            done += 1;
-            total += prediction.detections.len();
-            bar.inc(1);
+        for (chunk, decoded) in decoded_rx {
+            let mut paths = Vec::with_capacity(chunk.len());
+            let mut images = Vec::with_capacity(chunk.len());
+            for (path, decoded) in chunk.iter().zip(decoded) {
+                match decoded {
+                    Ok(image) => {
+                        paths.push(path);
+                        images.push(image);
+                    }
+                    Err(e) => {
+                        bar.suspend(|| eprintln!("warning: {e}; skipped"));
+                        skipped += 1;
+                        bar.inc(1);
+                    }
+                }
+            }
+            if images.is_empty() {
+                continue;
+            }
+            let found = predictor.predict(&images);
+            let batch = paths
+                .into_iter()
+                .zip(images)
+                .zip(found)
+                .map(|((p, i), f)| (p, i, f))
+                .collect();
+            // The writer stopped: its error is returned below.
+            if found_tx.send(batch).is_err() {
+                break;
+            }
         }
-        lines
-            .flush()
-            .with_context(|| format!("writing {}", lines_path.display()))?;
-    }
+        drop(found_tx);
+        writer.join().expect("the predict writer panicked")
+    })?;
     bar.finish();
     let seconds = start.elapsed().as_secs_f64();
     anyhow::ensure!(
@@ -223,6 +252,9 @@ pub fn run(checkpoint: &Path, a: PredictArgs) -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// One batch's images with their detections, from the network to the writer.
+type Predicted<'a> = Vec<(&'a PathBuf, image::RgbImage, Vec<crate::predict::Found>)>;
 
 /// `f` of every item (moved in, not copied), in the items' order, spread over up to the machine's
 /// cores in contiguous runs of items.
