@@ -298,11 +298,9 @@ impl Default for OptimSection {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CaptureSection {
-    /// Eager steps run before recording.
-    pub warmup_steps: usize,
     /// Where a training step's autodiff tape is cut, and what feature replay
     /// (`model.capture_network`) records: "features" (backbone + neck; the head runs in Burn
     /// autodiff; pose only) or "network" (the whole network but the pose loss's flow; only
@@ -310,15 +308,6 @@ pub struct CaptureSection {
     /// detection. Native and replayed fits of one scope are byte-identical; the two scopes sum
     /// gradients in different orders, so their results differ by rounding (docs/capture.md).
     pub scope: Option<Scope>,
-}
-
-impl Default for CaptureSection {
-    fn default() -> Self {
-        Self {
-            warmup_steps: 3,
-            scope: None,
-        }
-    }
 }
 
 /// What the feature stage of a step computes before the tape is cut (`capture.scope`).
@@ -391,12 +380,32 @@ impl Config {
 
     /// Parses TOML text; `path` is only used in messages.
     pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
-        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
-            path: path.to_path_buf(),
-            message: e.to_string().trim_end().to_string(),
+        let config: Config = toml::from_str(text).map_err(|e| {
+            let mut message = e.to_string().trim_end().to_string();
+            if message.contains("warmup_steps") {
+                message.push_str(
+                    "\n`capture.warmup_steps` was removed: it was never read (recording always \
+                     runs its own eager warm-ups); delete the line",
+                );
+            }
+            ConfigError::Parse {
+                path: path.to_path_buf(),
+                message,
+            }
         })?;
         config.validate(path)?;
         Ok(config)
+    }
+
+    /// A config stored by an earlier version (a checkpoint's): keys that version wrote and this
+    /// one no longer has are dropped (`capture.warmup_steps`, never read), the rest as [`toml`]
+    /// reads it, without the checks of [`Config::parse`] (the run was checked when it started).
+    pub fn from_stored(text: &str) -> Result<Self, toml::de::Error> {
+        let mut value: toml::Table = toml::from_str(text)?;
+        if let Some(toml::Value::Table(capture)) = value.get_mut("capture") {
+            capture.remove("warmup_steps");
+        }
+        value.try_into()
     }
 
     /// The feature stage's scope: `capture.scope`, or the task's default.

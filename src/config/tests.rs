@@ -142,3 +142,28 @@ fn every_optimizer_is_selectable() {
         .to_string();
     assert!(cfg.contains("optimizer") || cfg.contains("adam"), "{cfg}");
 }
+
+/// `capture.warmup_steps` was never read and is gone: a config file naming it is told so; a
+/// checkpoint that stored it (every earlier one did) still loads.
+#[test]
+fn removed_warmup_steps_is_explained_and_old_stored_configs_load() {
+    let e = parse("[capture]\nwarmup_steps = 3\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("cfg.toml") && e.contains("capture.warmup_steps") && e.contains("removed"),
+        "{e}"
+    );
+    let mut cfg = Config::default();
+    cfg.capture.scope = Some(Scope::Network);
+    let mut old: toml::Table = toml::from_str(&toml::to_string(&cfg).unwrap()).unwrap();
+    let capture = old.entry("capture").or_insert(toml::Table::new().into());
+    capture
+        .as_table_mut()
+        .unwrap()
+        .insert("warmup_steps".into(), 3.into());
+    let text = toml::to_string(&old).unwrap();
+    assert!(text.contains("warmup_steps = 3"), "{text}");
+    assert_eq!(Config::from_stored(&text).unwrap(), cfg);
+    assert!(Config::from_stored("[capture]\nbogus = 1\n").is_err());
+}

@@ -173,7 +173,7 @@ pub fn read_config(path: &Path) -> Result<Config, CheckpointError> {
 
 /// The config in a checkpoint's metadata.
 fn stored_config(meta: &Meta, path: &Path) -> Result<Config, CheckpointError> {
-    toml::from_str(&meta.config).map_err(|e| CheckpointError::Format {
+    Config::from_stored(&meta.config).map_err(|e| CheckpointError::Format {
         path: path.to_path_buf(),
         message: format!("stored config: {e}"),
     })
