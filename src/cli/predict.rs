@@ -9,6 +9,7 @@ use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 /// What `predict` takes besides the checkpoint and sources.
 pub struct PredictArgs {
@@ -132,21 +133,27 @@ pub fn run(checkpoint: &Path, a: PredictArgs) -> anyhow::Result<()> {
     // the cores (results in input order). A file that cannot be decoded is named once and
     // skipped, as Ultralytics does.
     let (files, batch_size, labels) = (&files, a.batch, &a.labels);
-    let (done, total) = std::thread::scope(|scope| -> anyhow::Result<(usize, usize)> {
+    let (mut prepare, mut network) = (Duration::ZERO, Duration::ZERO);
+    let (done, total, stages) = std::thread::scope(|scope| {
         let (decoded_tx, decoded_rx) = std::sync::mpsc::sync_channel(1);
         let (found_tx, found_rx) = std::sync::mpsc::sync_channel::<Predicted>(1);
-        scope.spawn(move || {
+        let reader = scope.spawn(move || {
+            let mut busy = Duration::ZERO;
             for chunk in files.chunks(batch_size) {
+                let t = Instant::now();
                 let decoded = in_parallel(chunk.iter().collect(), |p| crate::data::open_rgb(p));
+                busy += t.elapsed();
                 if decoded_tx.send((chunk, decoded)).is_err() {
-                    return;
+                    break;
                 }
             }
+            busy
         });
-        let writer = scope.spawn(|| -> anyhow::Result<(usize, usize)> {
-            let (mut done, mut total) = (0, 0);
+        let writer = scope.spawn(|| -> anyhow::Result<(usize, usize, Duration)> {
+            let (mut done, mut total, mut busy) = (0, 0, Duration::ZERO);
             let mut used = std::collections::HashSet::new();
             for batch in found_rx {
+                let t = Instant::now();
                 let jobs: Vec<_> = batch
                     .into_iter()
                     .map(|(path, image, detections)| {
@@ -192,8 +199,9 @@ pub fn run(checkpoint: &Path, a: PredictArgs) -> anyhow::Result<()> {
                 lines
                     .flush()
                     .with_context(|| format!("writing {}", lines_path.display()))?;
+                busy += t.elapsed();
             }
-            Ok((done, total))
+            Ok((done, total, busy))
         });
         for (chunk, decoded) in decoded_rx {
             let mut paths = Vec::with_capacity(chunk.len());
@@ -214,7 +222,11 @@ pub fn run(checkpoint: &Path, a: PredictArgs) -> anyhow::Result<()> {
             if images.is_empty() {
                 continue;
             }
-            let found = predictor.predict(&images);
+            let t = Instant::now();
+            let prepared = predictor.prepare(&images);
+            let t_net = Instant::now();
+            let found = predictor.run(prepared);
+            (prepare, network) = (prepare + (t_net - t), network + t_net.elapsed());
             let batch = paths
                 .into_iter()
                 .zip(images)
@@ -227,7 +239,9 @@ pub fn run(checkpoint: &Path, a: PredictArgs) -> anyhow::Result<()> {
             }
         }
         drop(found_tx);
-        writer.join().expect("the predict writer panicked")
+        let decode = reader.join().expect("the predict reader panicked");
+        let (done, total, write) = writer.join().expect("the predict writer panicked")?;
+        anyhow::Ok((done, total, [decode, prepare, network, write]))
     })?;
     bar.finish();
     let seconds = start.elapsed().as_secs_f64();
@@ -243,12 +257,20 @@ pub fn run(checkpoint: &Path, a: PredictArgs) -> anyhow::Result<()> {
         0 => String::new(),
         n => format!(" ({n} undecodable file(s) skipped)"),
     };
+    let per_image = stages.map(|d| 1e3 * d.as_secs_f64() / done as f64);
     println!(
         "{total} detections in {done} images{skipped}; {seconds:.1} s, {:.1} images/s; annotated \
          images and {} in {}",
         done as f64 / seconds.max(1e-9),
         json.file_name().expect("a file").to_string_lossy(),
         out.display()
+    );
+    // As Ultralytics' "Speed: … per image" line; the stages overlap, so the slowest one bounds
+    // the rate.
+    println!(
+        "per image: decode {:.1} ms, prepare {:.1} ms, network {:.1} ms, draw + write {:.1} ms \
+         (overlapping stages)",
+        per_image[0], per_image[1], per_image[2], per_image[3]
     );
     Ok(())
 }

@@ -121,6 +121,12 @@ pub enum PredictError {
     ImageSize(usize),
 }
 
+/// Images letterboxed and collated for [`Predictor::run`], with how each was placed.
+pub struct Prepared {
+    batch: Batch,
+    frames: Vec<Frame>,
+}
+
 /// A model ready to predict, with what it needs to name and draw what it finds.
 pub struct Predictor {
     pub model: Yolo,
@@ -164,6 +170,11 @@ impl Predictor {
         if images.is_empty() {
             return Vec::new();
         }
+        self.run(self.prepare(images))
+    }
+
+    /// The images letterboxed to the network's size and collated (host work only).
+    pub fn prepare(&self, images: &[image::RgbImage]) -> Prepared {
         let size = self.options.imgsz as u32;
         let (samples, frames): (Vec<Sample>, Vec<Frame>) = images
             .iter()
@@ -176,7 +187,18 @@ impl Predictor {
                 (s, Frame { scale, pad })
             })
             .unzip();
-        let batch = Batch::collate(samples);
+        Prepared {
+            batch: Batch::collate(samples),
+            frames,
+        }
+    }
+
+    /// The network and its post-processing on a prepared batch: detections for each image, in
+    /// that image's pixels.
+    pub fn run(&self, prepared: Prepared) -> Vec<Vec<Found>> {
+        if prepared.frames.is_empty() {
+            return Vec::new();
+        }
         let o = &self.options;
         let select = Select {
             nk: self.cfg.model.keypoints(),
@@ -185,10 +207,11 @@ impl Predictor {
             conf: o.conf,
             iou: o.iou,
         };
-        let per_image = detect(&self.model, batch.images_f32(&self.device), &select);
+        let images = prepared.batch.images_f32(&self.device);
+        let per_image = detect(&self.model, images, &select);
         per_image
             .into_iter()
-            .zip(frames)
+            .zip(prepared.frames)
             .map(|(dets, frame)| dets.iter().map(|d| self.found(d, &frame)).collect())
             .collect()
     }
