@@ -203,7 +203,10 @@ fn predict_skips_undecodable_files_and_searches_subfolders() {
         .collect();
     assert_eq!(streamed, results);
     assert!(text.contains("images/s"), "{text}");
-    let speed = text.lines().find(|l| l.starts_with("per image:")).expect(&text);
+    let speed = text
+        .lines()
+        .find(|l| l.starts_with("per image:"))
+        .expect(&text);
     for stage in ["decode", "prepare", "network", "draw + write"] {
         assert!(speed.contains(&format!("{stage} ")), "{speed}");
     }

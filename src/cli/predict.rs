@@ -124,30 +124,50 @@ pub fn run(checkpoint: &Path, a: PredictArgs) -> anyhow::Result<()> {
         std::fs::File::create(&lines_path)
             .with_context(|| format!("creating {}", lines_path.display()))?,
     );
-    let mut skipped = 0;
     let start = std::time::Instant::now();
     let layout = &predictor.layout;
-    // Three stages overlap, one batch apart: a reader decodes the next batch, this thread runs
-    // the network on the current one, a writer draws, encodes and records the previous one.
-    // Decoding, drawing and encoding are most of a batch's time, so each spreads its batch over
-    // the cores (results in input order). A file that cannot be decoded is named once and
-    // skipped, as Ultralytics does.
-    let (files, batch_size, labels) = (&files, a.batch, &a.labels);
-    let (mut prepare, mut network) = (Duration::ZERO, Duration::ZERO);
-    let (done, total, stages) = std::thread::scope(|scope| {
-        let (decoded_tx, decoded_rx) = std::sync::mpsc::sync_channel(1);
+    // Three stages overlap, one batch apart: a reader decodes and letterboxes the next batch,
+    // this thread runs the network on the current one, a writer draws, encodes and records the
+    // previous one. Decoding, drawing and encoding spread their batch over the cores (results in
+    // input order). A file that cannot be decoded is named once and skipped, as Ultralytics does.
+    let (files, batch_size, labels, imgsz) = (&files, a.batch, &a.labels, predictor.options.imgsz);
+    let progress = &bar;
+    let mut network = Duration::ZERO;
+    let (done, total, skipped, stages) = std::thread::scope(|scope| {
+        let (prepared_tx, prepared_rx) = std::sync::mpsc::sync_channel::<Read>(1);
         let (found_tx, found_rx) = std::sync::mpsc::sync_channel::<Predicted>(1);
         let reader = scope.spawn(move || {
-            let mut busy = Duration::ZERO;
+            let (mut decode, mut prepare, mut skipped) = (Duration::ZERO, Duration::ZERO, 0);
             for chunk in files.chunks(batch_size) {
                 let t = Instant::now();
                 let decoded = in_parallel(chunk.iter().collect(), |p| crate::data::open_rgb(p));
-                busy += t.elapsed();
-                if decoded_tx.send((chunk, decoded)).is_err() {
+                decode += t.elapsed();
+                let mut paths = Vec::with_capacity(chunk.len());
+                let mut images = Vec::with_capacity(chunk.len());
+                for (path, decoded) in chunk.iter().zip(decoded) {
+                    match decoded {
+                        Ok(image) => {
+                            paths.push(path);
+                            images.push(image);
+                        }
+                        Err(e) => {
+                            progress.suspend(|| eprintln!("warning: {e}; skipped"));
+                            skipped += 1;
+                            progress.inc(1);
+                        }
+                    }
+                }
+                if images.is_empty() {
+                    continue;
+                }
+                let t = Instant::now();
+                let prepared = crate::predict::prepare(&images, imgsz);
+                prepare += t.elapsed();
+                if prepared_tx.send((paths, images, prepared)).is_err() {
                     break;
                 }
             }
-            busy
+            (decode, prepare, skipped)
         });
         let writer = scope.spawn(|| -> anyhow::Result<(usize, usize, Duration)> {
             let (mut done, mut total, mut busy) = (0, 0, Duration::ZERO);
@@ -203,30 +223,10 @@ pub fn run(checkpoint: &Path, a: PredictArgs) -> anyhow::Result<()> {
             }
             Ok((done, total, busy))
         });
-        for (chunk, decoded) in decoded_rx {
-            let mut paths = Vec::with_capacity(chunk.len());
-            let mut images = Vec::with_capacity(chunk.len());
-            for (path, decoded) in chunk.iter().zip(decoded) {
-                match decoded {
-                    Ok(image) => {
-                        paths.push(path);
-                        images.push(image);
-                    }
-                    Err(e) => {
-                        bar.suspend(|| eprintln!("warning: {e}; skipped"));
-                        skipped += 1;
-                        bar.inc(1);
-                    }
-                }
-            }
-            if images.is_empty() {
-                continue;
-            }
+        for (paths, images, prepared) in prepared_rx {
             let t = Instant::now();
-            let prepared = predictor.prepare(&images);
-            let t_net = Instant::now();
             let found = predictor.run(prepared);
-            (prepare, network) = (prepare + (t_net - t), network + t_net.elapsed());
+            network += t.elapsed();
             let batch = paths
                 .into_iter()
                 .zip(images)
@@ -239,9 +239,9 @@ pub fn run(checkpoint: &Path, a: PredictArgs) -> anyhow::Result<()> {
             }
         }
         drop(found_tx);
-        let decode = reader.join().expect("the predict reader panicked");
+        let (decode, prepare, skipped) = reader.join().expect("the predict reader panicked");
         let (done, total, write) = writer.join().expect("the predict writer panicked")?;
-        anyhow::Ok((done, total, [decode, prepare, network, write]))
+        anyhow::Ok((done, total, skipped, [decode, prepare, network, write]))
     })?;
     bar.finish();
     let seconds = start.elapsed().as_secs_f64();
@@ -274,6 +274,13 @@ pub fn run(checkpoint: &Path, a: PredictArgs) -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// One batch's decoded images, and the same letterboxed for the network, from the reader.
+type Read<'a> = (
+    Vec<&'a PathBuf>,
+    Vec<image::RgbImage>,
+    crate::predict::Prepared,
+);
 
 /// One batch's images with their detections, from the network to the writer.
 type Predicted<'a> = Vec<(&'a PathBuf, image::RgbImage, Vec<crate::predict::Found>)>;

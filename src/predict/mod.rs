@@ -121,6 +121,27 @@ pub enum PredictError {
     ImageSize(usize),
 }
 
+/// `images` letterboxed to `imgsz` and collated for [`Predictor::run`] (host work only, so it
+/// can run beside the network).
+pub fn prepare(images: &[image::RgbImage], imgsz: usize) -> Prepared {
+    let size = imgsz as u32;
+    let (samples, frames): (Vec<Sample>, Vec<Frame>) = images
+        .iter()
+        .map(|img| {
+            let sample = Sample {
+                image: img.clone(),
+                instances: Vec::new(),
+            };
+            let (s, scale, pad) = letterbox(sample, size);
+            (s, Frame { scale, pad })
+        })
+        .unzip();
+    Prepared {
+        batch: Batch::collate(samples),
+        frames,
+    }
+}
+
 /// Images letterboxed and collated for [`Predictor::run`], with how each was placed.
 pub struct Prepared {
     batch: Batch,
@@ -170,27 +191,7 @@ impl Predictor {
         if images.is_empty() {
             return Vec::new();
         }
-        self.run(self.prepare(images))
-    }
-
-    /// The images letterboxed to the network's size and collated (host work only).
-    pub fn prepare(&self, images: &[image::RgbImage]) -> Prepared {
-        let size = self.options.imgsz as u32;
-        let (samples, frames): (Vec<Sample>, Vec<Frame>) = images
-            .iter()
-            .map(|img| {
-                let sample = Sample {
-                    image: img.clone(),
-                    instances: Vec::new(),
-                };
-                let (s, scale, pad) = letterbox(sample, size);
-                (s, Frame { scale, pad })
-            })
-            .unzip();
-        Prepared {
-            batch: Batch::collate(samples),
-            frames,
-        }
+        self.run(prepare(images, self.options.imgsz))
     }
 
     /// The network and its post-processing on a prepared batch: detections for each image, in
