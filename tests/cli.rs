@@ -346,3 +346,39 @@ fn label_studio_coco_export_trains_a_detector() {
     assert!(ok && text.contains("done: 1 epochs"), "{text}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `burnpose config` prints the commented defaults; with a config, every key of it as a run
+/// reads it, which loads back as the same config.
+#[test]
+fn config_prints_the_defaults_and_a_filled_in_config() {
+    let (ok, text) = burnpose(&["config"]);
+    assert!(ok, "{text}");
+    assert!(
+        text.contains("[capture]") && text.contains("# scope = "),
+        "{text}"
+    );
+    assert_eq!(text, burnpose::config::DEFAULTS);
+    let dir = std::env::temp_dir().join(format!("burnpose-cli-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("mine.toml");
+    std::fs::write(
+        &path,
+        "[train]\nepochs = 7\n[capture]\nscope = \"network\"\n",
+    )
+    .unwrap();
+    let (ok, text) = burnpose(&["config", path.to_str().unwrap()]);
+    assert!(ok, "{text}");
+    assert!(
+        text.contains("epochs = 7") && text.contains("imgsz = 640"),
+        "{text}"
+    );
+    let filled = dir.join("filled.toml");
+    std::fs::write(&filled, &text).unwrap();
+    assert_eq!(
+        burnpose::config::Config::load(&filled).unwrap(),
+        burnpose::config::Config::load(&path).unwrap()
+    );
+    let (ok, text) = burnpose(&["config", "no/such.toml"]);
+    assert!(!ok && text.contains("no/such.toml"), "{text}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -99,6 +99,9 @@ pub enum Command {
         #[arg(long, value_enum)]
         device: Option<DeviceArg>,
     },
+    /// Print every config key with its default and what it means (commented TOML); with a
+    /// CONFIG, that config with every key filled in as a run reads it.
+    Config { config: Option<PathBuf> },
     /// Write the config's built-in train/val images as a YOLO-pose dataset (PNG + labels +
     /// data.yaml), e.g. for training Ultralytics on the same images (benches/peer/).
     ExportYolo { config: PathBuf, dir: PathBuf },
@@ -279,6 +282,13 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             split,
         } => val::run(&config, checkpoint, device, save_json, split),
         Command::Warmup { config, device } => warmup::run(&config, device),
+        Command::Config { config } => {
+            match config {
+                None => print!("{}", crate::config::DEFAULTS),
+                Some(path) => print!("{}", crate::config::Config::load(&path)?.to_toml()),
+            }
+            Ok(())
+        }
         Command::ExportYolo { config, dir } => {
             use anyhow::Context;
             let cfg = crate::config::Config::load(&config)?;

@@ -368,7 +368,15 @@ impl Default for OutputSection {
     }
 }
 
+/// Every key with its default value and meaning, as commented TOML (`burnpose config`).
+pub const DEFAULTS: &str = include_str!("../../configs/defaults.toml");
+
 impl Config {
+    /// Every key as TOML (unset optional keys left out).
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("a config serialises")
+    }
+
     /// Reads, parses and checks `path`.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {

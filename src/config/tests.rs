@@ -167,3 +167,54 @@ fn removed_warmup_steps_is_explained_and_old_stored_configs_load() {
     assert_eq!(Config::from_stored(&text).unwrap(), cfg);
     assert!(Config::from_stored("[capture]\nbogus = 1\n").is_err());
 }
+
+/// `configs/defaults.toml` (what `burnpose config` prints) holds every key, each at its default:
+/// uncommented, its optional keys too, it names exactly the keys a config has.
+#[test]
+fn the_defaults_file_holds_every_key_at_its_default() {
+    assert_eq!(parse(DEFAULTS).unwrap(), Config::default());
+    let uncommented: String = DEFAULTS
+        .lines()
+        .map(|l| match l.strip_prefix("# ") {
+            Some(rest) if rest.split_once(" = ").is_some_and(|(k, _)| is_key(k)) => rest,
+            _ => l,
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let full = parse(&uncommented).unwrap();
+    let keys = |text: &str| -> Vec<String> {
+        let table: toml::Table = toml::from_str(text).unwrap();
+        let mut keys: Vec<String> = table
+            .iter()
+            .flat_map(|(section, v)| {
+                v.as_table()
+                    .unwrap()
+                    .keys()
+                    .map(move |k| format!("{section}.{k}"))
+            })
+            .collect();
+        keys.sort();
+        keys
+    };
+    let mut every = Config::default();
+    every.data.path = Some("x".into());
+    every.capture.scope = Some(Scope::Features);
+    assert_eq!(keys(&uncommented), keys(&every.to_toml()));
+    // Only the optional keys differ from the defaults once uncommented.
+    assert!(full.data.path.is_some() && full.capture.scope.is_some());
+    assert_eq!(
+        Config {
+            data: DataSection {
+                path: None,
+                ..full.data.clone()
+            },
+            capture: CaptureSection::default(),
+            ..full
+        },
+        Config::default()
+    );
+}
+
+fn is_key(k: &str) -> bool {
+    !k.is_empty() && k.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+}
