@@ -2,7 +2,7 @@
 //! `results.csv`, and `last`/`best` checkpoints in the run folder.
 
 use super::DeviceArg;
-use crate::config::{Config, kernels::KernelWatch};
+use crate::config::{Config, compile_progress::CompileProgress};
 use crate::loss::TERMS;
 use crate::model::ParamCount;
 use crate::train::{Trainer, checkpoint, plot, report};
@@ -119,7 +119,7 @@ pub fn run(config_path: &Path, o: FitOptions) -> anyhow::Result<()> {
         picture(crate::train::pictures::training(&trainer, &run_dir));
     }
     let first_timed_ni = trainer.ni;
-    let mut watch = Some(KernelWatch::start(&work_name(&cfg)));
+    let mut watch = Some(CompileProgress::start(&work_name(&cfg)));
     while !trainer.finished() {
         let epoch = trainer.epoch;
         let timed_before = trainer.timing.as_ref().map_or(0, |t| t.step_ms.len());

@@ -1,6 +1,6 @@
 //! `burnpose smoke`: forward + backward of the full model, timed, to check a device works.
 
-use crate::config::{DeviceKind, device, kernels::KernelWatch};
+use crate::config::{DeviceKind, compile_progress::CompileProgress, device};
 use crate::model::{Scale, Task, YoloConfig};
 use burn::prelude::*;
 use std::time::Instant;
@@ -15,7 +15,7 @@ pub fn run(kind: DeviceKind, batch: usize, imgsz: usize, steps: usize) -> anyhow
     let device = device.autodiff();
     device.seed(0);
     let model = YoloConfig::new(Scale::N, Task::Pose).init(&device);
-    let mut watch = Some(KernelWatch::start(&format!("smoke-b{batch}-{imgsz}")));
+    let mut watch = Some(CompileProgress::start(&format!("smoke-b{batch}-{imgsz}")));
     for step in 0..steps {
         let t = Instant::now();
         let images = Tensor::<4>::random(
@@ -52,7 +52,7 @@ pub fn run(kind: DeviceKind, batch: usize, imgsz: usize, steps: usize) -> anyhow
         device
             .sync()
             .map_err(|e| anyhow::anyhow!("device sync failed: {e:?}"))?;
-        let kernels = watch.take().map(KernelWatch::finish).unwrap_or(0);
+        let kernels = watch.take().map(CompileProgress::finish).unwrap_or(0);
         println!(
             "step {step}: forward {:.3} s (enqueue), forward+backward {:.3} s, {kernels} kernels compiled, surrogate {value:.6}, |grad l0| {gnorm:.6e}",
             fwd.as_secs_f64(),

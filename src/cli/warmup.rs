@@ -3,7 +3,7 @@
 //! into the persistent per-user cache before the fit. Throwaway: nothing is saved.
 
 use super::DeviceArg;
-use crate::config::kernels::KernelWatch;
+use crate::config::compile_progress::CompileProgress;
 use crate::train::{Trainer, validate};
 use std::path::Path;
 use std::time::Instant;
@@ -16,7 +16,7 @@ pub fn run(config_path: &Path, device_arg: Option<DeviceArg>) -> anyhow::Result<
     let order = trainer.epoch_order(0);
     let batch = trainer.batch(&order, 0)?;
     let setup = start.elapsed().as_secs_f64();
-    let watch = KernelWatch::start(&super::fit::work_name(&trainer.cfg));
+    let watch = CompileProgress::start(&super::fit::work_name(&trainer.cfg));
     let t = Instant::now();
     trainer.train_step(&batch);
     trainer.force_optimizer_step();

@@ -45,11 +45,11 @@ fn configure_kernel_cache() {
         config.compilation.cache = true;
         config.environment.path = CacheConfig::Global;
         // One line per compiled kernel into our own file feeds the progress line
-        // (`config::kernels`), unless the user configured compilation logging themselves.
+        // (`config::compile_progress`), unless the user configured compilation logging themselves.
         let logger = &mut config.compilation.logger;
         if matches!(logger.level, CompilationLogLevel::Disabled) && logger.file.is_none() {
             logger.level = CompilationLogLevel::Basic;
-            logger.file = Some(super::kernels::log_path());
+            logger.file = Some(super::compile_progress::log_path());
             logger.append = false;
         }
         // Serve recurring sizes from exact-size persistent buckets: the dynamic pool's slice

@@ -1,7 +1,7 @@
 //! The TOML run configuration: typed sections, unknown keys rejected, values checked once.
 
+pub mod compile_progress;
 pub mod device;
-pub mod kernels;
 
 use crate::model::{Scale, Task, YoloConfig};
 use serde::{Deserialize, Serialize};

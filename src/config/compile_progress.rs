@@ -37,14 +37,14 @@ fn memo_path(work: &str) -> Option<PathBuf> {
 }
 
 /// Counts kernels compiled while it lives and keeps a progress line on stderr.
-pub struct KernelWatch {
+pub struct CompileProgress {
     stop: Arc<AtomicBool>,
     handle: Option<JoinHandle<()>>,
     start_count: usize,
     work: String,
 }
 
-impl KernelWatch {
+impl CompileProgress {
     /// Starts watching; `work` names what is being run (e.g. "fit b4 640 pose n"), to remember
     /// how many kernels it needed.
     pub fn start(work: &str) -> Self {
@@ -109,7 +109,7 @@ impl KernelWatch {
     }
 }
 
-impl Drop for KernelWatch {
+impl Drop for CompileProgress {
     fn drop(&mut self) {
         self.stop_thread();
     }
@@ -124,7 +124,7 @@ mod tests {
         let path = log_path();
         std::fs::write(&path, format!("{MARK} a\n{MARK} b\nother line\n")).unwrap();
         assert_eq!(compiled_so_far(), 2);
-        let watch = KernelWatch {
+        let watch = CompileProgress {
             stop: Arc::new(AtomicBool::new(false)),
             handle: None,
             start_count: compiled_so_far(),
