@@ -49,15 +49,17 @@ pub struct Config {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelSection {
-    /// Registered size: "n" or "s".
+    /// Registered size: "n" or "s" (default "n").
     pub scale: Scale,
-    /// "pose" or "detect".
+    /// "pose" or "detect" (default "pose").
     pub task: Task,
-    /// Number of classes.
+    /// Number of classes (default 1).
     pub nc: usize,
-    /// Keypoints and values per keypoint (pose).
+    /// Keypoints per object and values per keypoint, 3 (x, y, visibility) or 2; pose only
+    /// (default [17, 3]).
     pub kpt_shape: [usize; 2],
-    /// Feature replay: record backbone+neck into CUDA graphs (CUDA only).
+    /// Feature replay: record the feature stage (`capture.scope`) into CUDA graphs once and
+    /// replay it every step (CUDA only; default false).
     pub capture_network: bool,
 }
 
@@ -113,31 +115,36 @@ pub enum DataSource {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DataSection {
+    /// "builtin", "coco" or "yolo" (default "builtin").
     pub source: DataSource,
-    /// Dataset root (coco / yolo).
+    /// Dataset root (coco / yolo); a relative path not found from the working directory is
+    /// taken from the config file's folder (default unset).
     pub path: Option<PathBuf>,
-    /// Square training image size; a multiple of 32.
+    /// Square training image size; a multiple of 32 (default 640).
     pub imgsz: usize,
-    /// Built-in dataset sizes.
+    /// Built-in dataset: train images (default 64).
     pub train_images: usize,
+    /// Built-in dataset: val images (default 16).
     pub val_images: usize,
-    /// Warn and count bad samples instead of stopping.
+    /// Warn and count bad samples instead of stopping (default false).
     pub skip_bad: bool,
-    /// Prepared-image cache: "ram" keeps decoded, resized images after first use.
+    /// Prepared-image cache: "ram" keeps decoded, resized images after first use, "none"
+    /// decodes every time (default "ram").
     pub cache: CacheMode,
-    /// Background threads preparing training batches ahead (0: on the training thread).
+    /// Background threads preparing training batches ahead (0: on the training thread;
+    /// default 4).
     pub workers: usize,
     /// The last partial batch of an epoch: "drop" it, or "wrap" (fill it with the first images
-    /// of the epoch's order, so every image is seen and every batch stays full).
+    /// of the epoch's order, so every image is seen and every batch stays full; default "drop").
     pub last_batch: LastBatch,
     /// COCO split trained on: `annotations/person_keypoints_<split>.json` with images in
     /// `images/<split>/` (CVAT's COCO keypoints export names its split "default"); or a `.json`
     /// file below `data.path` whose `file_name`s are relative to its folder (Label Studio's
-    /// `result.json`).
+    /// `result.json`). Default "train2017".
     pub train_split: String,
     /// Split validated on. COCO: the annotation file's split, "val2017", or "train2017" to
     /// measure fitting of the train split. YOLO: "test" validates on the yaml's `test:`, any
-    /// other value on its `val:`. `burnpose val --split` sets it.
+    /// other value on its `val:`. `burnpose val --split` sets it. Default "val2017".
     pub val_split: String,
 }
 
@@ -304,8 +311,8 @@ pub struct CaptureSection {
     /// Where a training step's autodiff tape is cut, and what feature replay
     /// (`model.capture_network`) records: "features" (backbone + neck; the head runs in Burn
     /// autodiff; pose only) or "network" (the whole network but the pose loss's flow; only
-    /// assignment and losses run in Burn autodiff). Unset: "features" for pose, "network" for
-    /// detection. Native and replayed fits of one scope are byte-identical; the two scopes sum
+    /// assignment and losses run in Burn autodiff). Default unset: "features" for pose,
+    /// "network" for detection. Native and replayed fits of one scope are byte-identical; the two scopes sum
     /// gradients in different orders, so their results differ by rounding (docs/capture.md).
     pub scope: Option<Scope>,
 }
@@ -332,11 +339,13 @@ pub enum DeviceKind {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DeviceSection {
+    /// "auto" (CUDA when built with it and a GPU is present, else CPU), "cpu" or "cuda"
+    /// (default "auto").
     pub kind: DeviceKind,
-    /// CUDA device ordinal.
+    /// CUDA device ordinal (default 0).
     pub index: usize,
-    /// Convolution and BatchNorm-training operations: `fast` (ours, docs/kernels.md) or `stock`
-    /// (Burn's).
+    /// Convolution and BatchNorm-training operations: "fast" (ours, docs/kernels.md), "staged"
+    /// or "stock" (Burn's); default "fast".
     pub kernels: crate::model::ops::Kernels,
 }
 
@@ -353,9 +362,10 @@ impl Default for DeviceSection {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct OutputSection {
-    /// Parent folder of run folders.
+    /// Parent folder of run folders (default "runs").
     pub dir: PathBuf,
-    /// Run folder name (`--name` overrides).
+    /// Run folder name (`--name` overrides; an existing run folder is never overwritten: the
+    /// next free name is taken; default "train").
     pub name: String,
 }
 

@@ -16,22 +16,25 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Augment {
-    /// Probability of a 2×2 mosaic.
+    /// Probability of a 2×2 mosaic (default 1.0).
     pub mosaic: f64,
-    /// Rotation range (±degrees).
+    /// Rotation range, ± degrees (default 0.0).
     pub degrees: f64,
-    /// Translation range (± fraction of the image size).
+    /// Translation range, ± fraction of the image size (default 0.1).
     pub translate: f64,
-    /// Scale range (1 ± scale).
+    /// Scale range, 1 ± scale (default 0.5).
     pub scale: f64,
-    /// Probability of a horizontal flip.
+    /// Probability of a horizontal flip (default 0.5).
     pub fliplr: f64,
-    /// HSV gains: hue (fraction of the hue circle), saturation and value (fractions).
+    /// HSV gain for hue, a fraction of the hue circle (default 0.015).
     pub hsv_h: f64,
+    /// HSV gain for saturation, a fraction (default 0.7).
     pub hsv_s: f64,
+    /// HSV gain for value, a fraction (default 0.4).
     pub hsv_v: f64,
     /// Apply the HSV jitter to the uploaded batch on its device (our CUDA kernel) instead of in the
-    /// loader; the gains are drawn in the loader either way, so batches stay deterministic.
+    /// loader; the gains are drawn in the loader either way, so batches stay deterministic
+    /// (default false).
     pub hsv_device: bool,
 }
 
