@@ -100,8 +100,39 @@ fn resume_with_another_config_says_so() {
         out.contains("other.toml differs") && out.contains("train.epochs: checkpoint 1, config 4"),
         "{out}"
     );
-    // The run's own config.toml resumes (here: the fit is already complete).
+    // `--scope` on resume must be the checkpoint's scope (here the pose default, "features").
     let own = dir.join("runs/run/config.toml");
+    let resume_with = |scope: &str| {
+        burnpose(&[
+            "fit",
+            own.to_str().unwrap(),
+            "--resume",
+            ckpt.to_str().unwrap(),
+            "--scope",
+            scope,
+        ])
+    };
+    let (ok, out) = resume_with("network");
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("--scope network differs") && out.contains("(features)"),
+        "{out}"
+    );
+    let (ok, out) = resume_with("features");
+    assert!(ok && out.contains("resumed"), "{out}");
+    // A fresh fit takes the override and records it in its config.toml.
+    let (ok, out) = burnpose(&[
+        "fit",
+        cfg.to_str().unwrap(),
+        "--name",
+        "net",
+        "--scope",
+        "network",
+    ]);
+    assert!(ok, "{out}");
+    let written = std::fs::read_to_string(dir.join("runs/net/config.toml")).unwrap();
+    assert!(written.contains("scope = \"network\""), "{written}");
+    // The run's own config.toml resumes (here: the fit is already complete).
     let (ok, out) = burnpose(&[
         "fit",
         own.to_str().unwrap(),

@@ -18,6 +18,8 @@ pub struct FitOptions {
     pub device: Option<DeviceArg>,
     /// Override `model.capture_network`.
     pub replay: Option<bool>,
+    /// Override `capture.scope`; on `--resume` it must equal the checkpoint's.
+    pub scope: Option<crate::config::Scope>,
     /// Write a benchmark report (JSON, `bench::FitReport`) here; also times every step.
     pub report: Option<PathBuf>,
     /// Time every step's phases and print their medians per epoch.
@@ -34,6 +36,7 @@ pub fn run(config_path: &Path, o: FitOptions) -> anyhow::Result<()> {
         resume,
         device: device_arg,
         replay,
+        scope,
         report: report_path,
         phases,
         events,
@@ -44,6 +47,16 @@ pub fn run(config_path: &Path, o: FitOptions) -> anyhow::Result<()> {
         Some(ckpt) => {
             let stored = checkpoint::read_config(ckpt)?;
             let given = Config::load(config_path)?;
+            if let Some(s) = scope {
+                anyhow::ensure!(
+                    s == stored.capture_scope(),
+                    "--scope {} differs from the scope {} was trained with ({}): the scope \
+                     decides the order gradients are added in, so a resumed fit keeps it",
+                    format!("{s:?}").to_lowercase(),
+                    ckpt.display(),
+                    format!("{:?}", stored.capture_scope()).to_lowercase()
+                );
+            }
             let differ = config_differences(&stored, &given);
             anyhow::ensure!(
                 differ.is_empty(),
@@ -55,7 +68,11 @@ pub fn run(config_path: &Path, o: FitOptions) -> anyhow::Result<()> {
             );
             stored
         }
-        None => Config::load(config_path)?,
+        None => {
+            let mut cfg = Config::load(config_path)?;
+            cfg.capture.scope = scope.or(cfg.capture.scope);
+            cfg
+        }
     };
     if let Some(n) = name {
         cfg.output.name = n;

@@ -45,6 +45,9 @@ pub enum Command {
         /// Override `model.capture_network` (feature replay).
         #[arg(long)]
         replay: Option<bool>,
+        /// Override `capture.scope` (what replay records and where the tape is cut).
+        #[arg(long, value_enum)]
+        scope: Option<crate::config::Scope>,
         /// Write a benchmark report (JSON) to this file; every step is then timed between
         /// device syncs.
         #[arg(long)]
@@ -241,6 +244,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             resume,
             device,
             replay,
+            scope,
             report,
             phases,
             events,
@@ -252,6 +256,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 resume,
                 device,
                 replay,
+                scope,
                 report,
                 phases,
                 events,
