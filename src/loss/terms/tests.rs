@@ -6,7 +6,8 @@ use crate::loss::reference::branch_terms;
 use crate::loss::{DEFAULT_GAINS, E2eLoss};
 use crate::model::flow::RealNvpConfig;
 use crate::model::{HeadOutput, Task};
-use burn::tensor::Distribution;
+use burn::module::Module;
+use burn::tensor::TensorData;
 
 /// A small deterministic generator (the cases must not depend on a crate's stream).
 struct Lcg(u64);
@@ -28,8 +29,13 @@ impl Lcg {
 /// with `kpt_dim` values per keypoint (`None`: detection).
 fn case(d: &Device, kpt_dim: Option<usize>, seed: u64) -> (HeadOutput, Vec<Vec<Instance>>) {
     let (nk, a) = (5, crate::loss::assign::Anchors::new(64, 96).len());
-    let rand = |c: usize, lo: f64, hi: f64| {
-        Tensor::<3>::random([2, c, a], Distribution::Uniform(lo, hi), d)
+    // From our own stream, not the device's: that one is process-wide, and tests running
+    // beside this one draw from it too.
+    let outputs = std::cell::RefCell::new(Lcg(seed.wrapping_add(0x9e37_79b9)));
+    let rand = |c: usize, lo: f32, hi: f32| {
+        let mut rng = outputs.borrow_mut();
+        let v: Vec<f32> = (0..2 * c * a).map(|_| rng.range(lo, hi)).collect();
+        Tensor::<3>::from_data(TensorData::new(v, [2, c, a]), d)
     };
     let branch = || BranchOutput {
         boxes: rand(4, 0.2, 3.0),
@@ -66,6 +72,24 @@ fn case(d: &Device, kpt_dim: Option<usize>, seed: u64) -> (HeadOutput, Vec<Vec<I
     (out, labels)
 }
 
+/// Every parameter refilled from our own stream in ±`bound` (see [`case`]).
+struct Fill(Lcg, f32);
+
+impl burn::module::ModuleMapper for Fill {
+    fn map_float<const D: usize>(
+        &mut self,
+        param: burn::module::Param<Tensor<D>>,
+    ) -> burn::module::Param<Tensor<D>> {
+        let old = param.val();
+        let shape = old.shape();
+        let v: Vec<f32> = (0..shape.num_elements())
+            .map(|_| self.0.range(-self.1, self.1))
+            .collect();
+        let new = Tensor::<D>::from_data(TensorData::new(v, shape), &old.device());
+        burn::module::Param::initialized(param.id, new.require_grad())
+    }
+}
+
 fn leaf(t: &Tensor<3>) -> Tensor<3> {
     t.clone().detach().require_grad()
 }
@@ -84,8 +108,9 @@ fn rel(a: &[f32], b: &[f32]) -> f32 {
 /// a flow weight, host terms against the reference whose gains are `reference_gains`.
 fn compare(kpt_dim: Option<usize>, seed: u64, reference_gains: [f32; 6]) -> (f32, Vec<f32>) {
     let d = Device::flex().autodiff();
-    d.seed(seed);
-    let flow = RealNvpConfig::new().init(&d);
+    let flow = RealNvpConfig::new()
+        .init(&d)
+        .map(&mut Fill(Lcg(seed.wrapping_add(7)), 0.3));
     let task = if kpt_dim.is_some() {
         Task::Pose
     } else {
@@ -165,31 +190,37 @@ fn compare(kpt_dim: Option<usize>, seed: u64, reference_gains: [f32; 6]) -> (f32
     (term_error, grad_errors)
 }
 
+/// How far the host terms may be from the reference: weighted terms, and gradients.
+const TERMS_TOL: f32 = 1e-5;
+const GRADS_TOL: f32 = 1e-4;
+
 #[test]
 fn host_terms_give_the_device_operations_values_and_gradients() {
     for (kpt_dim, seed) in [(Some(3), 1), (Some(3), 2), (Some(2), 3), (None, 4)] {
         let (terms, grads) = compare(kpt_dim, seed, DEFAULT_GAINS);
         println!("kpt_dim {kpt_dim:?}: terms {terms:e}, gradients {grads:?}");
-        assert!(terms < 1e-5, "{kpt_dim:?}: terms differ by {terms}");
+        assert!(terms < TERMS_TOL, "{kpt_dim:?}: terms differ by {terms}");
         // boxes, scores, keypoints, sigmas, a flow weight
         for (k, e) in grads.iter().enumerate() {
-            assert!(*e < 1e-4, "{kpt_dim:?}: gradient {k} differs by {e}");
+            assert!(*e < GRADS_TOL, "{kpt_dim:?}: gradient {k} differs by {e}");
         }
     }
 }
 
-/// The comparison sees a term whose weight differs (here l1 and kobj).
+/// The comparison sees a term whose weight differs by 10 % (here l1 and kobj): the differences
+/// exceed the tolerances above, so the check above would fail. (kobj reaches only the keypoints'
+/// visibility channels, whose gradients are a small part of the keypoint output's largest.)
 #[test]
 fn host_terms_check_sees_a_changed_gain() {
     let mut gains = DEFAULT_GAINS;
     gains[4] *= 1.1;
     let (_, grads) = compare(Some(3), 1, gains);
-    assert!(grads[0] > 1e-3, "boxes: {}", grads[0]);
+    assert!(grads[0] > 10.0 * GRADS_TOL, "boxes: {}", grads[0]);
     let mut gains = DEFAULT_GAINS;
     gains[2] *= 1.1;
     let (terms, grads) = compare(Some(3), 1, gains);
     assert!(
-        terms > 1e-3 && grads[2] > 1e-3,
+        terms > 100.0 * TERMS_TOL && grads[2] > GRADS_TOL,
         "kobj: {terms} {}",
         grads[2]
     );
