@@ -451,6 +451,45 @@ pub fn forward(
     [out, mean, var, new_mean, new_var]
 }
 
+/// BatchNorm inference (+ SiLU when `act`) of `x` `[N, C, H, W]` with the running statistics,
+/// in one launch of the training forward's normalising kernel, where Burn's inference and SiLU
+/// take eight.
+pub fn inference(
+    x: CubeTensor,
+    gamma: CubeTensor,
+    beta: CubeTensor,
+    running_mean: CubeTensor,
+    running_var: CubeTensor,
+    epsilon: f32,
+    act: bool,
+) -> CubeTensor {
+    check_f32(
+        "bn_act inference",
+        &[&x, &gamma, &beta, &running_mean, &running_var],
+    );
+    let [n, c, h, w] = nchw(&x);
+    let out = empty(&x, Shape::new([n, c, h, w]));
+    let (count, dim) = elementwise(&x, n * c * h * w);
+    let client = x.client.clone();
+    // SAFETY: the kernel bounds its units by `x`'s shape and indexes every tensor by its strides.
+    unsafe {
+        apply_kernel::launch_unchecked(
+            &client,
+            count,
+            dim,
+            x.into_tensor_arg(),
+            running_mean.into_tensor_arg(),
+            running_var.into_tensor_arg(),
+            gamma.into_tensor_arg(),
+            beta.into_tensor_arg(),
+            out.clone().into_tensor_arg(),
+            epsilon,
+            act,
+        );
+    }
+    out
+}
+
 /// `(dx, dγ, dβ)` of [`forward`] for the incoming gradient `grad` of its output.
 #[allow(clippy::too_many_arguments)]
 pub fn backward(

@@ -192,6 +192,62 @@ fn fast_batch_norm_matches_stock_on_cuda() {
     }
 }
 
+/// BatchNorm inference (+ SiLU) as one kernel matches Burn's `BatchNorm::forward` (+ `silu`)
+/// with running statistics and affine parameters away from their initial values: odd sizes and
+/// an NHWC-strided input. The kernel multiplies by `1/√(var+ε)` where Burn divides by `√(var+ε)`,
+/// so some bits differ: that they do shows the kernel ran rather than Burn's operations.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn batch_norm_inference_kernel_matches_burns_on_cuda() {
+    use burn::module::RunningState;
+    let d = cuda();
+    d.seed(8);
+    for (c, h, w, nhwc) in [(16, 37, 53, false), (85, 20, 20, true), (3, 7, 5, false)] {
+        let normal =
+            |m: f32, s: f32| Tensor::<1>::random([c], Distribution::Normal(m as f64, s as f64), &d);
+        let mut bn = BatchNormConfig::new(c).with_epsilon(1e-3).init(&d);
+        bn.gamma = Param::from_tensor(normal(1.0, 0.3));
+        bn.beta = Param::from_tensor(normal(0.0, 0.5));
+        bn.running_mean = RunningState::new(normal(0.2, 1.0));
+        bn.running_var = RunningState::new(normal(0.0, 1.0).abs() + 0.05);
+        let x = if nhwc {
+            Tensor::<4>::random([3, h, w, c], Distribution::Normal(0.3, 2.0), &d)
+                .permute([0, 3, 1, 2])
+        } else {
+            Tensor::<4>::random([3, c, h, w], Distribution::Normal(0.3, 2.0), &d)
+        };
+        for act in [false, true] {
+            ops::set_kernels(ops::Kernels::Fast);
+            let fast = ops::batch_norm_act(&bn, x.clone(), act);
+            ops::set_kernels(ops::Kernels::Stock);
+            let stock = ops::batch_norm_act(&bn, x.clone(), act);
+            ops::set_kernels(ops::Kernels::Fast);
+            let e = rel(fast.clone(), stock.clone());
+            let bits = |t: Tensor<4>| -> Vec<u32> {
+                t.into_data()
+                    .try_to_vec::<f32>()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect()
+            };
+            let differ = bits(fast)
+                .iter()
+                .zip(bits(stock))
+                .filter(|(a, b)| **a != *b)
+                .count();
+            println!(
+                "bn inference [3, {c}, {h}, {w}] nhwc {nhwc} act {act}: error {e}, {differ} values differ in bits"
+            );
+            assert!(e < 1e-5, "[3, {c}, {h}, {w}] act {act}: {e}");
+            assert!(
+                differ > 0,
+                "[3, {c}, {h}, {w}] act {act}: the kernel did not run"
+            );
+        }
+    }
+}
+
 /// Output, input/γ/β gradients and new running statistics of BatchNorm (+ SiLU) in training,
 /// under a fixed loss, with the operations `kernels` chooses.
 fn bn_act_case(x: &Tensor<4>, act: bool, kernels: ops::Kernels, d: &Device) -> [Vec<f32>; 6] {

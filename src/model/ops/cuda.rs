@@ -153,6 +153,34 @@ impl FastOps for burn_cubecl::CubeBackend {
     }
 }
 
+/// BatchNorm inference with the running statistics, then SiLU when `act`, as one kernel
+/// (`kernels/batch_norm.rs`), when `x` and the layer's tensors are FP32 CUDA tensors outside
+/// autodiff; `None` otherwise.
+pub fn bn_act_inference(bn: &burn::nn::BatchNorm, x: &Tensor<4>, act: bool) -> Option<Tensor<4>> {
+    fn cube<const D: usize>(t: Tensor<D>) -> Option<CubeTensor> {
+        match t.into_dispatch().kind {
+            DispatchTensorKind::Cube(BackendTensor::Float(c)) if c.dtype == F32 => Some(c),
+            _ => None,
+        }
+    }
+    if x.device().is_autodiff() {
+        return None;
+    }
+    let y = fused_bn::inference(
+        cube(x.clone())?,
+        cube(bn.gamma.val())?,
+        cube(bn.beta.val())?,
+        cube(bn.running_mean.value())?,
+        cube(bn.running_var.value())?,
+        bn.epsilon as f32,
+        act,
+    );
+    Some(Tensor::from_dispatch(DispatchTensor {
+        kind: DispatchTensorKind::Cube(BackendTensor::Float(y)),
+        autodiff: Default::default(),
+    }))
+}
+
 /// `x`'s CUDA tensor when it is a contiguous 1-D FP32 tensor on a CUDA device.
 fn contiguous_f32(x: &Tensor<1>) -> Option<CubeTensor> {
     match x.clone().inner().into_dispatch().kind {

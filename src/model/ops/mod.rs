@@ -539,11 +539,19 @@ impl<B: Backend + FastOps, C: CheckpointStrategy> FastOps for Autodiff<B, C> {
 
 /// `bn.forward(x)`, then SiLU when `act`: in training one [`FastOps::bn_act_train`] with the
 /// batch's statistics and the same running-statistics update as Burn's
-/// `BatchNorm::forward_train`; otherwise Burn's inference (and under [`Kernels::Stock`] Burn's
-/// own training BatchNorm) and Burn's `silu`.
+/// `BatchNorm::forward_train`; in inference on CUDA one kernel with the running statistics;
+/// otherwise Burn's inference (and under [`Kernels::Stock`] Burn's own training BatchNorm) and
+/// Burn's `silu`.
 pub fn batch_norm_act(bn: &BatchNorm, x: Tensor<4>, act: bool) -> Tensor<4> {
     let device = x.device();
     let training = device.is_autodiff() && bn.training.is_enabled();
+    #[cfg(feature = "cuda")]
+    if !training
+        && kernels() != Kernels::Stock
+        && let Some(y) = cuda::bn_act_inference(bn, &x, act)
+    {
+        return y;
+    }
     if !training || kernels() == Kernels::Stock {
         let y = bn.forward(x);
         return if act {
