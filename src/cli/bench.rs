@@ -26,6 +26,9 @@ pub struct FitReport {
     #[serde(default)]
     pub event_ms: Vec<f64>,
     pub peak_in_use_mib: f64,
+    /// The largest bytes in use read inside a step (`StepTiming::in_step_memory`), MiB.
+    #[serde(default)]
+    pub peak_in_step_mib: Option<f64>,
     pub peak_reserved_mib: f64,
     pub hashes: StateHashes,
     pub box_map: f64,
@@ -44,6 +47,7 @@ impl FitReport {
             replay_off: t.replay_off.clone(),
             fit_s,
             peak_in_use_mib: timing.peak_in_use() as f64 / 1048576.0,
+            peak_in_step_mib: timing.peak_in_step().map(|b| b as f64 / 1048576.0),
             peak_reserved_mib: timing.peak_reserved() as f64 / 1048576.0,
             step_ms: timing.step_ms,
             event_ms: timing.event_ms,
@@ -343,7 +347,7 @@ type Metric = (
     fn(&PeerReport, usize) -> Option<f64>,
 );
 
-const METRICS: [Metric; 6] = [
+const METRICS: [Metric; 7] = [
     (
         "complete fit (s)",
         |r, _| Some(r.report.fit_s),
@@ -365,11 +369,18 @@ const METRICS: [Metric; 6] = [
         |r, skip| step_median(&r.report.event_ms, skip),
         |_, _| None,
     ),
-    // The peer's is PyTorch's in-step peak, ours is sampled between steps.
+    // The peer's is PyTorch's peak (`max_memory_allocated`); ours the largest of the pool reads
+    // inside each step (`StepTiming::in_step_memory`): a lower bound of the true peak.
+    (
+        "peak in use within a step (MiB)",
+        |r, _| r.report.peak_in_step_mib,
+        |p, _| Some(p.peak_allocated_mib),
+    ),
+    // What stays allocated between steps (replay keeps its graphs' buffers).
     (
         "peak in use after a step (MiB)",
         |r, _| Some(r.report.peak_in_use_mib),
-        |p, _| Some(p.peak_allocated_mib),
+        |_, _| None,
     ),
     (
         "peak reserved (MiB)",

@@ -99,6 +99,8 @@ pub fn run(config_path: &Path, o: FitOptions) -> anyhow::Result<()> {
         trainer.timing = Some(crate::train::StepTiming {
             phases,
             events,
+            // A benchmark's report compares memory with the peer's in-step peak.
+            in_step_memory: report_path.is_some(),
             ..Default::default()
         });
     }

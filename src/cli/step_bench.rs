@@ -27,6 +27,10 @@ pub struct Options {
     /// Override `device.kernels`.
     #[arg(long, value_enum)]
     pub kernels: Option<crate::model::ops::Kernels>,
+    /// Also read the memory pool inside every step (at the ends of loss, backward and optimizer)
+    /// and print the largest bytes in use.
+    #[arg(long)]
+    pub in_step_memory: bool,
     /// Steps run before timing starts.
     #[arg(long, default_value_t = 64)]
     pub skip: usize,
@@ -91,6 +95,7 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
         phases: o.phases,
         events: o.events,
         upload: o.upload,
+        in_step_memory: o.in_step_memory,
         ..Default::default()
     });
     let order = t.epoch_order(0);
@@ -156,6 +161,12 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
         h.optimizer,
         h.losses
     );
+    if let Some(b) = timing.peak_in_step() {
+        println!(
+            "peak in use within a step: {:.0} MiB (read at the ends of loss, backward, optimizer)",
+            b as f64 / 1048576.0
+        );
+    }
     // Medians per block of steps, from the first: shows warm-up, and any drift a
     // growing pool or tape would cause.
     let blocks: Vec<String> = timing

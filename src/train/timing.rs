@@ -26,7 +26,21 @@ pub struct StepTiming {
     pub event_ms: Vec<f64>,
     /// How batches reach the device (compared by `bench-step --upload`).
     pub upload: Upload,
+    /// Also read the pool's bytes in use inside every step, at the ends of [`IN_STEP_SAMPLES`],
+    /// into `in_step` (each read waits for the device thread to reach it: a small cost per step).
+    pub in_step_memory: bool,
+    /// Per step (with `in_step_memory`), the largest of those reads.
+    pub in_step: Vec<u64>,
 }
+
+/// The phases at whose end [`StepTiming::in_step_memory`] reads the pool: the forward's and the
+/// loss's tensors all alive, then the backward's gradients, then the optimizer's.
+pub const IN_STEP_SAMPLES: [Phase; 4] = [
+    Phase::Loss,
+    Phase::HeadBackward,
+    Phase::FeatureBackward,
+    Phase::Optimizer,
+];
 
 impl StepTiming {
     /// The memory pool's largest bytes in use / reserved seen after a step (0 without a pool).
@@ -36,6 +50,12 @@ impl StepTiming {
 
     pub fn peak_reserved(&self) -> u64 {
         self.reserved.iter().copied().max().unwrap_or(0)
+    }
+
+    /// The largest bytes in use read inside a step ([`StepTiming::in_step_memory`]), or `None`
+    /// when not read.
+    pub fn peak_in_step(&self) -> Option<u64> {
+        self.in_step.iter().copied().max()
     }
 
     /// "N with an optimizer step: median X ms; M accumulating only: median Y ms" over the steps
@@ -88,6 +108,7 @@ impl StepTiming {
         self.reserved.truncate(keep(self.reserved.len()));
         self.event_ms.truncate(keep(self.event_ms.len()));
         self.phase_ms.truncate(keep(self.phase_ms.len()));
+        self.in_step.truncate(keep(self.in_step.len()));
     }
 }
 
@@ -138,25 +159,31 @@ pub enum Phase {
     Readback,
 }
 
-/// Marks phase ends with a device sync, each mark naming the phase it ends; does nothing
-/// unless enabled.
+/// Marks phase ends, each mark naming the phase it ends: with a device sync and a time when
+/// phases are timed, with a read of the memory pool at [`IN_STEP_SAMPLES`] when memory is; does
+/// nothing otherwise.
 pub(super) struct PhaseClock {
     pub(super) device: Option<Device>,
     last: std::time::Instant,
     pub(super) ms: [f64; PHASES.len()],
+    memory: Option<Device>,
+    /// The largest bytes in use read so far in this step (`None`: no pool to read).
+    pub(super) in_use: Option<u64>,
 }
 
 impl PhaseClock {
     pub(super) fn new(timing: Option<&StepTiming>, device: &Device) -> Self {
-        let device = timing.filter(|t| t.phases).map(|_| device.clone());
-        if let Some(d) = &device {
+        let clock = timing.filter(|t| t.phases).map(|_| device.clone());
+        if let Some(d) = &clock {
             let _ = d.sync();
             super::census::enter(0);
         }
         Self {
-            device,
+            device: clock,
             last: std::time::Instant::now(),
             ms: [0.0; PHASES.len()],
+            memory: timing.filter(|t| t.in_step_memory).map(|_| device.clone()),
+            in_use: None,
         }
     }
 
@@ -168,6 +195,12 @@ impl PhaseClock {
             self.ms[phase as usize] = (now - self.last).as_secs_f64() * 1e3;
             self.last = now;
             super::census::enter(phase as usize + 1);
+        }
+        if let Some(d) = &self.memory
+            && IN_STEP_SAMPLES.contains(&phase)
+            && let Some(u) = d.memory_pool_usage()
+        {
+            self.in_use = Some(self.in_use.unwrap_or(0).max(u.bytes_in_use));
         }
     }
 }

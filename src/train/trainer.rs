@@ -347,6 +347,9 @@ impl Trainer {
             if clock.device.is_some() {
                 t.phase_ms.push(clock.ms);
             }
+            if let Some(bytes) = clock.in_use {
+                t.in_step.push(bytes);
+            }
         }
         let items = [items[0], items[1], items[2], items[3], items[4], items[5]];
         self.step_losses.push(items);
