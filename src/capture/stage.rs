@@ -1,9 +1,9 @@
-//! The feature stage of a training step: the part of the network below the cut — backbone + neck
-//! (pose) or the whole network (detection) — run natively in Burn autodiff or replayed from CUDA
-//! graphs. Both paths cut the autodiff tape at the same tensors, so every gradient is summed in
-//! the same order and the two are byte-identical: the rest of the step runs on leaf copies of the
-//! stage's outputs, and the stage's backward is a second, seeded backward of
-//! `Σ_i sum(o_i ⊙ s_i)` whose seeds `s_i` are the leaves' gradients.
+//! The feature stage of a training step: the part of the network below the cut (`capture.scope`:
+//! backbone + neck, or the whole network, the default for detection) — run natively in Burn
+//! autodiff or replayed from CUDA graphs. Both paths cut the autodiff tape at the same tensors,
+//! so every gradient is summed in the same order and the two are byte-identical: the rest of the
+//! step runs on leaf copies of the stage's outputs, and the stage's backward is a second, seeded
+//! backward of `Σ_i sum(o_i ⊙ s_i)` whose seeds `s_i` are the leaves' gradients.
 
 use crate::model::Yolo;
 use crate::model::backbone::Features;

@@ -3,8 +3,8 @@
 //! (trainer construction to the last checkpoint, device synced at the end) and every step, and
 //! writes a [`FitReport`]; the parent times the whole process.
 
-use super::DeviceArg;
 use super::peer::PeerReport;
+use crate::config::DeviceKind;
 use crate::train::report::write_atomic;
 use crate::train::{StateHashes, Trainer};
 use anyhow::Context;
@@ -98,7 +98,7 @@ pub struct Plan {
     #[arg(long, default_value = "runs/bench")]
     pub out: PathBuf,
     #[arg(long, value_enum)]
-    pub device: Option<DeviceArg>,
+    pub device: Option<DeviceKind>,
     /// Steps excluded from the post-warm-up step time.
     #[arg(long, default_value_t = 64)]
     pub skip: usize,

@@ -1,7 +1,7 @@
 //! `burnpose fit`: train from a config (or resume a checkpoint), with a progress bar, a
 //! `results.csv`, and `last`/`best` checkpoints in the run folder.
 
-use super::DeviceArg;
+use crate::config::DeviceKind;
 use crate::config::{Config, compile_progress::CompileProgress};
 use crate::loss::TERMS;
 use crate::model::ParamCount;
@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 pub struct FitOptions {
     pub name: Option<String>,
     pub resume: Option<PathBuf>,
-    pub device: Option<DeviceArg>,
+    pub device: Option<DeviceKind>,
     /// Override `model.capture_network`.
     pub replay: Option<bool>,
     /// Override `capture.scope`; on `--resume` it must equal the checkpoint's.
@@ -127,7 +127,7 @@ pub fn run(config_path: &Path, o: FitOptions) -> anyhow::Result<()> {
     );
     println!("run folder: {}", run_dir.display());
     std::fs::create_dir_all(&run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
-    std::fs::write(run_dir.join("config.toml"), toml::to_string(&cfg)?)?;
+    std::fs::write(run_dir.join("config.toml"), cfg.to_toml())?;
     // The best fitness so far and its epoch (1-based; 0 before any).
     let (mut best, mut best_epoch) = trainer
         .history

@@ -13,14 +13,14 @@
 //! launches later on its device thread) and to finish them (enqueue + drain, device synced):
 //! when the launch path is the bottleneck the second is the real rate.
 
-use super::DeviceArg;
+use crate::config::DeviceKind;
 use burn::prelude::*;
 use std::time::Instant;
 
 #[derive(clap::Args, Debug)]
 pub struct Options {
     #[arg(long, value_enum)]
-    pub device: Option<DeviceArg>,
+    pub device: Option<DeviceKind>,
     /// Launches per arm (after as many warm-up launches, a tenth of these).
     #[arg(long, default_value_t = 20_000)]
     pub launches: usize,
@@ -45,7 +45,7 @@ pub fn run(o: Options) -> anyhow::Result<()> {
         "--launches and --elements must be positive"
     );
     let device = match o.device {
-        Some(DeviceArg::Cpu) => Device::flex(),
+        Some(DeviceKind::Cpu) => Device::flex(),
         _ => {
             crate::config::device::resolve(crate::config::DeviceKind::Cuda, 0)
                 .map_err(|e| anyhow::anyhow!("bench-launch needs a CUDA device: {e}"))?
@@ -60,7 +60,7 @@ pub fn run(o: Options) -> anyhow::Result<()> {
         #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
         let mut arms = vec![burn_arm(&device, &o, false)?, burn_arm(&device, &o, true)?];
         #[cfg(feature = "cuda")]
-        if !matches!(o.device, Some(DeviceArg::Cpu)) {
+        if !matches!(o.device, Some(DeviceKind::Cpu)) {
             arms.push(cube::cubecl_arm(&device, &o)?);
             arms.push(cube::driver_arm(&o, false)?);
             arms.push(cube::driver_arm(&o, true)?);

@@ -41,7 +41,7 @@ pub enum Command {
         resume: Option<PathBuf>,
         /// Override the config's device.
         #[arg(long, value_enum)]
-        device: Option<DeviceArg>,
+        device: Option<DeviceKind>,
         /// Override `model.capture_network` (feature replay).
         #[arg(long)]
         replay: Option<bool>,
@@ -85,7 +85,7 @@ pub enum Command {
         #[arg(long)]
         checkpoint: Option<PathBuf>,
         #[arg(long, value_enum)]
-        device: Option<DeviceArg>,
+        device: Option<DeviceKind>,
         /// Write the detections as a COCO results file (predictions.json) and the ground truth
         /// they were scored against (ground_truth.json) into this folder.
         #[arg(long)]
@@ -100,7 +100,7 @@ pub enum Command {
     Warmup {
         config: PathBuf,
         #[arg(long, value_enum)]
-        device: Option<DeviceArg>,
+        device: Option<DeviceKind>,
     },
     /// Print every config key with its default and what it means (commented TOML); with a
     /// CONFIG, that config with every key filled in as a run reads it.
@@ -144,7 +144,7 @@ pub enum Command {
         #[arg(long)]
         nms: bool,
         #[arg(long, value_enum)]
-        device: Option<DeviceArg>,
+        device: Option<DeviceKind>,
         /// Images per forward pass.
         #[arg(long, default_value_t = 8)]
         batch: usize,
@@ -181,7 +181,7 @@ pub enum Command {
     /// Time forward+backward passes of the full model on random images (device check).
     Smoke {
         #[arg(long, value_enum, default_value = "auto")]
-        device: DeviceArg,
+        device: DeviceKind,
         #[arg(long, default_value_t = 4)]
         batch: usize,
         #[arg(long, default_value_t = 640)]
@@ -191,28 +191,11 @@ pub enum Command {
     },
 }
 
-#[derive(clap::ValueEnum, Clone, Copy, Debug)]
-pub enum DeviceArg {
-    Auto,
-    Cpu,
-    Cuda,
-}
-
-impl From<DeviceArg> for DeviceKind {
-    fn from(d: DeviceArg) -> Self {
-        match d {
-            DeviceArg::Auto => DeviceKind::Auto,
-            DeviceArg::Cpu => DeviceKind::Cpu,
-            DeviceArg::Cuda => DeviceKind::Cuda,
-        }
-    }
-}
-
 /// The config at `path` with `--device` applied, and the device it resolves to (with its
 /// description).
 fn config_and_device(
     path: &std::path::Path,
-    device_arg: Option<DeviceArg>,
+    device_arg: Option<DeviceKind>,
 ) -> anyhow::Result<(crate::config::Config, burn::prelude::Device, String)> {
     let mut cfg = crate::config::Config::load(path)?;
     let (device, what) = device_for(&mut cfg, path, device_arg)?;
@@ -223,11 +206,11 @@ fn config_and_device(
 fn device_for(
     cfg: &mut crate::config::Config,
     path: &std::path::Path,
-    device_arg: Option<DeviceArg>,
+    device_arg: Option<DeviceKind>,
 ) -> anyhow::Result<(burn::prelude::Device, String)> {
     use anyhow::Context;
     if let Some(d) = device_arg {
-        cfg.device.kind = d.into();
+        cfg.device.kind = d;
     }
     // `val` and `warmup` run the model without a trainer; they honour `device.kernels` too.
     crate::model::ops::set_kernels(cfg.device.kernels);
@@ -276,7 +259,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             batch,
             imgsz,
             steps,
-        } => smoke::run(device.into(), batch, imgsz, steps),
+        } => smoke::run(device, batch, imgsz, steps),
         Command::BenchStep { config, options } => step_bench::run(&config, options),
         Command::BenchLaunch { options } => launch_bench::run(options),
         Command::Val {

@@ -3,7 +3,7 @@
 //! annotated copy per image, `predictions.jsonl` written as it goes and `predictions.json` at the
 //! end in the run folder. Undecodable files are named and skipped.
 
-use super::DeviceArg;
+use crate::config::DeviceKind;
 use crate::predict::{ImagePrediction, PredictOptions, Predictor, draw, image_files};
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -19,7 +19,7 @@ pub struct PredictArgs {
     /// The folder to write into (default: a fresh `runs/predict/predict<N>`).
     pub out: Option<PathBuf>,
     pub options: PredictOptions,
-    pub device: Option<DeviceArg>,
+    pub device: Option<DeviceKind>,
     pub batch: usize,
     /// Write YOLO label files (`--save-txt`), with scores (`--save-conf`).
     pub labels: Option<Labels>,

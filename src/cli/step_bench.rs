@@ -3,7 +3,7 @@
 //! (`Trainer::timed_step`), and the memory pool's peak use. One process measures one variant;
 //! run variants alternately in fresh processes (docs/bench.md).
 
-use super::DeviceArg;
+use crate::config::DeviceKind;
 use crate::config::Precision;
 use crate::train::{Trainer, median};
 use std::path::Path;
@@ -11,7 +11,7 @@ use std::path::Path;
 #[derive(clap::Args, Debug)]
 pub struct Options {
     #[arg(long, value_enum)]
-    pub device: Option<DeviceArg>,
+    pub device: Option<DeviceKind>,
     /// Override `model.capture_network`.
     #[arg(long)]
     pub replay: Option<bool>,

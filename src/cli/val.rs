@@ -1,7 +1,7 @@
 //! `burnpose val`: COCO-style box and pose mAP of a checkpoint's EMA model (or of the freshly
 //! initialised model when no checkpoint is given) on the config's val split, or on `--split`.
 
-use super::DeviceArg;
+use crate::config::DeviceKind;
 use crate::train::{Trainer, checkpoint, validate};
 use anyhow::Context;
 use std::path::{Path, PathBuf};
@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 pub fn run(
     config_path: &Path,
     ckpt: Option<PathBuf>,
-    device_arg: Option<DeviceArg>,
+    device_arg: Option<DeviceKind>,
     save_json: Option<PathBuf>,
     split: Option<String>,
 ) -> anyhow::Result<()> {

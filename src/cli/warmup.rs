@@ -2,13 +2,13 @@
 //! optimizer step and EMA update, and validation — so that every kernel it needs is compiled
 //! into the persistent per-user cache before the fit. Throwaway: nothing is saved.
 
-use super::DeviceArg;
+use crate::config::DeviceKind;
 use crate::config::compile_progress::CompileProgress;
 use crate::train::{Trainer, validate};
 use std::path::Path;
 use std::time::Instant;
 
-pub fn run(config_path: &Path, device_arg: Option<DeviceArg>) -> anyhow::Result<()> {
+pub fn run(config_path: &Path, device_arg: Option<DeviceKind>) -> anyhow::Result<()> {
     let start = Instant::now();
     let (cfg, device, what) = super::config_and_device(config_path, device_arg)?;
     println!("warmup on {what}: {}", config_path.display());

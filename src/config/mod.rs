@@ -327,7 +327,8 @@ pub enum Scope {
     Network,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// Where a run computes (`device.kind`, and `--device` on the command line).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum DeviceKind {
     /// CUDA when built with it and a GPU is present, else CPU.

@@ -134,7 +134,7 @@ pub fn save(trainer: &Trainer, path: &Path) -> Result<(), CheckpointError> {
     }
     let meta = Meta {
         format: FORMAT.into(),
-        config: toml::to_string(&trainer.cfg).expect("config serialises"),
+        config: trainer.cfg.to_toml(),
         epoch: trainer.epoch,
         ni: trainer.ni,
         last_opt_step: trainer.last_opt_step,

@@ -534,6 +534,7 @@ fn choose_stage(
     multi_device: bool,
 ) -> (FeatureStage, Option<String>) {
     let enabled = cfg.model.capture_network;
+    let scope = cfg.capture_scope();
     let reference = enabled.then(|| cfg.model.yolo().init(&Device::flex()));
     let verdict = match &reference {
         None => Err("model.capture_network = false".to_string()),
@@ -542,18 +543,22 @@ fn choose_stage(
             device,
             multi_device,
             task: cfg.model.task,
-            scope: cfg.capture_scope(),
+            scope,
             model,
             reference,
         }),
     };
     match verdict {
-        Ok(()) => (replay_stage(device, cfg.capture_scope()), None),
+        Ok(()) => (replay_stage(device, scope), None),
         Err(why) => {
             if enabled {
-                eprintln!("feature replay off: {why}; the backbone and neck run natively");
+                let stage = match scope {
+                    Scope::Features => "the backbone and neck run",
+                    Scope::Network => "the network runs",
+                };
+                eprintln!("feature replay off: {why}; {stage} natively");
             }
-            (FeatureStage::Native(cfg.capture_scope()), Some(why))
+            (FeatureStage::Native(scope), Some(why))
         }
     }
 }
