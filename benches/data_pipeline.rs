@@ -4,9 +4,9 @@
 //! is timed separately so the cache's first (filling) and later epochs show apart. An epoch visits
 //! every image REPEAT times (default 4), so that there are enough batches to keep many workers busy.
 
+use burnpose::config::Augment;
 use burnpose::config::CacheMode;
 use burnpose::data::Loader;
-use burnpose::data::augment::Augment;
 use burnpose::data::coco::CocoDataset;
 use burnpose::data::source::{Dataset, Source};
 use std::path::Path;

@@ -4,6 +4,7 @@
 
 pub mod eligibility;
 pub mod stage;
+mod tape;
 
 #[cfg(feature = "cuda")]
 pub(crate) mod copy;

@@ -13,11 +13,12 @@
 //! out with one launch and handed back as views.
 
 use super::copy::{copy_into, duplicate};
-use super::stage::{Scope, leaf, seeded_root};
+use super::tape::{leaf, seeded_root};
+use crate::config::Scope;
 use crate::model::Yolo;
-use crate::optim::flat::Layout;
 use crate::optim::grads::{FlatGrads, get_flat};
 use crate::optim::groups::{ParamInfo, param_table};
+use crate::optim::layout::Layout;
 use crate::optim::tensors::{float_tensors, replace_float_tensors};
 use burn::backend::{Backend, BackendTensor, Dispatch, DispatchTensor, DispatchTensorKind};
 use burn::optim::GradientsParams;

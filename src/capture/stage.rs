@@ -10,10 +10,11 @@ use crate::model::backbone::Features;
 use crate::model::head::{BranchOutput, Head, HeadOutput};
 use crate::optim::grads::{FlatGrads, take_flat};
 use crate::optim::groups::param_table;
-use crate::optim::reduce::sum_all;
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::Gradients;
+
+use super::tape::{leaf, seeded_root};
 
 #[cfg(feature = "cuda")]
 use super::recorder::Recorder;
@@ -160,11 +161,6 @@ impl StepFeatures {
     }
 }
 
-/// A fresh leaf sharing `t`'s buffer, so a backward from above stops at it.
-pub(super) fn leaf(t: &Tensor<4>) -> Tensor<4> {
-    Tensor::from_inner(t.clone().inner()).require_grad()
-}
-
 /// The fields of a branch copy in output order; `kpts`/`sigma` only for a pose head.
 const FIELDS: [&str; 4] = ["boxes.", "classes.", "pose.kpts.", "pose.sigma."];
 
@@ -223,18 +219,6 @@ fn seeds(leaves: &[Tensor<4>], found: Vec<Option<Tensor<4>>>) -> Vec<Tensor<4>> 
         .zip(found)
         .map(|(l, g)| g.unwrap_or_else(|| Tensor::zeros(l.dims(), &l.device().inner())))
         .collect()
-}
-
-/// `Σ_i sum(f_i ⊙ s_i)`: its backward sends exactly `s_i` into `f_i` (the product's gradient is
-/// `1 · s_i`), then on through the backbone and neck.
-pub fn seeded_root(outputs: &[Tensor<4>], seeds: &[Tensor<4>]) -> Tensor<1> {
-    assert_eq!(outputs.len(), seeds.len(), "one seed per output");
-    let terms: Vec<Tensor<1>> = outputs
-        .iter()
-        .zip(seeds)
-        .map(|(f, s)| sum_all(f.clone() * Tensor::from_inner(s.clone())))
-        .collect();
-    sum_all(Tensor::cat(terms, 0))
 }
 
 /// Moves every gradient of `from` into `into` (the two cover different parameters).

@@ -1,9 +1,11 @@
 //! The TOML run configuration: typed sections, unknown keys rejected, values checked once.
 
+mod augment;
 pub mod compile_progress;
 pub mod device;
 
 use crate::model::{Scale, Task, YoloConfig};
+pub use augment::Augment;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -33,7 +35,7 @@ pub struct Config {
     #[serde(default)]
     pub data: DataSection,
     #[serde(default)]
-    pub augment: crate::data::augment::Augment,
+    pub augment: Augment,
     #[serde(default)]
     pub train: TrainSection,
     #[serde(default)]

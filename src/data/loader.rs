@@ -2,9 +2,10 @@
 //! of an epoch is dropped), augmented, and prepared ahead on background threads while the
 //! device trains. Which thread makes a batch never changes its bytes.
 
-use super::augment::{Augment, sample_rng, train_sample};
+use super::augment::{sample_rng, train_sample};
 use super::source::Source;
 use super::{Batch, DataError};
+use crate::config::Augment;
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::thread::JoinHandle;

@@ -1,8 +1,8 @@
 //! Exponential moving average of the model (yolo_spec §4.7): every float tensor, parameters and
 //! BN running statistics, with decay d = 0.9999·(1 − exp(−k/2000)).
 
-use super::flat::Layout;
 use super::hash::StateHasher;
+use super::layout::Layout;
 use super::tensors::{float_tensors, replace_float_tensors};
 use crate::model::ops::storage;
 use burn::module::Module;

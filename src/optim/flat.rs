@@ -13,92 +13,13 @@
 
 use super::grads::take_flat;
 use super::groups::ParamInfo;
-use super::optimizer::{Hyper, ParamState, Rule};
+use super::layout::{ALIGN, Layout, f32_of};
 use super::reduce::sum_all;
+use super::state::{Hyper, ParamState, Rule};
 use crate::config::device::is_cuda;
-use crate::model::ops::{run, segment};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::{DType, TensorData};
-
-/// Segment alignment in f32 elements (512 bytes, CubeCL's CUDA memory alignment).
-const ALIGN: usize = 128;
-
-/// The room a segment of `n` values takes: `n` rounded up to a multiple of [`ALIGN`].
-fn padded(n: usize) -> usize {
-    n.div_ceil(ALIGN) * ALIGN
-}
-
-/// Where each parameter sits in the flat buffers.
-#[derive(Clone, Debug)]
-pub struct Layout {
-    pub offsets: Vec<usize>,
-    pub sizes: Vec<usize>,
-    /// Padded length of every flat buffer.
-    pub len: usize,
-}
-
-impl Layout {
-    pub fn new(sizes: Vec<usize>) -> Self {
-        let mut offsets = Vec::with_capacity(sizes.len());
-        let mut len = 0;
-        for n in &sizes {
-            offsets.push(len);
-            len += padded(*n);
-        }
-        Self {
-            offsets,
-            sizes,
-            len,
-        }
-    }
-
-    /// Per element, the index of its segment (`sizes.len()` for padding).
-    fn segment_of_each(&self) -> Vec<i32> {
-        let mut seg = vec![self.sizes.len() as i32; self.len];
-        for (i, (&o, &n)) in self.offsets.iter().zip(&self.sizes).enumerate() {
-            seg[o..o + n].fill(i as i32);
-        }
-        seg
-    }
-
-    /// `parts` (each `[size]`, or absent → zeros) written into one zeroed `[len]` buffer. Parts
-    /// that are consecutive views of another buffer at this layout's distances (a flat buffer of
-    /// the same padding rule: the optimizer's values, replay's gradients and statistics) are
-    /// copied as one run ([`crate::model::ops::run`]), the padding between them included.
-    pub fn gather(&self, parts: Vec<Option<Tensor<1>>>, device: &Device) -> Tensor<1> {
-        let mut flat = Tensor::<1>::zeros([self.len], (device, DType::F32));
-        let mut i = 0;
-        while i < parts.len() {
-            let o = self.offsets[i];
-            if let Some((j, whole)) = run(&parts, &self.offsets, &self.sizes, i) {
-                flat = flat.slice_assign(o..o + whole.dims()[0], whole);
-                i = j;
-                continue;
-            }
-            if let Some(t) = &parts[i] {
-                flat = flat.slice_assign(o..o + self.sizes[i], f32_of(t.clone()));
-            }
-            i += 1;
-        }
-        flat
-    }
-
-    /// Segment `i` of `flat`: a view of its buffer on CUDA, whose padded segment reaches an
-    /// aligned end ([`crate::model::ops::segment`]).
-    pub fn view(&self, flat: &Tensor<1>, i: usize) -> Tensor<1> {
-        let n = self.sizes[i];
-        segment(flat.clone(), self.offsets[i], n, padded(n))
-    }
-}
-
-fn f32_of(t: Tensor<1>) -> Tensor<1> {
-    if t.dtype() == DType::F32 {
-        t
-    } else {
-        t.cast(DType::F32)
-    }
-}
 
 /// The flat buffers between steps: the model's parameters and the per-parameter state are views
 /// of `p`, `buf` and `second`. Anything that replaces parameters or state from outside (a

@@ -2,8 +2,8 @@
 //! read the rank from the parameter table, so callers (clipping, accumulation, checkpoints,
 //! data-parallel all-reduce) do not each dispatch on it.
 
-use super::flat::Layout;
 use super::groups::ParamInfo;
+use super::layout::Layout;
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 

@@ -7,17 +7,20 @@ pub mod flat;
 pub mod grads;
 pub mod groups;
 pub mod hash;
+pub mod layout;
 pub mod newton_schulz;
 pub mod optimizer;
 pub mod reduce;
 pub mod scaler;
 pub mod schedule;
+pub mod state;
 pub mod tensors;
 
 pub use ema::Ema;
-pub use optimizer::{Hyper, Optimizer, Rule};
+pub use optimizer::Optimizer;
 pub use scaler::LossScaler;
 pub use schedule::Schedule;
+pub use state::{Hyper, Rule};
 
 #[cfg(test)]
 mod tests;

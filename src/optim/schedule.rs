@@ -2,7 +2,7 @@
 //! cosine decay, and a per-iteration warm-up that interpolates from the warm-up values.
 
 use super::groups::Group;
-use super::optimizer::Hyper;
+use super::state::Hyper;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Schedule {

@@ -410,7 +410,7 @@ fn flat_update_keeps_frozen_parameters_frozen() {
 #[test]
 fn flat_accumulation_equals_per_tensor() {
     use crate::model::{Scale, Task, YoloConfig};
-    use crate::optim::flat::Layout;
+    use crate::optim::layout::Layout;
     use grads::{FlatGrads, accumulate, get_flat};
     let d = device();
     let model = YoloConfig::new(Scale::N, Task::Pose).init(&d);

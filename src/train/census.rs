@@ -2,7 +2,7 @@
 //! CUDA driver calls the host makes (kernel launches, graph launches, copies, everything else),
 //! the kernels and copies that run on the GPU, and the GPU's busy time, read through CUPTI.
 //!
-//! Attribution: [`PhaseClock`](super::timing) tells [`enter`] which phase the training thread is
+//! Attribution: the phase clock (`train::timing`) records which phase the training thread is
 //! in, after the device sync that ends the previous one; the census steps always run with those
 //! syncs, so every driver call belongs to the phase that issued it, whichever host thread makes
 //! it (CubeCL launches from its own device thread). A kernel or copy on the GPU belongs to the
@@ -12,25 +12,9 @@
 //! Only the CUDA build can count ([`Census::start`] says why not elsewhere); the report's
 //! arithmetic is plain Rust and tested on the CPU.
 
+pub use super::timing::BETWEEN;
 use super::timing::PHASES;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-
-/// Row index of driver calls and GPU work outside a step's phases.
-pub const BETWEEN: usize = PHASES.len();
-
-/// The phase the training thread is in ([`PHASES`] index, or [`BETWEEN`]).
-static CURRENT: AtomicUsize = AtomicUsize::new(BETWEEN);
-
-/// Called by the phase clock after the sync that ends the previous phase.
-pub(super) fn enter(phase: usize) {
-    CURRENT.store(phase.min(BETWEEN), Ordering::Relaxed);
-}
-
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-fn current() -> usize {
-    CURRENT.load(Ordering::Relaxed)
-}
 
 /// How a driver call is counted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -286,7 +270,8 @@ impl Census {
 mod cupti {
     //! The CUPTI side: a driver-API callback that counts calls per phase and remembers each
     //! correlation id's phase, and activity buffers that collect kernels, copies and memsets.
-    use super::{CensusReport, GpuKind, GpuRecord, Raw, current};
+    use super::super::timing::current_phase;
+    use super::{CensusReport, GpuKind, GpuRecord, Raw};
     use cudarc::cupti::sys;
     use std::ffi::{CStr, c_void};
     use std::sync::Mutex;
@@ -396,7 +381,7 @@ mod cupti {
         if data.callbackSite != sys::CUpti_ApiCallbackSite::CUPTI_API_ENTER {
             return;
         }
-        let phase = current();
+        let phase = current_phase();
         let name = if data.functionName.is_null() {
             "?".into()
         } else {

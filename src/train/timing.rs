@@ -3,6 +3,7 @@
 
 use crate::data::batch::Upload;
 use burn::prelude::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Per-step wall times (device synchronised at both ends) and the memory pool's use after each
 /// step.
@@ -159,6 +160,23 @@ pub enum Phase {
     Readback,
 }
 
+/// Row index of a census' driver calls and GPU work outside a step's phases (`train::census`).
+pub const BETWEEN: usize = PHASES.len();
+
+/// The phase the training thread is in ([`PHASES`] index, or [`BETWEEN`]): what the census
+/// attributes a driver call to, whichever thread makes it.
+static CURRENT: AtomicUsize = AtomicUsize::new(BETWEEN);
+
+/// Called by the phase clock after the sync that ends the previous phase.
+fn enter(phase: usize) {
+    CURRENT.store(phase.min(BETWEEN), Ordering::Relaxed);
+}
+
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(super) fn current_phase() -> usize {
+    CURRENT.load(Ordering::Relaxed)
+}
+
 /// Marks phase ends, each mark naming the phase it ends: with a device sync and a time when
 /// phases are timed, with a read of the memory pool at [`IN_STEP_SAMPLES`] when memory is; does
 /// nothing otherwise.
@@ -176,7 +194,7 @@ impl PhaseClock {
         let clock = timing.filter(|t| t.phases).map(|_| device.clone());
         if let Some(d) = &clock {
             let _ = d.sync();
-            super::census::enter(0);
+            enter(0);
         }
         Self {
             device: clock,
@@ -194,7 +212,7 @@ impl PhaseClock {
             let now = std::time::Instant::now();
             self.ms[phase as usize] = (now - self.last).as_secs_f64() * 1e3;
             self.last = now;
-            super::census::enter(phase as usize + 1);
+            enter(phase as usize + 1);
         }
         if let Some(d) = &self.memory
             && IN_STEP_SAMPLES.contains(&phase)

@@ -9,9 +9,9 @@ use burn::prelude::*;
 use burn::tensor::Distribution;
 use burnpose::model::ops;
 use burnpose::model::{Scale, Task, YoloConfig};
-use burnpose::optim::flat::Layout;
 use burnpose::optim::grads::put_flat;
 use burnpose::optim::hash::module_hash;
+use burnpose::optim::layout::Layout;
 use burnpose::optim::{Ema, Hyper, Optimizer, Rule};
 
 fn grads_of(opt: &Optimizer, g: &[Option<Tensor<1>>]) -> GradientsParams {
