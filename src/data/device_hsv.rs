@@ -21,8 +21,8 @@ pub fn hsv_jitter(images: Tensor<4>, gains: &[[f32; 3]]) -> Tensor<4> {
 
 /// The CUDA kernel, or `None` when the images are not on a CUDA device. Images on the autodiff
 /// device are taken off the tape first (they need no gradient): their dispatch kind is an
-/// autodiff wrapper, which the kernel cannot take and which used to send training batches down
-/// the host path.
+/// autodiff wrapper, which the kernel cannot take and which would send training batches down the
+/// host path.
 #[cfg(feature = "cuda")]
 pub fn on_cuda(images: Tensor<4>, gains: &[[f32; 3]]) -> Option<Tensor<4>> {
     use burn::backend::{BackendTensor, DispatchTensor, DispatchTensorKind};
