@@ -407,7 +407,6 @@ pub fn forward(
         (per_channel(), per_channel(), per_channel(), per_channel());
     let out = empty(&x, Shape::new([n, c, h, w]));
     let (count, dim) = elementwise(&x, c);
-    let (count_all, dim_all) = elementwise(&x, n * c * h * w);
     let client = x.client.clone();
     // SAFETY: every kernel bounds its units by the shapes it reads, and indexes every tensor by
     // its own strides; the partial buffer holds exactly C·P records.
@@ -434,20 +433,17 @@ pub fn forward(
             p as u32,
             momentum,
         );
-        apply_kernel::launch_unchecked(
-            &client,
-            count_all,
-            dim_all,
-            x.into_tensor_arg(),
-            mean.clone().into_tensor_arg(),
-            var.clone().into_tensor_arg(),
-            gamma.into_tensor_arg(),
-            beta.into_tensor_arg(),
-            out.clone().into_tensor_arg(),
-            epsilon,
-            act,
-        );
     }
+    normalise(
+        x,
+        mean.clone(),
+        var.clone(),
+        gamma,
+        beta,
+        &out,
+        epsilon,
+        act,
+    );
     [out, mean, var, new_mean, new_var]
 }
 
@@ -469,6 +465,33 @@ pub fn inference(
     );
     let [n, c, h, w] = nchw(&x);
     let out = empty(&x, Shape::new([n, c, h, w]));
+    normalise(
+        x,
+        running_mean,
+        running_var,
+        gamma,
+        beta,
+        &out,
+        epsilon,
+        act,
+    );
+    out
+}
+
+/// `out = (x − mean) · inv_std · γ + β`, then SiLU when `act` ([`apply_kernel`]): the last
+/// launch of [`forward`] with the batch's statistics, and [`inference`] with the running ones.
+#[allow(clippy::too_many_arguments)]
+fn normalise(
+    x: CubeTensor,
+    mean: CubeTensor,
+    var: CubeTensor,
+    gamma: CubeTensor,
+    beta: CubeTensor,
+    out: &CubeTensor,
+    epsilon: f32,
+    act: bool,
+) {
+    let [n, c, h, w] = nchw(&x);
     let (count, dim) = elementwise(&x, n * c * h * w);
     let client = x.client.clone();
     // SAFETY: the kernel bounds its units by `x`'s shape and indexes every tensor by its strides.
@@ -478,8 +501,8 @@ pub fn inference(
             count,
             dim,
             x.into_tensor_arg(),
-            running_mean.into_tensor_arg(),
-            running_var.into_tensor_arg(),
+            mean.into_tensor_arg(),
+            var.into_tensor_arg(),
             gamma.into_tensor_arg(),
             beta.into_tensor_arg(),
             out.clone().into_tensor_arg(),
@@ -487,7 +510,6 @@ pub fn inference(
             act,
         );
     }
-    out
 }
 
 /// `(dx, dγ, dβ)` of [`forward`] for the incoming gradient `grad` of its output.

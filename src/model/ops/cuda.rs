@@ -175,10 +175,15 @@ pub fn bn_act_inference(bn: &burn::nn::BatchNorm, x: &Tensor<4>, act: bool) -> O
         bn.epsilon as f32,
         act,
     );
-    Some(Tensor::from_dispatch(DispatchTensor {
-        kind: DispatchTensorKind::Cube(BackendTensor::Float(y)),
+    Some(tensor(y))
+}
+
+/// `c` as a tensor of the (non-autodiff) CUDA device.
+fn tensor<const D: usize>(c: CubeTensor) -> Tensor<D> {
+    Tensor::from_dispatch(DispatchTensor {
+        kind: DispatchTensorKind::Cube(BackendTensor::Float(c)),
         autodiff: Default::default(),
-    }))
+    })
 }
 
 /// `x`'s CUDA tensor when it is a contiguous 1-D FP32 tensor on a CUDA device.
@@ -243,11 +248,5 @@ pub fn run(
         first.device.clone(),
         F32,
     );
-    Some((
-        j,
-        Tensor::from_dispatch(DispatchTensor {
-            kind: DispatchTensorKind::Cube(BackendTensor::Float(view)),
-            autodiff: Default::default(),
-        }),
-    ))
+    Some((j, tensor(view)))
 }
