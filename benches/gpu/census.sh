@@ -2,7 +2,8 @@
 # Launch census of the seed shape on the GPU machine (docs/bench.md, `bench-step --census`):
 # the launch micro-benchmark, then per arm (native, replay) one bench-step that times steps with
 # phase syncs and counts the next CENSUS steps through CUPTI. Every step is an optimizer step
-# (`--batch 4` sets nbs = 4) so the optimizer and EMA rows are those of a step that runs them;
+# (`--batch $BATCH` sets nbs = BATCH, default 4) so the optimizer and EMA rows are those of a
+# step that runs them; ARMS="native replay" (the default) picks the arms;
 # ACCUM=1 adds one run per arm at the config's nbs (mostly accumulation-only steps);
 # KERNELS="fast staged" runs each arm with each `--kernels` value, alternating.
 # Here: `bash benches/gpu/pack.sh`. There, carrying ".gpu":
@@ -25,9 +26,12 @@ run() { # name, extra args
     --census "$CENSUS" --census-csv "$work/$name.csv" "$@" > "$work/$name.log" 2>&1
   echo "== $name rc=$?"; grep -E "^\||^bench-step|^phases|^host CPU|rror|panick" "$work/$name.log" | grep -v "^|---" | cut -c1-240
 }
+B=${BATCH:-4}
 for k in ${KERNELS:-fast}; do
-  run "native_$k" --replay false --batch 4 --kernels "$k"
-  run "replay_$k" --replay true --batch 4 --kernels "$k"
+  for arm in ${ARMS:-native replay}; do
+    replay=false; [ "$arm" = replay ] && replay=true
+    run "${arm}_$k" --replay "$replay" --batch "$B" --kernels "$k"
+  done
   if [ "${ACCUM:-0}" = 1 ]; then
     run "native_accum_$k" --replay false --kernels "$k"
     run "replay_accum_$k" --replay true --kernels "$k"

@@ -118,6 +118,10 @@ fn copy_of<const D: usize>(t: Tensor<D>) -> Tensor<D> {
     from_cube(duplicate(cube(t)))
 }
 
+fn bytes_of<const D: usize>(t: &Tensor<D>) -> u64 {
+    (t.shape().num_elements() * t.dtype().size()) as u64
+}
+
 /// Whether `a` and `b` are the same region of the same allocation, with the same layout. CubeCL
 /// never gives an allocation's id to another, so while `a` is held this means equal values.
 fn same_tensor(a: &CubeTensor, b: &CubeTensor) -> bool {
@@ -205,6 +209,26 @@ impl Recorder {
         self.control
     }
 
+    /// Bytes of the buffers the recorded graphs read and write beside the stage's activations,
+    /// by kind (nothing before the first forward).
+    pub fn buffer_bytes(&self) -> Vec<(&'static str, u64)> {
+        let Some(r) = &self.state else {
+            return Vec::new();
+        };
+        let sum = |ts: &[Tensor<4>]| ts.iter().map(bytes_of).sum();
+        vec![
+            (
+                "parameters and statistics",
+                r.sources.iter().map(|(_, t)| bytes_of(t)).sum(),
+            ),
+            ("input", bytes_of(&r.input)),
+            ("outputs", sum(&r.outputs)),
+            ("seeds", sum(&r.seeds)),
+            ("gradients", bytes_of(&r.grad_flat)),
+            ("statistics out", bytes_of(&r.stats_flat)),
+        ]
+    }
+
     /// Replays the forward graph on `images` (recording it first on the first call) and returns
     /// the stage's outputs as leaves; the trainer's BatchNorm running statistics are updated in
     /// `model`.
@@ -253,7 +277,8 @@ impl Recorder {
     }
 
     /// Replays the backward graph with the gradients at the stage's outputs (`seeds`) and returns
-    /// a copy of the stage's parameter gradients.
+    /// the stage's parameter gradients: views of the recorder's buffer, valid until the next
+    /// backward ([`FlatGrads::copy`]).
     pub fn backward(&mut self, seeds: Vec<Tensor<4>>) -> FlatGrads {
         let r = self.state.as_ref().expect("forward before backward");
         assert_eq!(seeds.len(), r.seeds.len(), "one seed per recorded output");
@@ -264,7 +289,8 @@ impl Recorder {
         FlatGrads {
             params: r.grad_params.clone(),
             layout: r.grad_layout.clone(),
-            buf: copy_of(r.grad_flat.clone()),
+            buf: r.grad_flat.clone(),
+            copy: Some(copy_of::<1>),
         }
     }
 }
@@ -385,9 +411,11 @@ fn record(
     let all = backward_of(&net, &taped);
     let captured = with_grad(&all);
     let grad_flat = gather_grads(&all, &grad_params, &grad_layout, &inner);
+    // Dropped inside the window: the graph holds every buffer it wrote that is still alive when
+    // it closes, so the per-parameter gradients would stay allocated beside `grad_flat`.
+    drop(all);
     let backward =
         Dispatch::graph_stop_capture(dispatch).map_err(|e| err("backward capture", &e))?;
-    drop(all);
     if captured
         .iter()
         .map(|p| p.id)

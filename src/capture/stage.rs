@@ -70,6 +70,15 @@ impl FeatureStage {
         }
     }
 
+    /// [`Recorder::buffer_bytes`] of a replayed stage; empty for a native one.
+    pub fn buffer_bytes(&self) -> Vec<(&'static str, u64)> {
+        match self {
+            FeatureStage::Native(_) => Vec::new(),
+            #[cfg(feature = "cuda")]
+            FeatureStage::Replay(r) => r.buffer_bytes(),
+        }
+    }
+
     pub fn is_replay(&self) -> bool {
         !matches!(self, FeatureStage::Native(_))
     }
@@ -113,7 +122,8 @@ impl FeatureStage {
             if r.control() == super::recorder::Control::KeepUnreached);
         #[cfg(not(feature = "cuda"))]
         let keep_unreached = false;
-        let (mut out, mut flat) = match (self, features.taped) {
+        let (mut out, mut flat): (GradientsParams, Option<FlatGrads>) = match (self, features.taped)
+        {
             (FeatureStage::Native(_), Some(taped)) => {
                 let root = seeded_root(&taped, &seeds);
                 (GradientsParams::from_grads(root.backward(), model), None)
@@ -128,14 +138,18 @@ impl FeatureStage {
             _ => unreachable!("features come from the stage's own forward"),
         };
         if features.scope == Scope::Network && unreached.contains(&true) && !keep_unreached {
+            // Without the flat buffer, nothing tells a later holder that these are views of the
+            // recorder's buffer: copy it now (batches without positives only).
+            if let Some(f) = flat.take() {
+                f.owned(&mut out);
+            }
             let prefixes = unreached_prefixes(&unreached);
             for p in param_table(model) {
                 if prefixes.iter().any(|x| p.path.starts_with(x.as_str())) {
                     take_flat(&mut out, &p);
                 }
             }
-            // The buffer still holds the removed ones.
-            flat = None;
+            // `flat` stays taken: its buffer still holds the removed ones.
         }
         (out, flat)
     }

@@ -5,6 +5,7 @@
 
 use crate::config::DeviceKind;
 use crate::config::Precision;
+use crate::train::timing::{IN_STEP_SAMPLES, PHASES};
 use crate::train::{Trainer, median};
 use std::path::Path;
 
@@ -161,10 +162,17 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
         h.optimizer,
         h.losses
     );
-    if let Some(b) = timing.peak_in_step() {
+    if let (Some(b), Some(by)) = (timing.peak_in_step(), timing.peak_in_step_by_sample()) {
+        let mib = |b: u64| b as f64 / 1048576.0;
+        let at: Vec<String> = IN_STEP_SAMPLES
+            .iter()
+            .zip(by)
+            .map(|(p, b)| format!("{} {:.0}", PHASES[*p as usize], mib(b)))
+            .collect();
         println!(
-            "peak in use within a step: {:.0} MiB (read at the ends of loss, backward, optimizer)",
-            b as f64 / 1048576.0
+            "peak in use within a step: {:.0} MiB (largest at the end of: {})",
+            mib(b),
+            at.join(", ")
         );
     }
     // Medians per block of steps, from the first: shows warm-up, and any drift a
@@ -204,6 +212,14 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
     }
     if let Some(why) = &t.replay_off {
         println!("feature stage native: {why}");
+    }
+    let buffers = t.stage.buffer_bytes();
+    if !buffers.is_empty() {
+        let parts: Vec<String> = buffers
+            .iter()
+            .map(|(what, b)| format!("{what} {:.1}", *b as f64 / 1048576.0))
+            .collect();
+        println!("replay buffers (MiB): {}", parts.join(", "));
     }
     Ok(())
 }

@@ -57,9 +57,29 @@ pub struct FlatGrads {
     pub params: Vec<ParamInfo>,
     pub layout: Layout,
     pub buf: Tensor<1>,
+    /// `Some` when `buf` is the recorder's own buffer, which its next backward rewrites: what
+    /// keeps these gradients past that must hold a copy made by this function instead.
+    pub copy: Option<fn(Tensor<1>) -> Tensor<1>>,
 }
 
 impl FlatGrads {
+    /// These gradients on a buffer of their own (a copy of a recorder's buffer), registered in
+    /// `into` as views of it.
+    pub fn owned(self, into: &mut GradientsParams) -> Self {
+        match self.copy {
+            None => self,
+            Some(copy) => {
+                let owned = Self {
+                    buf: copy(self.buf),
+                    copy: None,
+                    ..self
+                };
+                owned.put_views(into);
+                owned
+            }
+        }
+    }
+
     /// Registers every gradient in `into` as a view of the buffer.
     pub fn put_views(&self, into: &mut GradientsParams) {
         for (i, p) in self.params.iter().enumerate() {
@@ -82,17 +102,23 @@ impl FlatGrads {
 /// micro-batch stays absent. `pending_flat` is the buffer that some of `pending` are views of:
 /// when `flat` (the buffer some of `grads` are views of) holds the same parameters in the same
 /// places, those are summed as one addition of the two buffers (per value the same sum) and
-/// handed on as views of the result.
+/// handed on as views of the result. `kept`: `pending` outlives this step (no optimizer step
+/// consumes it now), so views of a recorder's buffer ([`FlatGrads::copy`]) that it would hold
+/// as they are become views of a copy.
 pub fn accumulate(
     pending: &mut Option<GradientsParams>,
     pending_flat: &mut Option<FlatGrads>,
     mut grads: GradientsParams,
     flat: Option<FlatGrads>,
     table: &[ParamInfo],
+    kept: bool,
 ) {
     let Some(mut sums) = pending.take() else {
+        *pending_flat = match flat {
+            Some(f) if kept => Some(f.owned(&mut grads)),
+            f => f,
+        };
         *pending = Some(grads);
-        *pending_flat = flat;
         return;
     };
     *pending_flat = match (pending_flat.take(), flat) {
@@ -102,12 +128,19 @@ pub fn accumulate(
             }
             let sum = FlatGrads {
                 buf: old.buf + new.buf,
+                copy: None,
                 ..new
             };
             sum.put_views(&mut sums);
             Some(sum)
         }
-        _ => None,
+        (_, new) => {
+            // A parameter without a pending gradient keeps this micro-batch's view as it is.
+            if let Some(new) = new.filter(|_| kept) {
+                new.owned(&mut grads);
+            }
+            None
+        }
     };
     for p in table {
         if let Some(g) = take_flat(&mut grads, p) {

@@ -436,6 +436,7 @@ fn flat_accumulation_equals_per_tensor() {
             params: params.to_vec(),
             layout,
             buf,
+            copy: None,
         };
         flat.put_views(&mut g);
         (g, Some(flat))
@@ -447,7 +448,7 @@ fn flat_accumulation_equals_per_tensor() {
                 usize::MAX => (registered(&table, &micro[k]), None),
                 _ => with_flat(k, &stage(skip)),
             };
-            accumulate(&mut pending, &mut pending_flat, g, flat, &table);
+            accumulate(&mut pending, &mut pending_flat, g, flat, &table, true);
         }
         (pending.unwrap(), pending_flat.is_some())
     };
@@ -471,4 +472,67 @@ fn flat_accumulation_equals_per_tensor() {
         micro[1].iter().any(Option::is_none),
         "the test needs a parameter absent from one micro-batch"
     );
+}
+
+/// Views of a recorder's buffer (`FlatGrads::copy`) that pending gradients would keep as they are
+/// become views of a copy; summed into a buffer of their own, or consumed in the same step, they
+/// are not copied. The copy here adds 1000, so the values show which buffer a view reads.
+#[test]
+fn accumulation_copies_a_recorders_buffer_only_to_keep_it() {
+    use crate::optim::layout::Layout;
+    use grads::{FlatGrads, accumulate, get_flat};
+    let d = device();
+    let inner = d.clone().inner();
+    let m = tiny(&d);
+    let table = Optimizer::new(Rule::AdamW, &m).table;
+    let marked: fn(Tensor<1>) -> Tensor<1> = |t| t + 1000.0;
+    // Micro-batch gradients of `params`, every value `v`, as views of a recorder's buffer.
+    let micro = |v: f32, params: &[ParamInfo]| -> (GradientsParams, Option<FlatGrads>) {
+        let layout = Layout::new(params.iter().map(ParamInfo::numel).collect());
+        let flat = FlatGrads {
+            params: params.to_vec(),
+            buf: Tensor::<1>::full([layout.len], v, &inner),
+            layout,
+            copy: Some(marked),
+        };
+        let mut g = GradientsParams::new();
+        flat.put_views(&mut g);
+        (g, Some(flat))
+    };
+    // (weight, bias) of the pending gradients after each of two micro-batches, and whether
+    // the pending flat buffer is a recorder's.
+    let step = |kept: [bool; 2], second: &[ParamInfo]| {
+        let (mut pending, mut pending_flat) = (None, None);
+        let read = |pending: &Option<GradientsParams>| -> Vec<Vec<f32>> {
+            let g = pending.as_ref().unwrap();
+            table
+                .iter()
+                .map(|p| values(get_flat(g, p).unwrap()))
+                .collect()
+        };
+        let (g, f) = micro(1.0, &table);
+        accumulate(&mut pending, &mut pending_flat, g, f, &table, kept[0]);
+        let first = read(&pending);
+        let (g, f) = micro(2.0, second);
+        accumulate(&mut pending, &mut pending_flat, g, f, &table, kept[1]);
+        (
+            first,
+            read(&pending),
+            pending_flat.map(|f| f.copy.is_some()),
+        )
+    };
+    // Kept: the first micro-batch's views move to a copy; the second is summed into a new buffer.
+    let (first, sum, flat) = step([true, true], &table);
+    assert_eq!(first, [vec![1001.0; 6], vec![1001.0; 2]]);
+    assert_eq!(sum, [vec![1003.0; 6], vec![1003.0; 2]]);
+    assert_eq!(flat, Some(false));
+    // Consumed in this step: no copy.
+    let (first, _, flat) = step([false, false], &table);
+    assert_eq!(first, [vec![1.0; 6], vec![1.0; 2]]);
+    assert_eq!(flat, Some(false));
+    // A different layout falls back to per-tensor sums, which hold a view of the second
+    // micro-batch where a parameter had no pending gradient: kept, it is a copy.
+    let (_, sum, flat) = step([true, true], &table[1..]);
+    assert_eq!(sum, [vec![1001.0; 6], vec![2003.0; 2]]);
+    assert_eq!(flat, None);
 }

@@ -30,8 +30,9 @@ pub struct StepTiming {
     /// Also read the pool's bytes in use inside every step, at the ends of [`IN_STEP_SAMPLES`],
     /// into `in_step` (each read waits for the device thread to reach it: a small cost per step).
     pub in_step_memory: bool,
-    /// Per step (with `in_step_memory`), the largest of those reads.
-    pub in_step: Vec<u64>,
+    /// Per step (with `in_step_memory`), the bytes in use read at the end of each of
+    /// [`IN_STEP_SAMPLES`] (0 where a phase read nothing).
+    pub in_step: Vec<[u64; IN_STEP_SAMPLES.len()]>,
 }
 
 /// The phases at whose end [`StepTiming::in_step_memory`] reads the pool: the forward's and the
@@ -56,7 +57,14 @@ impl StepTiming {
     /// The largest bytes in use read inside a step ([`StepTiming::in_step_memory`]), or `None`
     /// when not read.
     pub fn peak_in_step(&self) -> Option<u64> {
-        self.in_step.iter().copied().max()
+        self.in_step.iter().flatten().copied().max()
+    }
+
+    /// Per sample of [`IN_STEP_SAMPLES`], the largest bytes in use read over the steps: where in
+    /// the step the peak falls.
+    pub fn peak_in_step_by_sample(&self) -> Option<[u64; IN_STEP_SAMPLES.len()]> {
+        (!self.in_step.is_empty())
+            .then(|| std::array::from_fn(|i| self.in_step.iter().map(|s| s[i]).max().unwrap_or(0)))
     }
 
     /// "N with an optimizer step: median X ms; M accumulating only: median Y ms" over the steps
@@ -185,8 +193,9 @@ pub(super) struct PhaseClock {
     last: std::time::Instant,
     pub(super) ms: [f64; PHASES.len()],
     memory: Option<Device>,
-    /// The largest bytes in use read so far in this step (`None`: no pool to read).
-    pub(super) in_use: Option<u64>,
+    /// The bytes in use read so far in this step, per [`IN_STEP_SAMPLES`] (`None`: no pool to
+    /// read).
+    pub(super) in_use: Option<[u64; IN_STEP_SAMPLES.len()]>,
 }
 
 impl PhaseClock {
@@ -215,10 +224,10 @@ impl PhaseClock {
             enter(phase as usize + 1);
         }
         if let Some(d) = &self.memory
-            && IN_STEP_SAMPLES.contains(&phase)
+            && let Some(i) = IN_STEP_SAMPLES.iter().position(|p| *p == phase)
             && let Some(u) = d.memory_pool_usage()
         {
-            self.in_use = Some(self.in_use.unwrap_or(0).max(u.bytes_in_use));
+            self.in_use.get_or_insert_default()[i] = u.bytes_in_use;
         }
     }
 }

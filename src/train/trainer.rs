@@ -322,9 +322,9 @@ impl Trainer {
             // Before the optimizer step, so the EMA copies rank 0's statistics too.
             self.model = broadcast_buffers(c.as_ref(), self.model.clone(), &self.device);
         }
-        self.accumulate(grads, flat);
         let stepped =
             self.ni as i64 - self.last_opt_step >= self.schedule.accumulate(self.ni) as i64;
+        self.accumulate(grads, flat, !stepped);
         if stepped {
             self.optimizer_update();
             self.last_opt_step = self.ni as i64;
@@ -427,8 +427,9 @@ impl Trainer {
         }
     }
 
-    /// Adds a micro-batch's gradients to the pending ones ([`grads::accumulate`]).
-    fn accumulate(&mut self, grads: GradientsParams, flat: Option<FlatGrads>) {
+    /// Adds a micro-batch's gradients to the pending ones ([`grads::accumulate`]); `kept`: no
+    /// optimizer step consumes them in this step.
+    fn accumulate(&mut self, grads: GradientsParams, flat: Option<FlatGrads>, kept: bool) {
         let table = &self.optimizer.table;
         grads::accumulate(
             &mut self.pending,
@@ -436,6 +437,7 @@ impl Trainer {
             grads,
             flat,
             table,
+            kept,
         );
     }
 
