@@ -13,12 +13,16 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 use cubecl::{CubeDim, calculate_cube_count_elemwise};
 
-/// One unit per output value `[n, c, tap, p]`: `x[n, c, oh·sh + i·dh − top, ow·sw + j·dw − left]`
-/// for tap `(i, j)` and output position `p = (oh, ow)`, or zero outside the input.
+/// One unit per input channel and output position `(n, c, p)`, writing all `kh·kw` taps
+/// `[n, c, tap, p]`: `x[n, c, oh·sh + i·dh − top, ow·sw + j·dw − left]` for tap `(i, j)` and
+/// `p = (oh, ow)`, or zero outside the input. One unit per tap spent most of its time on the
+/// integer divisions that locate it; here they are paid once per `kh·kw` values, and for every
+/// tap neighbouring units still write neighbouring addresses.
 #[cube(launch_unchecked)]
 fn columns_kernel(
     x: &Tensor<f32>,
     out: &mut Tensor<f32>,
+    kernel_h: u32,
     kernel_w: u32,
     out_w: u32,
     stride_h: u32,
@@ -29,35 +33,37 @@ fn columns_kernel(
     left: u32,
 ) {
     let positions = out.shape(3);
-    let taps = out.shape(2);
     let channels = out.shape(1);
-    if ABSOLUTE_POS >= out.shape(0) * channels * taps * positions {
+    if ABSOLUTE_POS >= out.shape(0) * channels * positions {
         terminate!();
     }
-    let mut rest = ABSOLUTE_POS;
-    let p = rest % positions;
-    rest /= positions;
-    let t = rest % taps;
-    rest /= taps;
+    let p = ABSOLUTE_POS % positions;
+    let rest = ABSOLUTE_POS / positions;
     let c = rest % channels;
     let n = rest / channels;
-    let kw = kernel_w as usize;
     let ow_n = out_w as usize;
-    let row = (p / ow_n) * (stride_h as usize) + (t / kw) * (dilation_h as usize);
-    let col = (p % ow_n) * (stride_w as usize) + (t % kw) * (dilation_w as usize);
+    let row0 = (p / ow_n) * (stride_h as usize);
+    let col0 = (p % ow_n) * (stride_w as usize);
     let top = top as usize;
     let left = left as usize;
-    let dst = n * out.stride(0) + c * out.stride(1) + t * out.stride(2) + p * out.stride(3);
-    let mut v = 0.0f32;
-    if row >= top && col >= left {
-        let y = row - top;
-        let z = col - left;
-        if y < x.shape(2) && z < x.shape(3) {
-            let at = n * x.stride(0) + c * x.stride(1) + y * x.stride(2) + z * x.stride(3);
-            v = x[at];
+    let base = n * x.stride(0) + c * x.stride(1);
+    let mut dst = n * out.stride(0) + c * out.stride(1) + p * out.stride(3);
+    for i in 0..kernel_h as usize {
+        let row = row0 + i * (dilation_h as usize);
+        for j in 0..kernel_w as usize {
+            let col = col0 + j * (dilation_w as usize);
+            let mut v = 0.0f32;
+            if row >= top && col >= left {
+                let y = row - top;
+                let z = col - left;
+                if y < x.shape(2) && z < x.shape(3) {
+                    v = x[base + y * x.stride(2) + z * x.stride(3)];
+                }
+            }
+            out[dst] = v;
+            dst += out.stride(2);
         }
     }
-    out[dst] = v;
 }
 
 /// `[N, C, H, W]` (any float dtype, any strides) → `[N, C, kh·kw, Ho·Wo]` in FP32.
@@ -81,7 +87,7 @@ pub fn columns(
         Shape::new([n, c, taps, positions]),
         DType::F32,
     );
-    let total = n * c * taps * positions;
+    let total = n * c * positions;
     let dim = CubeDim::new(&x.client, total);
     let count = calculate_cube_count_elemwise(&x.client, total, dim);
     let client = x.client.clone();
@@ -95,6 +101,7 @@ pub fn columns(
             dim,
             x.into_tensor_arg(),
             cols.clone().into_tensor_arg(),
+            u(kernel[0]),
             u(kernel[1]),
             u(out[1]),
             u(options.stride[0]),

@@ -360,7 +360,7 @@ fn fused_batch_norm_silu_matches_the_staged_operations_on_cuda() {
 }
 
 /// The im2col kernel gives the columns of the tensor operations it replaced bit for bit: odd
-/// sizes, padding, stride 2, 1×1, BF16 input and an NHWC-strided input.
+/// sizes, padding, stride 2, dilation, 1×1, BF16 input and an NHWC-strided input.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn im2col_kernel_equals_the_tensor_operations_on_cuda() {
@@ -387,17 +387,20 @@ fn im2col_kernel_equals_the_tensor_operations_on_cuda() {
         .map(|v| v.to_bits())
         .collect::<Vec<u32>>()
     };
-    // (channels, kernel, stride, padding, height, width)
+    // (channels, kernel, stride, padding, dilation, height, width)
     let cases = [
-        (3, 3, 2, 1, 64, 64),
-        (5, 3, 1, 1, 53, 37),
-        (7, 1, 1, 0, 20, 11),
-        (4, 3, 2, 1, 33, 17),
-        (6, 5, 1, 2, 9, 13),
+        (3, 3, 2, 1, 1, 64, 64),
+        (5, 3, 1, 1, 1, 53, 37),
+        (7, 1, 1, 0, 1, 20, 11),
+        (4, 3, 2, 1, 1, 33, 17),
+        (6, 5, 1, 2, 1, 9, 13),
+        (3, 3, 1, 2, 2, 21, 19),
+        (2, 3, 2, 3, 3, 30, 26),
     ];
-    for (c, k, s, p, h, w) in cases {
-        let options = ConvOptions::new([s, s], [p, p], [1, 1], 1);
-        let out = [(h + 2 * p - k) / s + 1, (w + 2 * p - k) / s + 1];
+    for (c, k, s, p, dl, h, w) in cases {
+        let options = ConvOptions::new([s, s], [p, p], [dl, dl], 1);
+        let reach = dl * (k - 1) + 1;
+        let out = [(h + 2 * p - reach) / s + 1, (w + 2 * p - reach) / s + 1];
         let plain = Tensor::<4>::random([2, c, h, w], Distribution::Normal(0.0, 1.0), &d);
         let nhwc = Tensor::<4>::random([2, h, w, c], Distribution::Normal(0.0, 1.0), &d)
             .permute([0, 3, 1, 2]);
@@ -409,7 +412,10 @@ fn im2col_kernel_equals_the_tensor_operations_on_cuda() {
             let (a, b) = (bits(ours), bits(reference));
             let nonzero = b.iter().filter(|&&v| v != 0).count();
             assert!(nonzero > b.len() / 2, "{what}: columns mostly zero");
-            assert!(a == b, "c{c} k{k} s{s} p{p} {h}x{w} {what}: columns differ");
+            assert!(
+                a == b,
+                "c{c} k{k} s{s} p{p} d{dl} {h}x{w} {what}: columns differ"
+            );
         }
     }
 }

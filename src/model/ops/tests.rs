@@ -197,12 +197,17 @@ fn im2col_weight_gradient_matches_burns() {
         (3, 8, 3, 1, 1, 1, 64),
         (4, 6, 3, 2, 1, 1, 33),
         (5, 7, 1, 1, 0, 1, 20),
+        (4, 5, 1, 2, 0, 1, 21),
         (6, 6, 3, 1, 1, 6, 64),
         (6, 6, 3, 2, 1, 6, 17),
     ];
-    for (ci, co, k, s, pad, g, hw) in cases {
+    for (i, (ci, co, k, s, pad, g, hw)) in cases.into_iter().enumerate() {
         let options = ConvOptions::new([s, s], [pad, pad], [1, 1], g);
-        let x = fill([2, ci, hw, hw], 0.31, &d);
+        // The 1×1 case reads a channel slice, a view whose columns are not contiguous.
+        let x = match i {
+            2 => fill([2, 2 * ci, hw, hw], 0.31, &d).narrow(1, ci, ci),
+            _ => fill([2, ci, hw, hw], 0.31, &d),
+        };
         let w = fill([co, ci / g, k, k], 0.77, &d);
         let ho = (hw + 2 * pad - k) / s + 1;
         let dy = fill([2, co, ho, ho], 0.13, &d);

@@ -104,7 +104,13 @@ pub fn weight_backward<B: Backend>(
     let f32 = |t: FloatTensor<B>| B::float_cast(t, FloatDType::F32);
     let kk = kh * kw;
     let p = ho * wo;
-    let cols = im2col(x, [kh, kw], [ho, wo], options); // [N, ci, kk, P]
+    let pointwise = kk == 1 && options.stride == [1, 1] && options.padding == [(0, 0), (0, 0)];
+    let cols = if pointwise {
+        // A 1×1 convolution's columns are its input: a view, no launch.
+        B::float_reshape(f32(x), Shape::new([n, ci, 1, p]))
+    } else {
+        im2col(x, [kh, kw], [ho, wo], options) // [N, ci, kk, P]
+    };
     let grad = f32(grad);
     let dw = if depthwise {
         // dW[c, t] = Σ_n Σ_p dY[n, c, p] · cols[n, c, t, p]
