@@ -20,7 +20,7 @@
 // `#[cube]` expands to `cubecl::…` paths.
 use burn::cubecl;
 use burn::tensor::{DType, Shape};
-use burn_cubecl::ops::numeric::empty_device_dtype;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 use cubecl::{CubeCount, CubeDim, calculate_cube_count_elemwise};
@@ -356,7 +356,8 @@ fn grad_x_kernel(
 }
 
 fn empty(like: &CubeTensor, shape: Shape) -> CubeTensor {
-    empty_device_dtype(like.client.clone(), like.device.clone(), shape, DType::F32)
+    // Contiguous, not pitched rows (docs/kernels.md, "Output buffers").
+    empty_device_contiguous_dtype(like.client.clone(), like.device.clone(), shape, DType::F32)
 }
 
 fn check_f32(what: &str, ts: &[&CubeTensor]) {

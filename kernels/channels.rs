@@ -16,7 +16,7 @@
 // `#[cube]` expands to `cubecl::…` paths.
 use burn::cubecl;
 use burn::tensor::{DType, Shape};
-use burn_cubecl::ops::numeric::empty_device_dtype;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::ops::permute_nhwc_to_nchw;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
@@ -69,7 +69,8 @@ pub fn channels_last(x: CubeTensor, n: usize, channels: usize, dtype: DType) -> 
         "channels_last: expects [N, C, H, W], got {s:?}"
     );
     let (h, w) = (s[2], s[3]);
-    let out = permute_nhwc_to_nchw(empty_device_dtype(
+    // Contiguous, not pitched rows (docs/kernels.md, "Output buffers").
+    let out = permute_nhwc_to_nchw(empty_device_contiguous_dtype(
         x.client.clone(),
         x.device.clone(),
         Shape::new([n, h, w, channels]),
@@ -179,8 +180,9 @@ pub fn channel_sums(x: CubeTensor) -> CubeTensor {
     );
     let (c, m) = (s[1], s[0] * s[2] * s[3]);
     let p = parts(m);
-    let empty =
-        |shape: Shape| empty_device_dtype(x.client.clone(), x.device.clone(), shape, DType::F32);
+    let empty = |shape: Shape| {
+        empty_device_contiguous_dtype(x.client.clone(), x.device.clone(), shape, DType::F32)
+    };
     let partial = empty(Shape::new([c * p]));
     let out = empty(Shape::new([c]));
     let dim = CubeDim::new(&x.client, c);

@@ -4,7 +4,7 @@
 
 // `#[cube]` expands to `cubecl::…` paths.
 use burn::cubecl;
-use burn_cubecl::ops::numeric::empty_device_dtype;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 use cubecl::{CubeCount, CubeDim, calculate_cube_count_elemwise};
@@ -64,7 +64,8 @@ pub fn copy_into(src: CubeTensor, dst: &CubeTensor) {
 
 /// A copy of `src` in a new buffer.
 pub fn duplicate(src: CubeTensor) -> CubeTensor {
-    let out = empty_device_dtype(
+    // Contiguous, not pitched rows (docs/kernels.md, "Output buffers").
+    let out = empty_device_contiguous_dtype(
         src.client.clone(),
         src.device.clone(),
         src.meta.shape().clone(),

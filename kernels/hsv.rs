@@ -4,7 +4,7 @@
 
 // `#[cube]` expands to `cubecl::…` paths.
 use burn::cubecl;
-use burn_cubecl::ops::numeric::empty_device_dtype;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 use cubecl::{CubeCount, CubeDim, calculate_cube_count_elemwise};
@@ -127,7 +127,8 @@ pub fn hsv_jitter(images: CubeTensor, gains: CubeTensor) -> CubeTensor {
     let shape = images.meta.shape().clone();
     assert_eq!(shape[1], 3, "device HSV takes RGB images");
     let pixels = shape[0] * shape[2] * shape[3];
-    let output = empty_device_dtype(
+    // Contiguous, not pitched rows (docs/kernels.md, "Output buffers").
+    let output = empty_device_contiguous_dtype(
         images.client.clone(),
         images.device.clone(),
         shape,

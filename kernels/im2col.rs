@@ -8,7 +8,7 @@
 use burn::backend::ops::ConvOptions;
 use burn::cubecl;
 use burn::tensor::{DType, Shape};
-use burn_cubecl::ops::numeric::empty_device_dtype;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 use cubecl::{CubeDim, calculate_cube_count_elemwise};
@@ -81,7 +81,8 @@ pub fn columns(
     let s = x.meta.shape();
     let (n, c) = (s[0], s[1]);
     let (taps, positions) = (kernel[0] * kernel[1], out[0] * out[1]);
-    let cols = empty_device_dtype(
+    // Contiguous, not pitched rows (docs/kernels.md, "Output buffers").
+    let cols = empty_device_contiguous_dtype(
         x.client.clone(),
         x.device.clone(),
         Shape::new([n, c, taps, positions]),

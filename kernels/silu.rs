@@ -5,7 +5,7 @@
 // `#[cube]` expands to `cubecl::…` paths.
 use burn::cubecl;
 use burn::tensor::DType;
-use burn_cubecl::ops::numeric::empty_device_dtype;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 use cubecl::{CubeDim, calculate_cube_count_elemwise};
@@ -83,7 +83,9 @@ fn silu_backward_kernel(x: &Tensor<f32>, grad: &Tensor<f32>, out: &mut Tensor<f3
 fn output(like: &CubeTensor) -> (CubeTensor, CubeCount, CubeDim) {
     let shape = like.meta.shape().clone();
     let n = shape.num_elements();
-    let out = empty_device_dtype(like.client.clone(), like.device.clone(), shape, DType::F32);
+    // Contiguous, not pitched rows (docs/kernels.md, "Output buffers").
+    let out =
+        empty_device_contiguous_dtype(like.client.clone(), like.device.clone(), shape, DType::F32);
     let dim = CubeDim::new(&like.client, n);
     (
         out,
