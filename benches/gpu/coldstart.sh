@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Cold- and warm-cache time to first training step on CUDA (docs/PERF.md, cold-start issue).
+# Cold- and warm-cache time to first training step on CUDA (docs/perf_log.md, cold-start issue).
 # Run on the GPU machine from the project root after `source .gpu/setup.sh`:
 #   bash benches/gpu/coldstart.sh            # batch 4, 640 px, 6 steps
 # Env: B (batch), S (image size), STEPS, COLD_LIMIT (seconds allowed for the cold run).

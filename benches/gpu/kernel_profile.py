@@ -1,4 +1,4 @@
-"""GPU time per kernel kind in the last of STEPS equal steps (docs/PERF.md, section D).
+"""GPU time per kernel kind in the last of STEPS equal steps (docs/perf_log.md, 2026-11-29).
 
 CubeCL writes one line per profiled launch, `| <duration> | <kernel name>...`, when cubecl.toml
 holds `[profiling.logger] level = "basic"` and a `file`. Usage:

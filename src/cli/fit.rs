@@ -198,7 +198,7 @@ pub fn run(config_path: &Path, o: FitOptions) -> anyhow::Result<()> {
                 cfg.model.nc
             )
         );
-        // Per epoch: the step can drift as training goes on (docs/PERF.md S).
+        // Per epoch: the step can drift as training goes on (docs/perf_log.md).
         if let Some(t) = &trainer.timing {
             let mut line = format!(
                 "  step median {:.1} ms ({})",

@@ -1,7 +1,7 @@
 //! `bench-step --profile PATH` (cargo feature `profile`): the host's CPU time during the timed
 //! steps, sampled by `pprof` on every thread, written as a flamegraph SVG at PATH and as folded
 //! stacks (`thread;outermost;…;innermost count`, one line per stack) at PATH with `.folded`, which
-//! `benches/gpu/profile_summary.py` sums by layer (docs/PERF.md).
+//! `benches/gpu/profile_summary.py` sums by layer (docs/perf_log.md).
 
 use anyhow::Context;
 use std::io::Write;
@@ -19,7 +19,7 @@ pub struct Profile {
 impl Profile {
     /// Starts sampling. Samples whose innermost frame is in libc, libgcc, pthread or the vDSO
     /// are dropped (pprof's advice: unwinding from inside them can deadlock) unless
-    /// `BURNPOSE_PROFILE_ALL=1`; on the H200 they were ~90 % of the CPU time (docs/PERF.md).
+    /// `BURNPOSE_PROFILE_ALL=1`; on the H200 they were ~90 % of the CPU time (docs/perf_log.md).
     pub fn start(path: &Path) -> anyhow::Result<Self> {
         let all = std::env::var("BURNPOSE_PROFILE_ALL").is_ok_and(|v| v == "1");
         let blocklist: &[&str] = if all {

@@ -53,7 +53,7 @@ fn configure_kernel_cache() {
             logger.append = false;
         }
         // Serve recurring sizes from exact-size persistent buckets: the dynamic pool's slice
-        // search was half of every training step's host time on the H200 (docs/PERF.md T:
+        // search was half of every training step's host time on the H200 (docs/perf_log.md, 2026-11-29:
         // 640 → 320 ms at b4/640, same bits). A `cubecl.toml` choosing another mode is kept.
         use burn::cubecl::config::memory::PersistentMemory;
         if matches!(config.memory.persistent_memory, PersistentMemory::Enabled) {

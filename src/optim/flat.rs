@@ -1,7 +1,7 @@
 //! The flat (multi-tensor) update: all gradients, values and AdamW/SGD state live in one `[N]`
 //! buffer each, every parameter a segment of it, so an optimizer step is ~30 kernels for the whole
 //! model instead of ~15 per parameter. CubeCL spends ~40 µs of host time per launch, so the
-//! per-tensor step of the nano model (~540 tensors) took 0.4–0.7 s on the H200 (docs/PERF.md T).
+//! per-tensor step of the nano model (~540 tensors) took 0.4–0.7 s on the H200 (docs/perf_log.md, 2026-11-29).
 //!
 //! Per element the arithmetic is the per-tensor update's, in the same order, with the per-step
 //! scalars read from a small table instead of kernel arguments, so both give the same bits

@@ -1,12 +1,12 @@
 //! A full sum that is the same number every run. Burn's `Tensor::sum` on CUDA is a one-shot kernel
 //! with atomic adds (cubek-reduce `shared_sum`), so its last bits depend on thread timing; that
 //! made loss values and — through the clipping norm — model states differ between identical GPU
-//! runs at 640 px (docs/PERF.md section J). `sum_dim` uses the deterministic reduce routines.
+//! runs at 640 px (docs/perf_log.md, 2026-11-29). `sum_dim` uses the deterministic reduce routines.
 //!
 //! A `sum_dim` to one value is one row, and CubeCL reduces a row in one cube: a 1.6M-value sum
-//! took 11 ms on the H200 (docs/PERF.md, the launch census). Large sums therefore go in stages
-//! of many short rows, each stage spread over the GPU; the split depends on the size only, so the
-//! order of the additions, and the result, are the same every run.
+//! took 11 ms on the H200 (docs/perf_log.md, launch census of 2026-12-01). Large sums therefore
+//! go in stages of many short rows, each stage spread over the GPU; the split depends on the size
+//! only, so the order of the additions, and the result, are the same every run.
 
 use burn::prelude::*;
 

@@ -16,7 +16,7 @@ pub struct StepTiming {
     /// Per step, ms of each of [`PHASES`] (when `phases`).
     pub phase_ms: Vec<[f64; PHASES.len()]>,
     /// Per step: whether it ended with an optimizer step, and the pool's bytes in use and
-    /// reserved after it (the in-fit step drift, docs/PERF.md S, is read from these).
+    /// reserved after it (the in-fit step drift, docs/perf_log.md, is read from these).
     pub optimizer_step: Vec<bool>,
     pub in_use: Vec<u64>,
     pub reserved: Vec<u64>,
@@ -69,7 +69,7 @@ impl StepTiming {
 
     /// "N with an optimizer step: median X ms; M accumulating only: median Y ms" over the steps
     /// from `from` on. A step median alone hides the optimizer step when gradients accumulate
-    /// (at nbs 64, batch 4 only one step in 16 runs it; docs/PERF.md T).
+    /// (at nbs 64, batch 4 only one step in 16 runs it; docs/perf_log.md).
     pub fn optimizer_split(&self, from: usize) -> String {
         let pick = |want: bool| -> Vec<f64> {
             self.step_ms[from..]

@@ -2,7 +2,7 @@
 //!
 //! Burn 0.22.1 without autotune runs every convolution, its weight gradient included, through a
 //! direct kernel, and reduces BatchNorm's statistics as `[C, N·H·W]` rows (as few as 16 rows of
-//! 409,600 values), so together they were 91 % of a step on the H200 (docs/PERF.md, section D).
+//! 409,600 values), so together they were 91 % of a step on the H200 (docs/perf_log.md, 2026-11-29).
 //! These operations keep Burn's maths but choose the work layout:
 //! - BatchNorm training and the SiLU after it are one operation with one backward (Burn's
 //!   formulas), so autodiff records no broadcast reductions and no activation graph. On CUDA it
@@ -231,7 +231,7 @@ pub trait FastOps: Backend {
 /// The CPU: Burn's operations, but the weight gradient as [`wgrad`]'s im2col matmul. Burn's
 /// default runs it as a convolution whose kernel is the output gradient (`[C_out, N, Ho, Wo]`,
 /// N input channels), which burn-flex's small-channel path computes plane by plane: a quarter
-/// of a `pose_nano` step's CPU time (docs/PERF.md, "CPU numbers").
+/// of a `pose_nano` step's CPU time (docs/perf_log.md, "CPU numbers").
 impl FastOps for burn::backend::Flex {
     fn conv_weight_backward(
         x: FloatTensor<Self>,
@@ -347,7 +347,7 @@ impl<B: Backend + FastOps> Backward<B, 1> for SiluOp {
 
 /// [`FastOps::add_bias`]: the input's gradient passes through, the bias's is
 /// [`FastOps::channel_sums`] of it (one reduction of ours on CUDA, where the broadcast's backward
-/// took three strided ones: 6 ms of a seed-shape step on the H200, docs/PERF.md).
+/// took three strided ones: 6 ms of a seed-shape step on the H200, docs/perf_log.md).
 #[derive(Debug)]
 struct BiasOp;
 
@@ -675,7 +675,7 @@ pub fn add_bias(y: Tensor<4>, bias: Option<Tensor<1>>) -> Tensor<4> {
 
 /// `conv.forward(x)`, through [`conv2d`] when it [`takes`] the convolution. The head's biased
 /// 1×1 predictors run here in FP32: Burn's direct kernel took 18 ms of a step's GPU time on
-/// the H200 for their gradients, and its bias gradient 4.6 ms (docs/PERF.md, U1).
+/// the H200 for their gradients, and its bias gradient 4.6 ms (docs/perf_log.md, 2026-12-01).
 pub fn conv_forward(conv: &Conv2d, x: Tensor<4>) -> Tensor<4> {
     if !takes(conv) {
         return conv.forward(x);
