@@ -44,25 +44,70 @@ pub struct Recorder {
     control: Control,
 }
 
-/// Deliberately broken variants, kept so that the parity tests can show they catch them.
+/// Deliberately broken variants, kept so that the parity tests can show they catch them; only
+/// `None` exists without the `controls` feature (which only this package's tests turn on).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Control {
     /// The real recorder.
     None,
     /// Records on the trainer's own modules instead of a private copy, so the warm-up and
     /// recording runs update the trainer's BatchNorm statistics (no rollback).
+    #[cfg(feature = "controls")]
     SkipRollback,
     /// Records the one-to-many point stems too: their recorded backward always writes a
     /// gradient, so a batch without positives gives them zeros instead of none, and the
     /// optimizer moves them and their state where the native loop skips them.
+    #[cfg(feature = "controls")]
     RecordStems,
     /// Copies the trainer's tensors in before the first replay only, as if they never changed:
     /// the graph keeps training the first step's weights.
+    #[cfg(feature = "controls")]
     StaleSources,
     /// Keeps the recorded gradients of parameters that feed only head outputs the loss did not
     /// read (`Scope::Network`): their zero seeds give zero gradients, and the optimizer moves
     /// them where the native loop skips them.
+    #[cfg(feature = "controls")]
     KeepUnreached,
+}
+
+/// Which control is on, as the recorder asks it.
+#[cfg(feature = "controls")]
+impl Control {
+    pub fn skips_rollback(self) -> bool {
+        self == Control::SkipRollback
+    }
+
+    pub fn records_stems(self) -> bool {
+        self == Control::RecordStems
+    }
+
+    pub fn stale_sources(self) -> bool {
+        self == Control::StaleSources
+    }
+
+    pub fn keeps_unreached(self) -> bool {
+        self == Control::KeepUnreached
+    }
+}
+
+/// Without the `controls` feature no control exists.
+#[cfg(not(feature = "controls"))]
+impl Control {
+    pub fn skips_rollback(self) -> bool {
+        false
+    }
+
+    pub fn records_stems(self) -> bool {
+        false
+    }
+
+    pub fn stale_sources(self) -> bool {
+        false
+    }
+
+    pub fn keeps_unreached(self) -> bool {
+        false
+    }
 }
 
 /// Everything the two graphs read or write, kept alive for as long as they exist.
@@ -156,14 +201,14 @@ fn is_running_stat(path: &str) -> bool {
 
 fn is_recorded(path: &str, scope: Scope, control: Control) -> bool {
     scope.covers(path)
-        || (control == Control::RecordStems && path.starts_with("head.one2many.pose.point_stems."))
+        || (control.records_stems() && path.starts_with("head.one2many.pose.point_stems."))
 }
 
 /// What the graphs compute from `input`: the stage's outputs, then (`RecordStems`, pose) each
 /// level's one-to-many point stem on its feature level.
 fn outputs(net: &Yolo, input: &Tensor<4>, scope: Scope, control: Control) -> Vec<Tensor<4>> {
     let mut out = scope.run(net, Tensor::from_inner(input.clone()));
-    if control == Control::RecordStems {
+    if control.records_stems() {
         assert_eq!(
             scope,
             Scope::Features,
@@ -184,11 +229,16 @@ impl Recorder {
     /// A recorder of `scope` for `device` (the autodiff CUDA device); it records on the first
     /// forward.
     pub fn new(device: &Device, scope: Scope) -> Self {
-        Self::with_control(device, scope, Control::None)
+        Self::build(device, scope, Control::None)
     }
 
-    /// A recorder with a negative control switched on (tests only).
+    /// A recorder with a negative control switched on (feature `controls`: tests only).
+    #[cfg(feature = "controls")]
     pub fn with_control(device: &Device, scope: Scope, control: Control) -> Self {
+        Self::build(device, scope, control)
+    }
+
+    fn build(device: &Device, scope: Scope, control: Control) -> Self {
         Self {
             device: device.clone(),
             scope,
@@ -250,7 +300,7 @@ impl Recorder {
             float_tensors(&model.valid()).into_iter().collect();
         for ((path, buffer), written) in r.sources.iter().zip(&mut r.written) {
             let now = cube(current[path].clone());
-            let stale = self.control == Control::StaleSources && written.is_some();
+            let stale = self.control.stale_sources() && written.is_some();
             if stale || written.as_ref().is_some_and(|w| same_tensor(w, &now)) {
                 continue;
             }
@@ -316,7 +366,7 @@ fn record(
     // A private copy with its own buffers and its own BatchNorm state (`valid()` detaches the
     // running statistics, which a plain clone would share), and the same parameter ids, so its
     // gradients key like the trainer's.
-    let net = if control == Control::SkipRollback {
+    let net = if control.skips_rollback() {
         model.clone()
     } else {
         let net = model.valid().train();

@@ -118,8 +118,8 @@ impl FeatureStage {
         let unreached: Vec<bool> = found.iter().map(Option::is_none).collect();
         let seeds = seeds(&features.leaves, found);
         #[cfg(feature = "cuda")]
-        let keep_unreached = matches!(self, FeatureStage::Replay(r)
-            if r.control() == super::recorder::Control::KeepUnreached);
+        let keep_unreached =
+            matches!(self, FeatureStage::Replay(r) if r.control().keeps_unreached());
         #[cfg(not(feature = "cuda"))]
         let keep_unreached = false;
         let (mut out, mut flat): (GradientsParams, Option<FlatGrads>) = match (self, features.taped)
@@ -167,8 +167,13 @@ impl StepFeatures {
                     p4: l[1].clone(),
                     p5: l[2].clone(),
                 };
-                let stems = (l.len() == 6).then(|| [l[3].clone(), l[4].clone(), l[5].clone()]);
-                head.forward_with_stems(&features, stems)
+                // The stems' outputs come along only under the `RecordStems` control.
+                #[cfg(feature = "controls")]
+                if l.len() == 6 {
+                    let stems = [l[3].clone(), l[4].clone(), l[5].clone()];
+                    return head.forward_with_stems(&features, Some(stems));
+                }
+                head.forward(&features)
             }
             Scope::Network => outputs_of(&self.leaves),
         }

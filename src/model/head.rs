@@ -191,7 +191,7 @@ impl Branches {
 
     /// [`Branches::forward`] with the point stems' outputs given instead of computed (by a
     /// recording that includes the stems: the feature-replay negative control).
-    pub fn forward_with_stems(
+    pub(crate) fn forward_with_stems(
         &self,
         levels: [Tensor<4>; 3],
         stems: Option<[Tensor<4>; 3]>,
@@ -273,16 +273,21 @@ pub struct Head {
 impl Head {
     /// Training forward: both copies; the one-to-one copy sees detached features.
     pub fn forward(&self, features: &Features) -> HeadOutput {
-        self.forward_with_stems(features, None)
+        self.run(features, None)
     }
 
     /// [`Head::forward`] with the one-to-many point stems' outputs given
-    /// ([`Branches::forward_with_stems`]).
+    /// ([`Branches::forward_with_stems`]; tests and the `controls` feature only).
+    #[cfg(any(test, feature = "controls"))]
     pub fn forward_with_stems(
         &self,
         features: &Features,
         stems: Option<[Tensor<4>; 3]>,
     ) -> HeadOutput {
+        self.run(features, stems)
+    }
+
+    fn run(&self, features: &Features, stems: Option<[Tensor<4>; 3]>) -> HeadOutput {
         let levels = features.clone().into_levels();
         let detached = levels.clone().map(|x| x.detach());
         HeadOutput {
