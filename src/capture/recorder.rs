@@ -9,8 +9,10 @@
 //! A tensor the trainer still holds from the previous replay is not copied again: between
 //! optimizer steps the parameters do not change, and the forward graph itself writes the new
 //! running statistics into the buffers it reads next. The forward graph gathers the new running
-//! statistics, and the backward graph the stage's gradients, into one flat buffer each, copied
-//! out with one launch and handed back as views.
+//! statistics, and the backward graph the stage's gradients, into one flat buffer each. The
+//! statistics are copied out with one launch and handed back as views; the gradients are handed
+//! back as views of the recorder's own buffer, which a holder past the next backward copies
+//! ([`FlatGrads::copy`]).
 
 use super::copy::{copy_into, duplicate};
 use super::tape::{leaf, seeded_root};

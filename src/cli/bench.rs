@@ -6,6 +6,7 @@
 use super::peer::PeerReport;
 use crate::config::DeviceKind;
 use crate::train::report::write_atomic;
+use crate::train::timing::mib;
 use crate::train::{StateHashes, Trainer};
 use anyhow::Context;
 use clap::ValueEnum;
@@ -46,9 +47,9 @@ impl FitReport {
             replay: t.stage.is_replay(),
             replay_off: t.replay_off.clone(),
             fit_s,
-            peak_in_use_mib: timing.peak_in_use() as f64 / 1048576.0,
-            peak_in_step_mib: timing.peak_in_step().map(|b| b as f64 / 1048576.0),
-            peak_reserved_mib: timing.peak_reserved() as f64 / 1048576.0,
+            peak_in_use_mib: mib(timing.peak_in_use()),
+            peak_in_step_mib: timing.peak_in_step().map(mib),
+            peak_reserved_mib: mib(timing.peak_reserved()),
             step_ms: timing.step_ms,
             event_ms: timing.event_ms,
             hashes,

@@ -5,7 +5,7 @@
 
 use crate::config::DeviceKind;
 use crate::config::Precision;
-use crate::train::timing::{IN_STEP_SAMPLES, PHASES};
+use crate::train::timing::{IN_STEP_SAMPLES, PHASES, mib};
 use crate::train::{Trainer, median};
 use std::path::Path;
 
@@ -156,14 +156,13 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
         q(0.1),
         q(0.9),
         q(1.0),
-        peak_use as f64 / 1048576.0,
-        peak_reserved as f64 / 1048576.0,
+        mib(peak_use),
+        mib(peak_reserved),
         h.model,
         h.optimizer,
         h.losses
     );
     if let (Some(b), Some(by)) = (timing.peak_in_step(), timing.peak_in_step_by_sample()) {
-        let mib = |b: u64| b as f64 / 1048576.0;
         let at: Vec<String> = IN_STEP_SAMPLES
             .iter()
             .zip(by)
@@ -217,7 +216,7 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
     if !buffers.is_empty() {
         let parts: Vec<String> = buffers
             .iter()
-            .map(|(what, b)| format!("{what} {:.1}", *b as f64 / 1048576.0))
+            .map(|(what, b)| format!("{what} {:.1}", mib(*b)))
             .collect();
         println!("replay buffers (MiB): {}", parts.join(", "));
     }

@@ -32,7 +32,7 @@ pub fn results_csv(history: &[EpochRecord]) -> String {
 pub fn steps_csv(t: &StepTiming, first_ni: usize) -> String {
     let mib = |v: &[u64], i: usize| {
         v.get(i)
-            .map_or(String::new(), |b| format!("{:.1}", *b as f64 / 1048576.0))
+            .map_or(String::new(), |b| format!("{:.1}", super::timing::mib(*b)))
     };
     let mut s = String::from("iteration,optimizer_step,step_ms,event_ms,in_use_mib,reserved_mib");
     if !t.phase_ms.is_empty() {

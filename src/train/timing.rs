@@ -121,6 +121,11 @@ impl StepTiming {
     }
 }
 
+/// `bytes` in MiB, as every memory figure is reported.
+pub fn mib(bytes: u64) -> f64 {
+    bytes as f64 / 1048576.0
+}
+
 /// The median (nearest rank: index `round((n − 1) / 2)`) of `v`, in any order; NaN when empty.
 pub fn median(v: &[f64]) -> f64 {
     let mut v = v.to_vec();
