@@ -1,5 +1,6 @@
 //! Convolution without bias: Burn's kernels (CPU), or on CUDA CubeCL's implicit GEMM for the
-//! forward and data gradient and our im2col matmul (`wgrad`) for the weight gradient.
+//! forward and data gradient and our im2col matmul (`wgrad`) for the weight gradient; both
+//! gradients of a depthwise convolution are our own kernels (`kernels/depthwise.rs`).
 
 use burn::backend::ops::ConvOptions;
 use burn::nn::PaddingConfig2d;
@@ -25,6 +26,7 @@ pub fn options(conv: &Conv2d) -> ConvOptions<2> {
 #[cfg(feature = "cuda")]
 pub mod gemm {
     use super::super::channels::channels_last;
+    use super::super::depthwise;
     use burn::backend::ops::ConvOptions;
     use burn::backend::{DType, FloatDType, Shape, TensorMetadata};
     use burn_cubecl::kernel::conv::{self, ConvStrategy};
@@ -80,6 +82,11 @@ pub mod gemm {
         options: ConvOptions<2>,
     ) -> CubeTensor {
         let shape = x.shape();
+        let dtype = x.dtype;
+        if depthwise::is_depthwise(shape[1], &weight.shape(), &options) {
+            let dx = depthwise::data_grad(grad, weight, shape, &options);
+            return burn_cubecl::kernel::cast(dx, dtype);
+        }
         // CubeCL's implicit GEMM takes stride-1 convolutions without groups; it hands the rest to
         // the direct kernel itself.
         if options.groups == 1
@@ -96,7 +103,6 @@ pub mod gemm {
         }
         // Strided and grouped data gradients run Burn's direct kernel, which accumulates in the
         // element type: in FP32, then back (5 % error in BF16 otherwise, docs/kernels.md).
-        let dtype = x.dtype;
         let f32 = |t: CubeTensor| burn_cubecl::kernel::cast(t, DType::F32);
         let dx =
             conv::conv_data_backward(f32(grad), f32(weight), shape, options, ConvStrategy::Direct)
@@ -119,6 +125,9 @@ pub mod gemm {
         dtype: FloatDType,
     ) -> CubeTensor {
         let shape = x.shape();
+        if depthwise::is_depthwise(shape[1], &weight.shape(), &options) {
+            return depthwise::data_grad(grad, weight, shape, &options);
+        }
         if options.groups == 1 && options.stride.iter().all(|&s| s == 1) {
             // As in `forward_in`: operands channels-last, cast and padded; result cropped.
             let d: DType = dtype.into();
@@ -147,6 +156,11 @@ pub mod gemm {
         grad: CubeTensor,
         options: ConvOptions<2>,
     ) -> CubeTensor {
+        let k = weight.shape();
+        if depthwise::is_depthwise(x.shape()[1], &k, &options) {
+            let dw = depthwise::weight_grad(x, grad, [k[2], k[3]], &options);
+            return burn_cubecl::kernel::cast(dw, weight.dtype);
+        }
         if let Some(dw) = super::super::wgrad::weight_backward::<burn_cubecl::CubeBackend>(
             x.clone(),
             weight.clone(),

@@ -10,8 +10,9 @@
 //!   launches per Conv-BN-SiLU; elsewhere (and with [`Kernels::Staged`]) its statistics and
 //!   gradients are reduced along W, then H, then N, each stage a reduction with many short rows.
 //! - On CUDA, convolutions without groups use CubeCL's implicit GEMM (tensor cores) for the
-//!   forward and the stride-1 data gradient; other data gradients run Burn's direct kernel in
-//!   FP32, and weight gradients are an FP32 im2col matmul (`wgrad`).
+//!   forward and the stride-1 data gradient; depthwise convolutions' gradients are our own
+//!   kernels (`kernels/depthwise.rs`); other data gradients run Burn's direct kernel in FP32, and
+//!   weight gradients are an FP32 im2col matmul (`wgrad`).
 //!
 //! [`Kernels::Stock`] keeps Burn's own operations, for comparisons and as a fallback.
 
@@ -22,6 +23,9 @@ mod channels;
 mod conv;
 #[cfg(feature = "cuda")]
 mod cuda;
+#[cfg(feature = "cuda")]
+#[path = "../../../kernels/depthwise.rs"]
+pub mod depthwise;
 #[cfg(feature = "cuda")]
 #[path = "../../../kernels/batch_norm.rs"]
 mod fused_bn;
