@@ -52,8 +52,9 @@ pub struct Recorder {
 pub enum Control {
     /// The real recorder.
     None,
-    /// Records on the trainer's own modules instead of a private copy, so the warm-up and
-    /// recording runs update the trainer's BatchNorm statistics (no rollback).
+    /// Hands the BatchNorm statistics of the private copy, as the warm-up and recording runs
+    /// left them, to the trainer (no rollback): what recording on the trainer's own modules
+    /// would do, without graphs that share tensors with the trainer (docs/capture.md).
     #[cfg(feature = "controls")]
     SkipRollback,
     /// Records the one-to-many point stems too: their recorded backward always writes a
@@ -116,7 +117,8 @@ impl Control {
 struct Recorded {
     forward: Graph,
     backward: Graph,
-    /// The private backbone + neck: never read again, but the graphs read its buffers.
+    /// The private backbone + neck: the graphs read its buffers (read again only by the
+    /// `SkipRollback` control).
     _net: Yolo,
     input: Tensor<4>,
     /// `(path, static buffer)` of every parameter and of the running statistics the recorded
@@ -295,7 +297,16 @@ impl Recorder {
                 self.scope,
                 self.control,
             );
-            self.state = Some(recorded.unwrap_or_else(|e| panic!("{e}")));
+            let r = recorded.unwrap_or_else(|e| panic!("{e}"));
+            if self.control.skips_rollback() {
+                let mut advanced: HashMap<String, Tensor<1>> = float_tensors(&r._net.valid())
+                    .into_iter()
+                    .filter(|(p, _)| is_running_stat(p) && is_recorded(p, self.scope, self.control))
+                    .map(|(p, t)| (p, copy_of(t)))
+                    .collect();
+                *model = replace_float_tensors(model.clone(), &mut advanced).0;
+            }
+            self.state = Some(r);
         }
         let r = self.state.as_mut().expect("recorded");
         let current: HashMap<String, Tensor<1>> =
@@ -368,9 +379,7 @@ fn record(
     // A private copy with its own buffers and its own BatchNorm state (`valid()` detaches the
     // running statistics, which a plain clone would share), and the same parameter ids, so its
     // gradients key like the trainer's.
-    let net = if control.skips_rollback() {
-        model.clone()
-    } else {
+    let net = {
         let net = model.valid().train();
         let mut copies: HashMap<String, Tensor<1>> = float_tensors(&net.valid())
             .into_iter()
@@ -383,7 +392,8 @@ fn record(
     let run = |net: &Yolo| outputs(net, &input, scope, control);
     let seeds: Vec<Tensor<4>> = run(&net)
         .iter()
-        .map(|t| Tensor::zeros(t.dims(), &inner))
+        // Burn's `zeros` pitches rows (an 80-wide FP32 row takes 512 bytes); a copy is packed.
+        .map(|t| copy_of(Tensor::zeros(t.dims(), &inner)))
         .collect();
     let stage_tensors = |net: &Yolo, keep: fn(&str) -> bool| -> Vec<(String, Tensor<1>)> {
         float_tensors(&net.valid())

@@ -227,8 +227,8 @@ fn replay_matches_native_on_an_empty_batch() {
     assert_empty_parity("pose");
 }
 
-/// Negative control: recording on the trainer's own modules lets the warm-up and recording runs
-/// advance its BatchNorm statistics. The parity check must see it.
+/// Negative control: the warm-up and recording runs' BatchNorm statistics reach the trainer (no
+/// rollback). The parity check must see it.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn skipping_the_rollback_breaks_parity() {
