@@ -460,3 +460,67 @@ fn dataset_sigmas_reach_the_loss() {
     let t = trainer(&cfg_for(&yaml));
     assert_eq!(t.loss.sigmas, sigmas);
 }
+
+/// What a fit reported, in order.
+#[derive(Default)]
+struct Events(Vec<String>);
+
+impl burnpose::train::FitEvents for Events {
+    fn epoch_start(&mut self, epoch: usize, batches: usize) {
+        self.0.push(format!("start {epoch} of {batches}"));
+    }
+    fn step(&mut self, batch: usize, batches: usize, items: &[f32; 6]) {
+        assert!(
+            items.iter().all(|v| v.is_finite()),
+            "step {batch}: {items:?}"
+        );
+        self.0.push(format!("step {batch}/{batches}"));
+    }
+    fn epoch_end(&mut self, trainer: &Trainer, record: &burnpose::train::EpochRecord, _: usize) {
+        assert_eq!(trainer.history.last().map(|r| r.epoch), Some(record.epoch));
+        self.0.push(format!("end {}", record.epoch));
+    }
+}
+
+/// `train::fit`, the library's entry for a complete fit: every epoch and step reported in order,
+/// the run folder written, and the same state as the epochs run by hand.
+#[test]
+fn fit_runs_every_epoch_and_writes_the_run_folder() {
+    let cfg = config("epochs = 2\nnbs = 2\n");
+    let dir = scratch("fit-entry");
+    let mut t = trainer(&cfg);
+    let mut events = Events::default();
+    let summary = burnpose::train::fit(&mut t, &dir, &mut events).unwrap();
+    assert_eq!(summary.epochs, 2);
+    assert!(!summary.stopped_early);
+    let batches = t.batches_per_epoch();
+    let mut expected = Vec::new();
+    for e in 0..2 {
+        expected.push(format!("start {e} of {batches}"));
+        expected.extend((0..batches).map(|b| format!("step {b}/{batches}")));
+        expected.push(format!("end {e}"));
+    }
+    assert_eq!(events.0, expected);
+    for f in [
+        "config.toml",
+        "last.safetensors",
+        "results.csv",
+        "results.png",
+    ] {
+        assert!(dir.join(f).is_file(), "{f} missing");
+    }
+    assert_eq!(
+        std::fs::read_to_string(dir.join("results.csv"))
+            .unwrap()
+            .lines()
+            .count(),
+        3,
+        "a header and one row per epoch"
+    );
+    let mut by_hand = trainer(&cfg);
+    while !by_hand.finished() {
+        by_hand.run_epoch(&mut no_log()).unwrap();
+    }
+    assert_eq!(t.state_hashes(), by_hand.state_hashes());
+    std::fs::remove_dir_all(&dir).ok();
+}

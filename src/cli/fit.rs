@@ -5,8 +5,7 @@ use crate::config::DeviceKind;
 use crate::config::{Config, compile_progress::CompileProgress};
 use crate::loss::TERMS;
 use crate::model::ParamCount;
-use crate::train::{Trainer, checkpoint, plot, report};
-use anyhow::Context;
+use crate::train::{EpochRecord, FitEvents, Trainer, checkpoint};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::{Path, PathBuf};
 
@@ -78,7 +77,7 @@ pub fn run(config_path: &Path, o: FitOptions) -> anyhow::Result<()> {
         cfg.output.name = n;
     }
     if resume.is_none() && !exist_ok {
-        let chosen = unused_run_name(&cfg.output.dir, &cfg.output.name);
+        let chosen = crate::train::unused_run_name(&cfg.output.dir, &cfg.output.name);
         if chosen != cfg.output.name {
             println!(
                 "{} exists; this run writes {} (--exist-ok reuses the folder)",
@@ -126,139 +125,15 @@ pub fn run(config_path: &Path, o: FitOptions) -> anyhow::Result<()> {
         trainer.optimizer.rule
     );
     println!("run folder: {}", run_dir.display());
-    std::fs::create_dir_all(&run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
-    std::fs::write(run_dir.join("config.toml"), cfg.to_toml())?;
-    // The best fitness so far and its epoch (1-based; 0 before any).
-    let (mut best, mut best_epoch) = trainer
-        .history
-        .iter()
-        .map(|r| (r.fitness(), r.epoch + 1))
-        .fold((f64::MIN, 0), |a, b| if b.0 > a.0 { b } else { a });
-    if trainer.epoch == 0 {
-        picture(crate::train::pictures::training(&trainer, &run_dir));
-    }
-    let first_timed_ni = trainer.ni;
-    let mut watch = Some(CompileProgress::start(&work_name(&cfg)));
-    while !trainer.finished() {
-        let epoch = trainer.epoch;
-        let timed_before = trainer.timing.as_ref().map_or(0, |t| t.step_ms.len());
-        let bar = ProgressBar::new(trainer.batches_per_epoch() as u64);
-        bar.set_style(
-            ProgressStyle::with_template(
-                "{prefix} {bar:25} {pos}/{len} {msg} [{elapsed}<{eta}, {per_sec}]",
-            )
-            .expect("template"),
-        );
-        bar.set_prefix(format!("epoch {}/{}", epoch + 1, cfg.train.epochs));
-        let mut on_step = |b: usize, _nb: usize, items: &[f32; 6]| {
-            let parts: Vec<String> = TERMS
-                .iter()
-                .zip(items)
-                .map(|(t, v)| format!("{t} {v:.3}"))
-                .collect();
-            if let Some(w) = watch.take() {
-                let kernels = w.finish();
-                // Printed directly: a hidden bar (no terminal) would drop `bar.println`.
-                bar.suspend(|| {
-                    println!(
-                        "first step done {:.1} s after start ({kernels} kernels compiled)",
-                        process_start.elapsed().as_secs_f64()
-                    )
-                });
-            }
-            bar.set_position(b as u64 + 1);
-            bar.set_message(parts.join(" "));
-        };
-        let record = trainer.run_epoch(&mut on_step)?;
-        bar.finish();
-        let total: f64 = record.train_loss.iter().sum();
-        println!(
-            "epoch {}/{}: loss {total:.4} ({}), lr {:.2e} | val box mAP50 {:.4} mAP50-95 {:.4} | pose mAP50 {:.4} mAP50-95 {:.4} | {:.1} s (data wait {:.1} s)",
-            epoch + 1,
-            cfg.train.epochs,
-            TERMS
-                .iter()
-                .zip(record.train_loss)
-                .map(|(t, v)| format!("{t} {v:.3}"))
-                .collect::<Vec<_>>()
-                .join(" "),
-            record.lr,
-            record.box_map50,
-            record.box_map,
-            record.pose_map50,
-            record.pose_map,
-            record.seconds,
-            record.data_wait
-        );
-        print!(
-            "{}",
-            crate::train::validate::per_class_lines(
-                &record.per_class,
-                trainer.val.names(),
-                cfg.model.nc
-            )
-        );
-        // Per epoch: the step can drift as training goes on (docs/perf_log.md).
-        if let Some(t) = &trainer.timing {
-            let mut line = format!(
-                "  step median {:.1} ms ({})",
-                crate::train::median(&t.step_ms[timed_before..]),
-                t.optimizer_split(timed_before)
-            );
-            if phases {
-                line += &format!(
-                    "; phases (median ms, synced): {}",
-                    t.phase_line(timed_before)
-                );
-            }
-            bar.suspend(|| println!("{line}"));
-        }
-        if trainer.skipped_records > 0 {
-            println!(
-                "  ({} bad images/records skipped, data.skip_bad = true)",
-                trainer.skipped_records
-            );
-        }
-        // Checkpoints first: nothing written after them can lose the epoch.
-        checkpoint::save(&trainer, &run_dir.join("last.safetensors"))?;
-        if record.fitness() > best {
-            (best, best_epoch) = (record.fitness(), epoch + 1);
-            checkpoint::save(&trainer, &run_dir.join("best.safetensors"))?;
-        }
-        let period = cfg.train.save_period;
-        if period > 0 && (epoch + 1).is_multiple_of(period) {
-            checkpoint::save(
-                &trainer,
-                &run_dir.join(format!("epoch{}.safetensors", epoch + 1)),
-            )?;
-        }
-        let patience = cfg.train.patience;
-        let stop = patience > 0 && epoch + 1 - best_epoch >= patience && !trainer.finished();
-        report::write_results(&run_dir, &trainer.history)?;
-        if let Some(t) = &trainer.timing {
-            let path = run_dir.join("steps.csv");
-            report::write_atomic(&path, report::steps_csv(t, first_timed_ni).as_bytes())
-                .with_context(|| format!("writing {}", path.display()))?;
-        }
-        // A picture is not worth a fit: a failure to draw it is reported and training goes on.
-        if let Err(e) = plot::write_plot(&run_dir, &trainer.history) {
-            eprintln!(
-                "warning: could not write {}: {e}",
-                run_dir.join("results.png").display()
-            );
-        }
-        if trainer.finished() || stop {
-            picture(crate::train::pictures::validation(&trainer, &run_dir));
-        }
-        if stop {
-            println!(
-                "stopping early: no improvement in {patience} epochs (train.patience); the best, \
-                 epoch {best_epoch}, is {}",
-                run_dir.join("best.safetensors").display()
-            );
-            break;
-        }
-    }
+    let mut progress = Progress {
+        bar: ProgressBar::hidden(),
+        watch: Some(CompileProgress::start(&work_name(&cfg))),
+        process_start,
+        epochs: cfg.train.epochs,
+        nc: cfg.model.nc,
+        phases,
+    };
+    crate::train::fit(&mut trainer, &run_dir, &mut progress)?;
     device
         .sync()
         .map_err(|e| anyhow::anyhow!("device sync failed: {e:?}"))?;
@@ -293,20 +168,6 @@ pub fn work_name(cfg: &Config) -> String {
         cfg.train.batch,
         cfg.data.imgsz
     )
-}
-
-/// `name`, or the first of `name2`, `name3`, … that is not a non-empty folder under `dir`
-/// (Ultralytics' rule), so a fit never writes over an earlier run.
-pub fn unused_run_name(dir: &Path, name: &str) -> String {
-    let taken =
-        |n: &str| std::fs::read_dir(dir.join(n)).is_ok_and(|mut entries| entries.next().is_some());
-    if !taken(name) {
-        return name.to_string();
-    }
-    (2..)
-        .map(|i| format!("{name}{i}"))
-        .find(|n| !taken(n))
-        .expect("some suffix is free")
 }
 
 /// The keys whose values differ between two configs, as `key: a vs b`, leaving out what may
@@ -351,9 +212,102 @@ fn diff(prefix: &str, a: &toml::Value, b: &toml::Value, out: &mut Vec<String>) {
     }
 }
 
-/// Pictures are not worth a fit: a failure to draw one is a warning.
-fn picture(result: Result<(), crate::train::pictures::PictureError>) {
-    if let Err(e) = result {
-        eprintln!("warning: {e}");
+/// The fit's progress on the terminal: a bar per epoch, the first step's compile time, a line
+/// per epoch with its losses, metrics and (when timed) step medians.
+struct Progress {
+    bar: ProgressBar,
+    watch: Option<CompileProgress>,
+    process_start: std::time::Instant,
+    epochs: usize,
+    nc: usize,
+    phases: bool,
+}
+
+impl FitEvents for Progress {
+    fn epoch_start(&mut self, epoch: usize, batches: usize) {
+        self.bar = ProgressBar::new(batches as u64);
+        self.bar.set_style(
+            ProgressStyle::with_template(
+                "{prefix} {bar:25} {pos}/{len} {msg} [{elapsed}<{eta}, {per_sec}]",
+            )
+            .expect("template"),
+        );
+        self.bar
+            .set_prefix(format!("epoch {}/{}", epoch + 1, self.epochs));
     }
+
+    fn step(&mut self, batch: usize, _batches: usize, items: &[f32; 6]) {
+        if let Some(w) = self.watch.take() {
+            let kernels = w.finish();
+            let seconds = self.process_start.elapsed().as_secs_f64();
+            // Printed directly: a hidden bar (no terminal) would drop `bar.println`.
+            self.bar.suspend(|| {
+                println!("first step done {seconds:.1} s after start ({kernels} kernels compiled)")
+            });
+        }
+        self.bar.set_position(batch as u64 + 1);
+        self.bar.set_message(terms(items.iter().map(|&v| v as f64)));
+    }
+
+    fn epoch_end(&mut self, trainer: &Trainer, record: &EpochRecord, timed_from: usize) {
+        self.bar.finish();
+        let total: f64 = record.train_loss.iter().sum();
+        println!(
+            "epoch {}/{}: loss {total:.4} ({}), lr {:.2e} | val box mAP50 {:.4} mAP50-95 {:.4} | pose mAP50 {:.4} mAP50-95 {:.4} | {:.1} s (data wait {:.1} s)",
+            record.epoch + 1,
+            self.epochs,
+            terms(record.train_loss),
+            record.lr,
+            record.box_map50,
+            record.box_map,
+            record.pose_map50,
+            record.pose_map,
+            record.seconds,
+            record.data_wait
+        );
+        print!(
+            "{}",
+            crate::train::validate::per_class_lines(
+                &record.per_class,
+                trainer.val.names(),
+                self.nc
+            )
+        );
+        // Per epoch: the step can drift as training goes on (docs/perf_log.md).
+        if let Some(t) = &trainer.timing {
+            let mut line = format!(
+                "  step median {:.1} ms ({})",
+                crate::train::median(&t.step_ms[timed_from..]),
+                t.optimizer_split(timed_from)
+            );
+            if self.phases {
+                line += &format!("; phases (median ms, synced): {}", t.phase_line(timed_from));
+            }
+            println!("{line}");
+        }
+        if trainer.skipped_records > 0 {
+            println!(
+                "  ({} bad images/records skipped, data.skip_bad = true)",
+                trainer.skipped_records
+            );
+        }
+    }
+
+    fn warning(&mut self, message: &str) {
+        eprintln!("warning: {message}");
+    }
+
+    fn notice(&mut self, message: &str) {
+        println!("{message}");
+    }
+}
+
+/// `box 1.234 pose 0.567 …`: loss items by their names.
+fn terms(items: impl IntoIterator<Item = f64>) -> String {
+    TERMS
+        .iter()
+        .zip(items)
+        .map(|(t, v)| format!("{t} {v:.3}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }

@@ -95,7 +95,7 @@ pub fn run(checkpoint: &Path, a: PredictArgs) -> anyhow::Result<()> {
         Some(dir) => dir,
         None => {
             let parent = Path::new("runs").join("predict");
-            parent.join(super::fit::unused_run_name(&parent, "predict"))
+            parent.join(crate::train::unused_run_name(&parent, "predict"))
         }
     };
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;

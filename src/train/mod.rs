@@ -1,8 +1,10 @@
-//! The native training loop, its validation, checkpoints and run outputs.
+//! Training: the trainer (one step, one epoch), a complete fit ([`fit`]: epochs, validation,
+//! checkpoints and the run folder), timing and reports.
 
 pub mod census;
 pub mod checkpoint;
 pub mod dist;
+mod fit;
 pub mod pictures;
 pub mod plot;
 pub mod report;
@@ -10,4 +12,5 @@ pub mod timing;
 pub mod trainer;
 pub mod validate;
 
+pub use fit::{FitError, FitEvents, FitSummary, fit, unused_run_name};
 pub use trainer::{EpochRecord, StateHashes, StepTiming, TrainError, Trainer, median};
