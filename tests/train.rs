@@ -524,3 +524,86 @@ fn fit_runs_every_epoch_and_writes_the_run_folder() {
     assert_eq!(t.state_hashes(), by_hand.state_hashes());
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Every float tensor (parameters and BatchNorm statistics) under `prefix`, as values.
+fn tensors_under(t: &Trainer, prefix: &str) -> Vec<(String, Vec<f32>)> {
+    burnpose::optim::tensors::float_tensors(&t.model.valid())
+        .into_iter()
+        .filter(|(p, _)| p.starts_with(prefix))
+        .map(|(p, v)| {
+            (
+                p,
+                v.into_data()
+                    .convert::<f32>()
+                    .try_into_vec::<f32>()
+                    .unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// `train.freeze = 3`: layers 0–2 keep their parameters and BatchNorm statistics while layer 3
+/// trains and its statistics move; without it layer 2 moves too (the check can fail).
+#[test]
+fn freeze_keeps_the_frozen_layers_and_their_statistics() {
+    let mut t = trainer(&config("epochs = 1\nnbs = 2\nfreeze = 3\n"));
+    let frozen: Vec<_> = ["backbone.l0.", "backbone.l2."]
+        .iter()
+        .map(|p| tensors_under(&t, p))
+        .collect();
+    let free = tensors_under(&t, "backbone.l3.");
+    assert!(frozen.iter().all(|f| f.len() >= 5) && free.len() == 5);
+    t.run_epoch(&mut no_log()).unwrap();
+    for (prefix, before) in ["backbone.l0.", "backbone.l2."].iter().zip(&frozen) {
+        assert_eq!(
+            &tensors_under(&t, prefix),
+            before,
+            "{prefix} moved while frozen"
+        );
+    }
+    for ((path, after), (_, before)) in tensors_under(&t, "backbone.l3.").iter().zip(&free) {
+        assert_ne!(after, before, "{path} did not train");
+    }
+    let mut unfrozen = trainer(&config("epochs = 1\nnbs = 2\n"));
+    let before = tensors_under(&unfrozen, "backbone.l2.");
+    unfrozen.run_epoch(&mut no_log()).unwrap();
+    assert_ne!(tensors_under(&unfrozen, "backbone.l2."), before);
+}
+
+/// Frozen layers inside the recorded stage turn replay off with the reason named; a frozen head
+/// outside the features stage does not (there the CPU device is what refuses).
+#[test]
+fn frozen_feature_layers_turn_replay_off_with_their_names() {
+    let why = |extra: &str| {
+        let cfg = config(&format!("{extra}\n[model]\ncapture_network = true\n"));
+        trainer(&cfg).replay_off.expect("replay refused on the CPU")
+    };
+    let e = why("freeze = 2");
+    assert!(
+        e.contains("frozen feature layers")
+            && e.contains("backbone.l0.")
+            && e.contains("backbone.l1."),
+        "{e}"
+    );
+    let e = why("freeze = [23]");
+    assert!(!e.contains("frozen") && e.contains("CUDA"), "{e}");
+}
+
+/// A layer index past the model names the key and the range; `24` (every layer) is accepted.
+#[test]
+fn freeze_past_the_last_layer_is_refused() {
+    for value in ["25", "[1, 30]"] {
+        let text = format!("[train]\nfreeze = {value}\n");
+        let e = Config::parse(&text, Path::new("f.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("f.toml") && e.contains("train.freeze") && e.contains("0–23"),
+            "{e}"
+        );
+    }
+    let ok = Config::parse("[train]\nfreeze = [0, 23, 5]\n", Path::new("f.toml")).unwrap();
+    assert_eq!(ok.train.freeze.layers(), vec![0, 5, 23]);
+    let all = Config::parse("[train]\nfreeze = 24\n", Path::new("f.toml")).unwrap();
+    assert_eq!(all.train.freeze.layers(), (0..24).collect::<Vec<_>>());
+}

@@ -229,6 +229,37 @@ pub struct TrainSection {
     /// Also keep every N-th epoch's checkpoint as `epoch<N>.safetensors` (default 0: only
     /// last/best).
     pub save_period: usize,
+    /// Layers (Ultralytics' indices, 0–23) kept as they are: `N` freezes the first N, a list
+    /// freezes those (default 0: none). Their parameters get no gradient and their BatchNorms
+    /// normalise with the running statistics, which stay put (Ultralytics' `freeze`).
+    pub freeze: Freeze,
+}
+
+/// `train.freeze`: the first N layers, or a list of layer indices.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Freeze {
+    First(usize),
+    Layers(Vec<usize>),
+}
+
+impl Default for Freeze {
+    fn default() -> Self {
+        Freeze::First(0)
+    }
+}
+
+impl Freeze {
+    /// The frozen layer indices, ascending and without repeats.
+    pub fn layers(&self) -> Vec<usize> {
+        let mut v: Vec<usize> = match self {
+            Freeze::First(n) => (0..*n).collect(),
+            Freeze::Layers(l) => l.clone(),
+        };
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
 }
 
 impl Default for TrainSection {
@@ -243,6 +274,7 @@ impl Default for TrainSection {
             val_nms: false,
             patience: 100,
             save_period: 0,
+            freeze: Freeze::default(),
         }
     }
 }
@@ -507,6 +539,30 @@ impl Config {
         }
         if t.nbs == 0 {
             return bad("train.nbs", "expected a nominal batch of at least 1".into());
+        }
+        let layers = crate::model::LAYERS;
+        match &t.freeze {
+            Freeze::First(n) if *n > layers => {
+                return bad(
+                    "train.freeze",
+                    format!(
+                        "expected at most {layers} (every layer, 0–{}), got {n}",
+                        layers - 1
+                    ),
+                );
+            }
+            Freeze::Layers(list) => {
+                if let Some(l) = list.iter().find(|&&l| l >= layers) {
+                    return bad(
+                        "train.freeze",
+                        format!(
+                            "layer {l} does not exist: the model's layers are 0–{}",
+                            layers - 1
+                        ),
+                    );
+                }
+            }
+            _ => {}
         }
         if !(o.lr0 > 0.0 && o.lr0.is_finite()) {
             return bad(

@@ -17,4 +17,4 @@ pub use backbone::{Backbone, Features, Neck};
 pub use head::{BranchOutput, Head, HeadOutput, STRIDES};
 pub use params::{NamedParam, ParamCount, named_params};
 pub use scale::Scale;
-pub use yolo::{Task, Yolo, YoloConfig};
+pub use yolo::{LAYERS, Task, Yolo, YoloConfig};

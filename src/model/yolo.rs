@@ -75,4 +75,44 @@ impl Yolo {
     pub fn feature_params(&self) -> usize {
         self.backbone.param_count() + self.neck.param_count()
     }
+
+    /// The model with `layers` (Ultralytics' indices, below [`LAYERS`]) frozen, as Ultralytics'
+    /// `freeze` does: their parameters take no gradient and their BatchNorms normalise with the
+    /// running statistics without updating them (Burn's `Module::freeze`). Indices whose layer
+    /// has no parameters (upsampling, concatenation) change nothing.
+    pub fn freeze_layers(mut self, layers: &[usize]) -> Self {
+        macro_rules! freeze {
+            ($($part:ident . $field:ident = $i:literal),* $(,)?) => {
+                $(if layers.contains(&$i) {
+                    self.$part.$field = self.$part.$field.freeze();
+                })*
+            };
+        }
+        freeze!(
+            backbone.l0 = 0,
+            backbone.l1 = 1,
+            backbone.l2 = 2,
+            backbone.l3 = 3,
+            backbone.l4 = 4,
+            backbone.l5 = 5,
+            backbone.l6 = 6,
+            backbone.l7 = 7,
+            backbone.l8 = 8,
+            backbone.l9 = 9,
+            backbone.l10 = 10,
+            neck.l13 = 13,
+            neck.l16 = 16,
+            neck.l17 = 17,
+            neck.l19 = 19,
+            neck.l20 = 20,
+            neck.l22 = 22,
+        );
+        if layers.contains(&23) {
+            self.head = self.head.freeze();
+        }
+        self
+    }
 }
+
+/// Layers of the model in Ultralytics' numbering: backbone 0–10, neck 11–22, head 23.
+pub const LAYERS: usize = 24;

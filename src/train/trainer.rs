@@ -159,7 +159,7 @@ impl Trainer {
             device.seed(cfg.train.seed);
             let model = cfg.model.yolo().init(&device);
             crate::optim::tensors::float_tensors(&model);
-            model
+            model.freeze_layers(&cfg.train.freeze.layers())
         };
         let mut ema = Ema::new(&model);
         ema.flat_update = cfg.optim.flat_update;
