@@ -9,9 +9,9 @@
 //!   fixed split and tree (deterministic, no atomics) in two launches, where Burn's broadcast
 //!   backward took three strided reductions.
 
-// The kernels' arithmetic stays in the forms CubeCL's frontend expands (`(m + parts - 1) / parts`,
-// `a[i] = a[i] + x` on shared memory), not clippy's rewrites.
-#![allow(clippy::manual_div_ceil, clippy::assign_op_pattern)]
+// The kernels' arithmetic stays in the form CubeCL's frontend expands (`(m + parts - 1) / parts`),
+// not clippy's rewrite.
+#![allow(clippy::manual_div_ceil)]
 
 // `#[cube]` expands to `cubecl::…` paths.
 use burn::cubecl;
@@ -20,6 +20,8 @@ use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::ops::permute_nhwc_to_nchw;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
+
+use super::tree::tree_sum;
 use cubecl::{CubeCount, CubeDim, calculate_cube_count_elemwise};
 
 /// Units per cube of the channel sums (a power of two: the shared-memory tree halves it).
@@ -132,21 +134,9 @@ fn sum_partial_kernel(x: &Tensor<f32>, partial: &mut Tensor<f32>, #[comptime] un
         sum += x[at];
         j += units;
     }
-    let mut shared = Shared::<[f32]>::new_slice(units);
-    let u = UNIT_POS_X as usize;
-    shared[u] = sum;
-    sync_cube();
-    // A runtime bound: a comptime one would make the loop condition a constant.
-    let mut half = CUBE_DIM_X as usize / 2;
-    while half > 0 {
-        if u < half {
-            shared[u] = shared[u] + shared[u + half];
-        }
-        sync_cube();
-        half /= 2;
-    }
-    if u == 0 {
-        partial[c * parts + p] = shared[0];
+    let total = tree_sum(sum, units);
+    if UNIT_POS_X == 0 {
+        partial[c * parts + p] = total;
     }
 }
 

@@ -8,9 +8,9 @@
 //! shared-memory tree, the parts merged in order): the same bits every run, no atomics. Every
 //! tensor is read by its own strides; outputs are contiguous.
 
-// The kernels' arithmetic stays in the forms CubeCL's frontend expands (`(m + parts - 1) / parts`,
-// `a[i] = a[i] + x` on shared memory), not clippy's rewrites.
-#![allow(clippy::manual_div_ceil, clippy::assign_op_pattern)]
+// The kernels' arithmetic stays in the form CubeCL's frontend expands (`(m + parts - 1) / parts`),
+// not clippy's rewrite.
+#![allow(clippy::manual_div_ceil)]
 
 // `#[cube]` expands to `cubecl::…` paths.
 use burn::backend::ops::ConvOptions;
@@ -19,6 +19,8 @@ use burn::tensor::{DType, Shape};
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
+
+use super::tree::tree_sum;
 use cubecl::{CubeCount, CubeDim, calculate_cube_count_elemwise};
 
 /// Units per cube of the weight gradient's partial sums (a power of two: the tree halves it).
@@ -153,22 +155,10 @@ fn weight_grad_partial_kernel(
         }
         k += units;
     }
-    let mut sums = Shared::<[f32]>::new_slice(units);
-    let u = UNIT_POS_X as usize;
-    sums[u] = acc;
-    sync_cube();
-    // A runtime bound: a comptime one would make the loop condition a constant.
-    let mut half = CUBE_DIM_X as usize / 2;
-    while half > 0 {
-        if u < half {
-            sums[u] = sums[u] + sums[u + half];
-        }
-        sync_cube();
-        half /= 2;
-    }
-    if u == 0 {
+    let total = tree_sum(acc, units);
+    if UNIT_POS_X == 0 {
         let at = (c * taps + t) * parts + p;
-        partial[at] = sums[0];
+        partial[at] = total;
     }
 }
 

@@ -35,6 +35,9 @@ pub mod im2col;
 #[cfg(feature = "cuda")]
 #[path = "../../../kernels/silu.rs"]
 mod silu_kernels;
+#[cfg(feature = "cuda")]
+#[path = "../../../kernels/tree.rs"]
+mod tree;
 pub mod wgrad;
 
 pub use conv::options as conv_options;
