@@ -504,11 +504,24 @@ fn fit_runs_every_epoch_and_writes_the_run_folder() {
     for f in [
         "config.toml",
         "last.safetensors",
+        "best.safetensors",
         "results.csv",
         "results.png",
     ] {
         assert!(dir.join(f).is_file(), "{f} missing");
     }
+    // `best` is the checkpoint of its epoch: the last one's bytes only when that epoch was best.
+    let (best, last) = (
+        std::fs::read(dir.join("best.safetensors")).unwrap(),
+        std::fs::read(dir.join("last.safetensors")).unwrap(),
+    );
+    assert!(summary.best_epoch >= 1);
+    assert_eq!(
+        best == last,
+        summary.best_epoch == 2,
+        "best epoch {}",
+        summary.best_epoch
+    );
     assert_eq!(
         std::fs::read_to_string(dir.join("results.csv"))
             .unwrap()

@@ -55,7 +55,7 @@ fn write_err(path: PathBuf) -> impl FnOnce(std::io::Error) -> FitError {
 /// Trains `trainer` from where it stands (a new or a resumed fit) to `train.epochs`, or until
 /// `train.patience` epochs pass without a better fitness. Writes into `run_dir`: `config.toml`,
 /// `last.safetensors` after every epoch (before anything else of that epoch), `best.safetensors`
-/// when the fitness improves, `epoch<N>.safetensors` every `train.save_period` epochs,
+/// (the same file as that `last`) when the fitness improves, `epoch<N>.safetensors` every `train.save_period` epochs,
 /// `results.csv` and `results.png`, `steps.csv` when the trainer times its steps, and the
 /// training and validation pictures. A picture or plot that cannot be drawn is a warning, not an
 /// error.
@@ -86,10 +86,12 @@ pub fn fit(
         let record = trainer.run_epoch(&mut |b, nb, items| events.step(b, nb, items))?;
         events.epoch_end(trainer, &record, timed_from);
         // Checkpoints first: nothing written after them can lose the epoch.
-        checkpoint::save(trainer, &run_dir.join("last.safetensors"))?;
+        let last = run_dir.join("last.safetensors");
+        checkpoint::save(trainer, &last)?;
         if record.fitness() > best {
             (best, best_epoch) = (record.fitness(), epoch + 1);
-            checkpoint::save(trainer, &run_dir.join("best.safetensors"))?;
+            let path = run_dir.join("best.safetensors");
+            keep_as_best(&last, &path).map_err(write_err(path))?;
         }
         let period = cfg.train.save_period;
         if period > 0 && (epoch + 1).is_multiple_of(period) {
@@ -129,6 +131,25 @@ pub fn fit(
     })
 }
 
+/// Makes `best` the file `last` is now (the same state, so the same bytes): a hard link where the
+/// filesystem has them, else a copy, renamed into place either way. A save gathers and writes the
+/// whole state again (0.18–0.37 s for the nano pose model on a 2-core CPU); the link takes
+/// microseconds. `last` is only ever replaced by a rename, never written in place, so a later
+/// `last` leaves `best` as it is.
+fn keep_as_best(last: &Path, best: &Path) -> std::io::Result<()> {
+    let tmp = best.with_extension(format!("tmp.{}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    let made = std::fs::hard_link(last, &tmp).or_else(|_| {
+        std::fs::copy(last, &tmp)?;
+        std::fs::File::open(&tmp)?.sync_all()
+    });
+    let done = made.and_then(|()| std::fs::rename(&tmp, best));
+    if done.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    done
+}
+
 /// A picture is not worth a fit: a failure to draw it is reported and training goes on.
 fn picture(result: Result<(), pictures::PictureError>, events: &mut dyn FitEvents) {
     if let Err(e) = result {
@@ -148,4 +169,32 @@ pub fn unused_run_name(dir: &Path, name: &str) -> String {
         .map(|i| format!("{name}{i}"))
         .find(|n| !taken(n))
         .expect("some suffix is free")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `best` takes `last`'s bytes when kept, and keeps them when a later `last` replaces the
+    /// file (as every save does, by a rename).
+    #[test]
+    fn best_keeps_the_last_it_was_made_from() {
+        let dir = std::env::temp_dir().join(format!("burnpose-best-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (last, best) = (dir.join("last.safetensors"), dir.join("best.safetensors"));
+        report::write_atomic(&last, b"epoch 1").unwrap();
+        keep_as_best(&last, &best).unwrap();
+        assert_eq!(std::fs::read(&best).unwrap(), b"epoch 1");
+        report::write_atomic(&last, b"epoch 2").unwrap();
+        assert_eq!(
+            std::fs::read(&best).unwrap(),
+            b"epoch 1",
+            "a new last changed best"
+        );
+        keep_as_best(&last, &best).unwrap();
+        assert_eq!(std::fs::read(&best).unwrap(), b"epoch 2");
+        let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+        assert_eq!(left.len(), 2, "a temporary file was left behind");
+        std::fs::remove_dir_all(&dir).ok();
+    }
 }
