@@ -5,7 +5,7 @@
 # (`--batch $BATCH` sets nbs = BATCH, default 4) so the optimizer and EMA rows are those of a
 # step that runs them; ARMS="native replay" (the default) picks the arms;
 # ACCUM=1 adds one run per arm at the config's nbs (mostly accumulation-only steps);
-# KERNELS="fast staged" runs each arm with each `--kernels` value, alternating.
+# CONV_BN_OPS="fast staged" runs each arm with each `--conv-bn-ops` value, alternating.
 # Here: `bash benches/gpu/pack.sh`. There, carrying ".gpu":
 #   source .gpu/setup.sh && bash benches/gpu/census.sh
 # Writes $OUT/census.tgz (logs, per-kernel CSVs) and prints the tables.
@@ -27,14 +27,14 @@ run() { # name, extra args
   echo "== $name rc=$?"; grep -E "^\||^bench-step|^phases|^host CPU|rror|panick" "$work/$name.log" | grep -v "^|---" | cut -c1-240
 }
 B=${BATCH:-4}
-for k in ${KERNELS:-fast}; do
+for k in ${CONV_BN_OPS:-fast}; do
   for arm in ${ARMS:-native replay}; do
     replay=false; [ "$arm" = replay ] && replay=true
-    run "${arm}_$k" --replay "$replay" --batch "$B" --kernels "$k"
+    run "${arm}_$k" --replay "$replay" --batch "$B" --conv-bn-ops "$k"
   done
   if [ "${ACCUM:-0}" = 1 ]; then
-    run "native_accum_$k" --replay false --kernels "$k"
-    run "replay_accum_$k" --replay true --kernels "$k"
+    run "native_accum_$k" --replay false --conv-bn-ops "$k"
+    run "replay_accum_$k" --replay true --conv-bn-ops "$k"
   fi
 done
 tar czf "$OUT/census.tgz" -C "$OUT" census && rm -rf "$work"

@@ -212,8 +212,8 @@ fn device_for(
     if let Some(d) = device_arg {
         cfg.device.kind = d;
     }
-    // `val` and `warmup` run the model without a trainer; they honour `device.kernels` too.
-    crate::model::ops::set_kernels(cfg.device.kernels);
+    // `val` and `warmup` run the model without a trainer; they honour `device.conv_bn_ops` too.
+    crate::model::ops::set_conv_bn_ops(cfg.device.conv_bn_ops);
     crate::config::device::resolve(cfg.device.kind, cfg.device.index)
         .map_err(anyhow::Error::msg)
         .with_context(|| format!("{}: key `device.kind`", path.display()))

@@ -25,9 +25,9 @@ pub struct Options {
     /// Override `train.batch` (and `train.nbs`, so every step is an optimizer step).
     #[arg(long)]
     pub batch: Option<usize>,
-    /// Override `device.kernels`.
+    /// Override `device.conv_bn_ops`.
     #[arg(long, value_enum)]
-    pub kernels: Option<crate::model::ops::Kernels>,
+    pub conv_bn_ops: Option<crate::model::ops::ConvBnOps>,
     /// Also read the memory pool inside every step (at the ends of loss, backward and optimizer)
     /// and print the largest bytes in use.
     #[arg(long)]
@@ -79,8 +79,8 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
         cfg.train.batch = b;
         cfg.train.nbs = b;
     }
-    if let Some(k) = o.kernels {
-        cfg.device.kernels = k;
+    if let Some(k) = o.conv_bn_ops {
+        cfg.device.conv_bn_ops = k;
     }
     anyhow::ensure!(o.steps > 0, "--steps must be at least 1");
     if o.census > 0 {

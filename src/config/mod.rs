@@ -381,7 +381,7 @@ pub struct DeviceSection {
     pub index: usize,
     /// Convolution and BatchNorm-training operations: "fast" (ours, docs/kernels.md), "staged"
     /// or "stock" (Burn's); default "fast".
-    pub kernels: crate::model::ops::Kernels,
+    pub conv_bn_ops: crate::model::ops::ConvBnOps,
 }
 
 impl Default for DeviceSection {
@@ -389,7 +389,7 @@ impl Default for DeviceSection {
         Self {
             kind: DeviceKind::Auto,
             index: 0,
-            kernels: Default::default(),
+            conv_bn_ops: Default::default(),
         }
     }
 }
@@ -441,6 +441,12 @@ impl Config {
                      runs its own eager warm-ups); delete the line",
                 );
             }
+            if message.contains("unknown field `kernels`") {
+                message.push_str(
+                    "\n`device.kernels` is now `device.conv_bn_ops` (the same values: \"fast\", \
+                     \"staged\", \"stock\"); rename the key",
+                );
+            }
             ConfigError::Parse {
                 path: path.to_path_buf(),
                 message,
@@ -451,12 +457,18 @@ impl Config {
     }
 
     /// A config stored by an earlier version (a checkpoint's): keys that version wrote and this
-    /// one no longer has are dropped (`capture.warmup_steps`, never read), the rest as [`toml`]
-    /// reads it, without the checks of [`Config::parse`] (the run was checked when it started).
+    /// one no longer has are dropped (`capture.warmup_steps`, never read) or renamed
+    /// (`device.kernels` → `device.conv_bn_ops`), the rest as [`toml`] reads it, without the
+    /// checks of [`Config::parse`] (the run was checked when it started).
     pub fn from_stored(text: &str) -> Result<Self, toml::de::Error> {
         let mut value: toml::Table = toml::from_str(text)?;
         if let Some(toml::Value::Table(capture)) = value.get_mut("capture") {
             capture.remove("warmup_steps");
+        }
+        if let Some(toml::Value::Table(device)) = value.get_mut("device")
+            && let Some(v) = device.remove("kernels")
+        {
+            device.insert("conv_bn_ops".into(), v);
         }
         value.try_into()
     }

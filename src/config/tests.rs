@@ -218,3 +218,23 @@ fn the_defaults_file_holds_every_key_at_its_default() {
 fn is_key(k: &str) -> bool {
     !k.is_empty() && k.chars().all(|c| c.is_ascii_lowercase() || c == '_')
 }
+
+/// `device.kernels` is now `device.conv_bn_ops`: a config file naming the old key is told the new
+/// one; a checkpoint that stored the old key (every earlier one did) loads with its value.
+#[test]
+fn renamed_kernels_key_is_explained_and_old_stored_configs_load() {
+    let e = parse("[device]\nkernels = \"stock\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("cfg.toml") && e.contains("device.conv_bn_ops") && e.contains("rename"),
+        "{e}"
+    );
+    let mut cfg = Config::default();
+    cfg.device.conv_bn_ops = crate::model::ops::ConvBnOps::Staged;
+    let text = toml::to_string(&cfg)
+        .unwrap()
+        .replace("conv_bn_ops = ", "kernels = ");
+    assert!(text.contains("kernels = \"staged\""), "{text}");
+    assert_eq!(Config::from_stored(&text).unwrap(), cfg);
+}

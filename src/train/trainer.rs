@@ -148,7 +148,7 @@ impl Trainer {
             )));
         }
         let device = device.autodiff();
-        crate::model::ops::set_kernels(cfg.device.kernels);
+        crate::model::ops::set_conv_bn_ops(cfg.device.conv_bn_ops);
         let model = {
             // Burn's device RNG is process-wide: seeding it and drawing the initial weights must
             // not interleave with another trainer doing the same (parallel tests, data-parallel

@@ -217,11 +217,11 @@ fn batch_norm_inference_kernel_matches_burns_on_cuda() {
             Tensor::<4>::random([3, c, h, w], Distribution::Normal(0.3, 2.0), &d)
         };
         for act in [false, true] {
-            ops::set_kernels(ops::Kernels::Fast);
+            ops::set_conv_bn_ops(ops::ConvBnOps::Fast);
             let fast = ops::batch_norm_act(&bn, x.clone(), act);
-            ops::set_kernels(ops::Kernels::Stock);
+            ops::set_conv_bn_ops(ops::ConvBnOps::Stock);
             let stock = ops::batch_norm_act(&bn, x.clone(), act);
-            ops::set_kernels(ops::Kernels::Fast);
+            ops::set_conv_bn_ops(ops::ConvBnOps::Fast);
             let e = rel(fast.clone(), stock.clone());
             let bits = |t: Tensor<4>| -> Vec<u32> {
                 t.into_data()
@@ -250,8 +250,8 @@ fn batch_norm_inference_kernel_matches_burns_on_cuda() {
 
 /// Output, input/γ/β gradients and new running statistics of BatchNorm (+ SiLU) in training,
 /// under a fixed loss, with the operations `kernels` chooses.
-fn bn_act_case(x: &Tensor<4>, act: bool, kernels: ops::Kernels, d: &Device) -> [Vec<f32>; 6] {
-    ops::set_kernels(kernels);
+fn bn_act_case(x: &Tensor<4>, act: bool, choice: ops::ConvBnOps, d: &Device) -> [Vec<f32>; 6] {
+    ops::set_conv_bn_ops(choice);
     let c = x.dims()[1];
     let mut bn = BatchNormConfig::new(c)
         .with_epsilon(1e-3)
@@ -284,7 +284,7 @@ fn bn_act_case(x: &Tensor<4>, act: bool, kernels: ops::Kernels, d: &Device) -> [
         v(bn.running_mean.value_sync()),
         v(bn.running_var.value_sync()),
     ];
-    ops::set_kernels(ops::Kernels::Fast);
+    ops::set_conv_bn_ops(ops::ConvBnOps::Fast);
     out
 }
 
@@ -318,9 +318,9 @@ fn fused_batch_norm_silu_matches_the_staged_operations_on_cuda() {
         .permute([0, 3, 1, 2]);
         for (x, layout) in [(x, "NCHW"), (nhwc, "NHWC")] {
             for act in [true, false] {
-                let fused = bn_act_case(&x, act, ops::Kernels::Fast, &d);
-                let again = bn_act_case(&x, act, ops::Kernels::Fast, &d);
-                let staged = bn_act_case(&x, act, ops::Kernels::Staged, &d);
+                let fused = bn_act_case(&x, act, ops::ConvBnOps::Fast, &d);
+                let again = bn_act_case(&x, act, ops::ConvBnOps::Fast, &d);
+                let staged = bn_act_case(&x, act, ops::ConvBnOps::Staged, &d);
                 let names = ["y", "dx", "dgamma", "dbeta", "running mean", "running var"];
                 let errors: Vec<f32> = (0..6).map(|k| rel_vec(&fused[k], &staged[k])).collect();
                 println!("bn_act {shape:?} {layout} act={act}: errors {names:?} {errors:?}");

@@ -1,7 +1,7 @@
 //! Our operations on CUDA: the fused BatchNorm + SiLU kernels, CubeCL's implicit GEMM with
 //! channels-last, padded operands for convolutions, the channel sums of bias gradients and SiLU.
 
-use super::{FastOps, Kernels, batch_norm, channels, conv, fused_bn, kernels, silu_kernels};
+use super::{ConvBnOps, FastOps, batch_norm, channels, conv, conv_bn_ops, fused_bn, silu_kernels};
 use burn::backend::ops::ConvOptions;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{BackendTensor, DispatchTensor, DispatchTensorKind};
@@ -30,7 +30,7 @@ impl FastOps for burn_cubecl::CubeBackend {
         FloatTensor<Self>,
         FloatTensor<Self>,
     ) {
-        let [out, mean, var, new_mean, new_var] = if kernels() == Kernels::Staged {
+        let [out, mean, var, new_mean, new_var] = if conv_bn_ops() == ConvBnOps::Staged {
             batch_norm::act_train::<Self>(
                 x,
                 gamma,
@@ -65,7 +65,7 @@ impl FastOps for burn_cubecl::CubeBackend {
         act: bool,
         grad: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        if kernels() == Kernels::Staged {
+        if conv_bn_ops() == ConvBnOps::Staged {
             return batch_norm::act_backward::<Self>(
                 x, gamma, beta, mean, variance, epsilon, act, grad,
             );

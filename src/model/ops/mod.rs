@@ -7,14 +7,14 @@
 //! - BatchNorm training and the SiLU after it are one operation with one backward (Burn's
 //!   formulas), so autodiff records no broadcast reductions and no activation graph. On CUDA it
 //!   is six kernels of ours (`kernels/batch_norm.rs`) where the tensor operations took ~60
-//!   launches per Conv-BN-SiLU; elsewhere (and with [`Kernels::Staged`]) its statistics and
+//!   launches per Conv-BN-SiLU; elsewhere (and with [`ConvBnOps::Staged`]) its statistics and
 //!   gradients are reduced along W, then H, then N, each stage a reduction with many short rows.
 //! - On CUDA, convolutions without groups use CubeCL's implicit GEMM (tensor cores) for the
 //!   forward and the stride-1 data gradient; depthwise convolutions' gradients are our own
 //!   kernels (`kernels/depthwise.rs`); other data gradients run Burn's direct kernel in FP32, and
 //!   weight gradients are an FP32 im2col matmul (`wgrad`).
 //!
-//! [`Kernels::Stock`] keeps Burn's own operations, for comparisons and as a fallback.
+//! [`ConvBnOps::Stock`] keeps Burn's own operations, for comparisons and as a fallback.
 
 mod batch_norm;
 #[cfg(feature = "cuda")]
@@ -63,7 +63,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 /// Which convolution and BatchNorm-training operations the model runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
-pub enum Kernels {
+pub enum ConvBnOps {
     /// Ours (this module): BatchNorm + SiLU fused into three kernels forward and three backward
     /// on CUDA (`kernels/batch_norm.rs`; staged tensor operations elsewhere); implicit-GEMM
     /// convolutions on CUDA.
@@ -76,19 +76,19 @@ pub enum Kernels {
     Stock,
 }
 
-static KERNELS: AtomicU8 = AtomicU8::new(0);
+static CONV_BN_OPS: AtomicU8 = AtomicU8::new(0);
 
 /// Chooses the operations for the whole process (the model reads it on every forward).
-pub fn set_kernels(kernels: Kernels) {
-    KERNELS.store(kernels as u8, Ordering::Relaxed);
+pub fn set_conv_bn_ops(ops: ConvBnOps) {
+    CONV_BN_OPS.store(ops as u8, Ordering::Relaxed);
 }
 
 /// The operations in effect.
-pub fn kernels() -> Kernels {
-    match KERNELS.load(Ordering::Relaxed) {
-        0 => Kernels::Fast,
-        1 => Kernels::Staged,
-        _ => Kernels::Stock,
+pub fn conv_bn_ops() -> ConvBnOps {
+    match CONV_BN_OPS.load(Ordering::Relaxed) {
+        0 => ConvBnOps::Fast,
+        1 => ConvBnOps::Staged,
+        _ => ConvBnOps::Stock,
     }
 }
 
@@ -547,19 +547,19 @@ impl<B: Backend + FastOps, C: CheckpointStrategy> FastOps for Autodiff<B, C> {
 /// `bn.forward(x)`, then SiLU when `act`: in training one [`FastOps::bn_act_train`] with the
 /// batch's statistics and the same running-statistics update as Burn's
 /// `BatchNorm::forward_train`; in inference on CUDA one kernel with the running statistics;
-/// otherwise Burn's inference (and under [`Kernels::Stock`] Burn's own training BatchNorm) and
+/// otherwise Burn's inference (and under [`ConvBnOps::Stock`] Burn's own training BatchNorm) and
 /// Burn's `silu`.
 pub fn batch_norm_act(bn: &BatchNorm, x: Tensor<4>, act: bool) -> Tensor<4> {
     let device = x.device();
     let training = device.is_autodiff() && bn.training.is_enabled();
     #[cfg(feature = "cuda")]
     if !training
-        && kernels() != Kernels::Stock
+        && conv_bn_ops() != ConvBnOps::Stock
         && let Some(y) = cuda::bn_act_inference(bn, &x, act)
     {
         return y;
     }
-    if !training || kernels() == Kernels::Stock {
+    if !training || conv_bn_ops() == ConvBnOps::Stock {
         let y = bn.forward(x);
         return if act {
             burn::tensor::activation::silu(y)
@@ -625,9 +625,9 @@ pub fn conv2d_in(
 }
 
 /// Whether `conv` runs through [`conv2d`] (with its bias, if any, added after): unless
-/// [`Kernels::Stock`].
+/// [`ConvBnOps::Stock`].
 pub fn takes(_conv: &Conv2d) -> bool {
-    kernels() != Kernels::Stock
+    conv_bn_ops() != ConvBnOps::Stock
 }
 
 /// Elements `start..start + len` of `x` through [`FastOps::segment`]: a view on CUDA when

@@ -175,8 +175,8 @@ fn convolution_op_has_burns_values_and_gradients_on_the_cpu() {
 
 #[test]
 fn kernels_default_to_fast() {
-    assert_eq!(Kernels::default(), Kernels::Fast);
-    assert_eq!(kernels(), Kernels::Fast);
+    assert_eq!(ConvBnOps::default(), ConvBnOps::Fast);
+    assert_eq!(conv_bn_ops(), ConvBnOps::Fast);
 }
 
 fn flex(t: Tensor<4>) -> FloatTensor<burn::backend::Flex> {
