@@ -25,16 +25,7 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 use cubecl::{CubeCount, CubeDim, calculate_cube_count_elemwise};
 
-/// Units per cube of the reductions (a power of two: the shared-memory tree halves it).
-const UNITS: usize = 256;
-/// Values of one channel a reduction cube takes at least, and the most cubes per channel.
-const PER_CUBE: usize = 4096;
-const MAX_PARTS: usize = 64;
-
-/// Cubes per channel for `m` values: a function of the shape only, so the summation order is.
-fn parts(m: usize) -> usize {
-    m.div_ceil(PER_CUBE).clamp(1, MAX_PARTS)
-}
+use super::tree::{UNITS, parts};
 
 /// Offset of the `j`-th value of channel `c` (`j` over N, H, W in that order) in a `[N, C, H, W]`
 /// tensor with the given strides.

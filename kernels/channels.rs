@@ -20,15 +20,9 @@ use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::ops::permute_nhwc_to_nchw;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
-
-use super::tree::tree_sum;
 use cubecl::{CubeCount, CubeDim, calculate_cube_count_elemwise};
 
-/// Units per cube of the channel sums (a power of two: the shared-memory tree halves it).
-const UNITS: usize = 256;
-/// Values of one channel a cube takes at least, and the most cubes per channel.
-const PER_CUBE: usize = 4096;
-const MAX_PARTS: usize = 64;
+use super::tree::{UNITS, parts, tree_sum};
 
 /// One unit per output value, in the output's memory order (`[N', H, W, C']`, channels
 /// fastest): `x[n, c, h, w]` cast, or zero where `n` or `c` lies beyond `x`.
@@ -100,11 +94,6 @@ pub fn channels_last(x: CubeTensor, n: usize, channels: usize, dtype: DType) -> 
 
 fn storage(dtype: DType) -> ElemType {
     burn::backend::cubecl::dtype_to_storage_type(dtype)
-}
-
-/// Cubes per channel for `m` values: a function of the shape only, so the summation order is.
-fn parts(m: usize) -> usize {
-    m.div_ceil(PER_CUBE).clamp(1, MAX_PARTS)
 }
 
 /// Cube `(p, c)`: the sum of its share of channel `c` (values in N, H, W order) into

@@ -19,21 +19,9 @@ use burn::tensor::{DType, Shape};
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
-
-use super::tree::tree_sum;
 use cubecl::{CubeCount, CubeDim, calculate_cube_count_elemwise};
 
-/// Units per cube of the weight gradient's partial sums (a power of two: the tree halves it).
-const UNITS: usize = 256;
-/// Output positions one partial-sum cube takes at least, and the most cubes per channel and tap.
-const PER_CUBE: usize = 4096;
-const MAX_PARTS: usize = 64;
-
-/// Cubes per channel and tap for `m` output positions: a function of the shape only, so the
-/// summation order is.
-fn parts(m: usize) -> usize {
-    m.div_ceil(PER_CUBE).clamp(1, MAX_PARTS)
-}
+use super::tree::{UNITS, parts, tree_sum};
 
 /// One unit per input element `(n, c, y, x)`: `Σ_{i,j} w[c, i, j] · dY[n, c, oy, ox]` over the
 /// taps whose output position `oy = (y + top − i·dh) / sh` (and likewise `ox`) is whole and
@@ -176,12 +164,9 @@ fn weight_grad_final_kernel(partial: &Tensor<f32>, out: &mut Tensor<f32>, parts:
     out[ABSOLUTE_POS] = acc;
 }
 
+/// `t` in FP32 (Burn's cast hands an FP32 tensor back as it is, with no launch).
 fn f32(t: CubeTensor) -> CubeTensor {
-    if t.dtype == DType::F32 {
-        t
-    } else {
-        burn_cubecl::kernel::cast(t, DType::F32)
-    }
+    burn_cubecl::kernel::cast(t, DType::F32)
 }
 
 fn empty(like: &CubeTensor, shape: Shape) -> CubeTensor {
