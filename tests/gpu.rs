@@ -32,6 +32,28 @@ fn values(t: Tensor<3>) -> Vec<f32> {
     t.into_data().convert::<f32>().try_into_vec().unwrap()
 }
 
+/// The CUDA tensor inside `t`, for calling our kernels directly.
+fn cube(t: Tensor<4>) -> burn_cubecl::tensor::CubeTensor {
+    use burn::backend::{BackendTensor, DispatchTensorKind};
+    match t.into_dispatch().kind {
+        DispatchTensorKind::Cube(BackendTensor::Float(c)) => c,
+        _ => panic!("expected a CUDA float tensor"),
+    }
+}
+
+/// A kernel's output read back as FP32 values.
+fn cube_values(c: burn_cubecl::tensor::CubeTensor) -> Vec<f32> {
+    use burn::backend::{BackendTensor, DispatchTensor, DispatchTensorKind};
+    Tensor::<4>::from_dispatch(DispatchTensor {
+        kind: DispatchTensorKind::Cube(BackendTensor::Float(c)),
+        autodiff: Default::default(),
+    })
+    .into_data()
+    .convert::<f32>()
+    .try_into_vec::<f32>()
+    .unwrap()
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn cuda_forward_matches_cpu() {

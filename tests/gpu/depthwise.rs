@@ -4,33 +4,13 @@
 //! stride 2, dilation, padding other than k/2, a 5×5 kernel, NHWC-strided and BF16 inputs, and
 //! positions enough for several partial sums per channel; two runs give the same bits.
 
-use super::cuda;
+use super::{cube, cube_values as values, cuda};
 use burn::backend::ops::ConvOptions;
-use burn::backend::{BackendTensor, DispatchTensor, DispatchTensorKind};
 use burn::prelude::*;
 use burn::tensor::{DType, Distribution, FloatDType};
 use burn_cubecl::CubeBackend;
 use burn_cubecl::kernel::conv::{self, ConvStrategy};
-use burn_cubecl::tensor::CubeTensor;
 use burnpose::model::ops::{depthwise, wgrad};
-
-fn cube(t: Tensor<4>) -> CubeTensor {
-    match t.into_dispatch().kind {
-        DispatchTensorKind::Cube(BackendTensor::Float(c)) => c,
-        _ => panic!("expected a CUDA float tensor"),
-    }
-}
-
-fn values(c: CubeTensor) -> Vec<f32> {
-    Tensor::<4>::from_dispatch(DispatchTensor {
-        kind: DispatchTensorKind::Cube(BackendTensor::Float(c)),
-        autodiff: Default::default(),
-    })
-    .into_data()
-    .convert::<f32>()
-    .try_into_vec::<f32>()
-    .unwrap()
-}
 
 /// Largest absolute difference relative to the largest reference value.
 fn rel(a: &[f32], reference: &[f32]) -> f32 {

@@ -364,28 +364,18 @@ fn fused_batch_norm_silu_matches_the_staged_operations_on_cuda() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn im2col_kernel_equals_the_tensor_operations_on_cuda() {
+    use super::{cube, cube_values};
     use burn::backend::ops::ConvOptions;
-    use burn::backend::{BackendTensor, DispatchTensor, DispatchTensorKind};
     use burn_cubecl::CubeBackend;
     use burn_cubecl::tensor::CubeTensor;
     use ops::{im2col, wgrad};
     let d = cuda();
     d.seed(17);
-    let cube = |t: Tensor<4>| match t.into_dispatch().kind {
-        DispatchTensorKind::Cube(BackendTensor::Float(c)) => c,
-        _ => panic!("expected a CUDA float tensor"),
-    };
     let bits = |c: CubeTensor| {
-        Tensor::<4>::from_dispatch(DispatchTensor {
-            kind: DispatchTensorKind::Cube(BackendTensor::Float(c)),
-            autodiff: Default::default(),
-        })
-        .into_data()
-        .try_to_vec::<f32>()
-        .unwrap()
-        .iter()
-        .map(|v| v.to_bits())
-        .collect::<Vec<u32>>()
+        cube_values(c)
+            .iter()
+            .map(|v| v.to_bits())
+            .collect::<Vec<u32>>()
     };
     // (channels, kernel, stride, padding, dilation, height, width)
     let cases = [
