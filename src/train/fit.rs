@@ -137,17 +137,12 @@ pub fn fit(
 /// microseconds. `last` is only ever replaced by a rename, never written in place, so a later
 /// `last` leaves `best` as it is.
 fn keep_as_best(last: &Path, best: &Path) -> std::io::Result<()> {
-    let tmp = best.with_extension(format!("tmp.{}", std::process::id()));
-    let _ = std::fs::remove_file(&tmp);
-    let made = std::fs::hard_link(last, &tmp).or_else(|_| {
-        std::fs::copy(last, &tmp)?;
-        std::fs::File::open(&tmp)?.sync_all()
-    });
-    let done = made.and_then(|()| std::fs::rename(&tmp, best));
-    if done.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    done
+    report::replace_atomic(best, |tmp| {
+        std::fs::hard_link(last, tmp).or_else(|_| {
+            std::fs::copy(last, tmp)?;
+            std::fs::File::open(tmp)?.sync_all()
+        })
+    })
 }
 
 /// A picture is not worth a fit: a failure to draw it is reported and training goes on.

@@ -77,16 +77,25 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    let written = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
+    replace_atomic(path, |tmp| {
+        let mut f = std::fs::File::create(tmp)?;
         f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if written.is_err() {
-        // A full disk leaves a partial temporary file; the target keeps its earlier contents.
+        f.sync_all()
+    })
+}
+
+/// Replaces `path` with the file `make` writes at a temporary path beside it, by a rename: a
+/// reader sees the old file or the new one, never a part. If `make` or the rename fails (a full
+/// disk), the temporary file is removed and `path` keeps its earlier contents.
+pub fn replace_atomic(
+    path: &Path,
+    make: impl FnOnce(&Path) -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    let done = make(&tmp).and_then(|()| std::fs::rename(&tmp, path));
+    if done.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
-    written
+    done
 }
