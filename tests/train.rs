@@ -615,6 +615,16 @@ fn freeze_past_the_last_layer_is_refused() {
             "{e}"
         );
     }
+    for value in ["\"abc\"", "[-1]"] {
+        let text = format!("[train]\nfreeze = {value}\n");
+        let e = Config::parse(&text, Path::new("f.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("f.toml") && e.contains("`train.freeze` expects a number of layers"),
+            "{e}"
+        );
+    }
     let ok = Config::parse("[train]\nfreeze = [0, 23, 5]\n", Path::new("f.toml")).unwrap();
     assert_eq!(ok.train.freeze.layers(), vec![0, 5, 23]);
     let all = Config::parse("[train]\nfreeze = 24\n", Path::new("f.toml")).unwrap();

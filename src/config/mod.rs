@@ -441,6 +441,12 @@ impl Config {
                      runs its own eager warm-ups); delete the line",
                 );
             }
+            // serde names the type, not what to write.
+            message = message.replace(
+                "data did not match any variant of untagged enum Freeze",
+                "`train.freeze` expects a number of layers (the first N) or a list of layer \
+                 indices, such as 10 or [0, 1, 2]",
+            );
             if message.contains("unknown field `kernels`") {
                 message.push_str(
                     "\n`device.kernels` is now `device.conv_bn_ops` (the same values: \"fast\", \
