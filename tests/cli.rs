@@ -207,6 +207,45 @@ fn bench_runs_pairs_and_writes_tables() {
         "{csv}"
     );
     assert!(row[6].parse::<f64>().unwrap() > 0.0, "{csv}");
+    // Where the fit's seconds went: setup, steps, validation and the rest all measured, and
+    // the parts inside the complete fit.
+    // The header's names, a quoted one (it holds a comma) as one name.
+    let header: Vec<String> = csv
+        .lines()
+        .next()
+        .unwrap()
+        .split('"')
+        .enumerate()
+        .flat_map(|(i, part)| match i % 2 {
+            1 => vec![part.to_string()],
+            _ => part
+                .split(',')
+                .filter(|c| !c.is_empty())
+                .map(String::from)
+                .collect(),
+        })
+        .collect();
+    assert_eq!(header.len(), row.len(), "{csv}");
+    let column = |name: &str| {
+        let i = header.iter().position(|c| c == name);
+        row[i.unwrap_or_else(|| panic!("no column {name}: {csv}"))]
+            .parse::<f64>()
+            .unwrap()
+    };
+    let fit = column("complete fit (s)");
+    let setup = column("complete fit: setup (s)");
+    let steps = column("complete fit: all steps (s)");
+    let validation = column("complete fit: validation (s)");
+    let outside = column("complete fit: outside the epochs (s)");
+    assert!(
+        setup > 0.0 && steps > 0.0 && validation > 0.0 && outside > 0.0,
+        "{csv}"
+    );
+    assert!(setup + steps + validation + outside <= fit + 1e-3, "{csv}");
+    assert!(
+        md.contains("| complete fit: outside the epochs (s) |"),
+        "{md}"
+    );
     assert!(
         md.contains("| post-warm-up step, device clock (ms) |"),
         "{md}"

@@ -1,5 +1,8 @@
-//! Our COCO evaluation against an independent implementation (`hotcoco`, verified identical to
-//! pycocotools) on the real minicoco ground truth, with perturbed ground truth as predictions.
+//! Our COCO evaluation (`eval::evaluate`: hotcoco fed in memory from our annotations) against
+//! hotcoco reading the same ground truth and results as JSON files, the way pycocotools reads
+//! them, on the real minicoco ground truth with perturbed ground truth as predictions: checks
+//! what we hand the evaluator (areas, crowds, keypoint results' extent, images without
+//! annotations, categories) and what we read back (AP rows, per class).
 
 mod common;
 

@@ -29,7 +29,9 @@ peer_json=${PEER_JSON:-$work/peer/ultralytics.json}
 # Leave ~40 s for packing; a cut bench keeps its completed fits (reports) for --resume.
 timeout $(($(left) - 40)) burnpose bench "$CONFIG" --pairs "$PAIRS" --out "$seed" "${args[@]}" > "$work/bench.log" 2>&1
 echo "bench rc=$? at $(($(date +%s) - T0)) s"
-pkill -f "burnpose fit" 2>/dev/null
+# Only bench's own children (they alone pass --report): a wider pattern would also match the
+# device command that started this script, and end it.
+pkill -f "burnpose fit .*--report" 2>/dev/null
 grep -h "step median\|done:\|state hashes" "$seed"/logs/*.log 2>/dev/null | cut -c1-160
 grep "^|" "$seed/bench.md" 2>/dev/null
 tar czf "$OUT/sitting.tgz" -C "$OUT" sitting && rm -rf "$work"

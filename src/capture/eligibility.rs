@@ -2,8 +2,7 @@
 //! carries the reason, which the trainer logs once and keeps (`Trainer::replay_off`).
 
 use crate::config::device::is_cuda;
-use crate::model::{Task, Yolo};
-use crate::optim::groups::param_table;
+use crate::model::Yolo;
 use burn::prelude::*;
 
 /// What eligibility looks at.
@@ -12,12 +11,9 @@ pub struct Setup<'a> {
     pub enabled: bool,
     pub device: &'a Device,
     pub multi_device: bool,
-    pub task: Task,
     /// What the stage would record (`capture.scope`).
     pub scope: super::Scope,
     pub model: &'a Yolo,
-    /// A freshly built model of the configured type: the head certificate.
-    pub reference: &'a Yolo,
 }
 
 /// `Ok` when the feature stage may be recorded; otherwise why not. The device is checked last so
@@ -34,22 +30,24 @@ pub fn check(s: &Setup) -> Result<(), String> {
         .filter(|p| s.scope.covers(p))
         .collect();
     if !frozen.is_empty() {
-        return Err(format!("frozen feature layers: {}", frozen.join(", ")));
-    }
-    let (got, want) = (head_certificate(s.model), head_certificate(s.reference));
-    if got != want {
-        let diff = got
-            .iter()
-            .zip(&want)
-            .find(|(a, b)| a != b)
-            .map(|(a, b)| format!("{a} instead of {b}"))
-            .unwrap_or_else(|| format!("{} head tensors instead of {}", got.len(), want.len()));
-        let task = match s.task {
-            Task::Pose => "pose",
-            Task::Detect => "detection",
-        };
+        // By layer (`backbone.l0`; in the head, by unit), not by tensor: a frozen layer has
+        // several.
+        let mut layers: Vec<String> = Vec::new();
+        for p in &frozen {
+            let parts: Vec<&str> = p.split('.').collect();
+            let keep = match parts[0] {
+                "backbone" | "neck" => 2,
+                _ => parts.len().saturating_sub(2).max(1),
+            };
+            let layer = parts[..keep].join(".");
+            if !layers.contains(&layer) {
+                layers.push(layer);
+            }
+        }
         return Err(format!(
-            "the head is not the registered {task} head: {diff}"
+            "frozen feature layers (train.freeze): {} ({} parameters)",
+            layers.join(", "),
+            frozen.len()
         ));
     }
     if !cfg!(feature = "cuda") {
@@ -59,15 +57,6 @@ pub fn check(s: &Setup) -> Result<(), String> {
         return Err(format!("device {:?} is not CUDA", s.device));
     }
     Ok(())
-}
-
-/// The head's topology: every tensor's path and shape, in order.
-pub fn head_certificate(model: &Yolo) -> Vec<String> {
-    param_table(model)
-        .into_iter()
-        .filter(|p| p.path.starts_with("head."))
-        .map(|p| format!("{} {:?}", p.path, p.dims))
-        .collect()
 }
 
 /// Parameters (not BN running statistics) that do not require gradients.
@@ -85,7 +74,7 @@ pub fn frozen_params(model: &Yolo) -> Vec<String> {
 mod tests {
     use super::*;
     use crate::capture::Scope;
-    use crate::model::{Scale, YoloConfig};
+    use crate::model::{Scale, Task, YoloConfig};
 
     fn pose(nc: usize, kpts: usize) -> Yolo {
         YoloConfig::new(Scale::N, Task::Pose)
@@ -98,15 +87,12 @@ mod tests {
     fn every_fallback_names_its_reason() {
         let device = Device::flex().autodiff();
         let model = pose(1, 17);
-        let reference = pose(1, 17);
         let ok = Setup {
             enabled: true,
             device: &device,
             multi_device: false,
-            task: Task::Pose,
             scope: Scope::Features,
             model: &model,
-            reference: &reference,
         };
         let why = |s: Setup| check(&s).unwrap_err();
         assert!(
@@ -123,22 +109,14 @@ mod tests {
             })
             .contains("multi-device")
         );
-        // Detection records the whole network: the same rules, its own head certificate.
+        // Detection records the whole network: the same rules.
         let detect = YoloConfig::new(Scale::N, Task::Detect).init(&device);
-        let detect_ref = YoloConfig::new(Scale::N, Task::Detect).init(&device);
         let d = Setup {
-            task: Task::Detect,
             scope: Scope::Network,
             model: &detect,
-            reference: &detect_ref,
             ..ok
         };
         assert!(why(d).contains("CUDA"), "{}", why(d));
-        let e = why(Setup {
-            reference: &reference,
-            ..d
-        });
-        assert!(e.contains("registered detection head"), "{e}");
         let mut frozen_head = YoloConfig::new(Scale::N, Task::Detect).init(&device);
         frozen_head.head.one2many = frozen_head.head.one2many.clone().no_grad();
         let e = why(Setup {
@@ -146,22 +124,17 @@ mod tests {
             ..d
         });
         assert!(e.contains("frozen") && e.contains("head.one2many."), "{e}");
-        let other = pose(1, 5);
-        let e = why(Setup {
-            model: &other,
-            ..ok
-        });
-        assert!(
-            e.contains("registered pose head") && e.contains("instead of"),
-            "{e}"
-        );
         let mut frozen = pose(1, 17);
         frozen.backbone.l2 = frozen.backbone.l2.clone().no_grad();
         let e = why(Setup {
             model: &frozen,
             ..ok
         });
-        assert!(e.contains("frozen") && e.contains("backbone.l2."), "{e}");
+        assert!(
+            e.contains("frozen feature layers (train.freeze): backbone.l2 (")
+                && !e.contains("weight"),
+            "{e}"
+        );
         // A frozen head is refused only where the stage records it.
         let mut frozen_stems = pose(1, 17);
         let pose_head = frozen_stems.head.one2many.pose.as_mut().unwrap();

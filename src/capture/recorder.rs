@@ -117,9 +117,11 @@ impl Control {
 struct Recorded {
     forward: Graph,
     backward: Graph,
-    /// The private backbone + neck: the graphs read its buffers (read again only by the
-    /// `SkipRollback` control).
-    _net: Yolo,
+    /// The private copy of the network, kept only for the `SkipRollback` control, which reads
+    /// its statistics after recording. Otherwise dropped: the graphs' buffers are all held
+    /// below, and the copy's unrecorded part (the head) shares the trainer's tensors of the
+    /// recording step, which would stay allocated after the optimizer replaced them.
+    net: Option<Yolo>,
     input: Tensor<4>,
     /// `(path, static buffer)` of every parameter and of the running statistics the recorded
     /// forward reads.
@@ -134,9 +136,13 @@ struct Recorded {
     stats_layout: Layout,
     stats_flat: Tensor<1>,
     /// The stage's outputs ([`Scope::run`], then the point stems' outputs under `RecordStems`)
-    /// and their seed buffers.
+    /// and the backward's seed buffers. `None`: the outputs' buffers take the seeds
+    /// ([`Scope::Network`]: the head's outputs, which nothing in the recorded backward reads
+    /// back, and which the head's backward is done with when the seeds are written). The
+    /// features stage keeps its own: its outputs are also inputs of later neck layers, whose
+    /// weight gradients read them.
     outputs: Vec<Tensor<4>>,
-    seeds: Vec<Tensor<4>>,
+    seeds: Option<Vec<Tensor<4>>>,
     /// The stage's parameters with a gradient, in the order of `grad_layout`.
     grad_params: Vec<ParamInfo>,
     /// Where each gradient sits in `grad_flat`, the buffer the recorded backward gathers them in.
@@ -277,7 +283,7 @@ impl Recorder {
             ),
             ("input", bytes_of(&r.input)),
             ("outputs", sum(&r.outputs)),
-            ("seeds", sum(&r.seeds)),
+            ("seeds", r.seeds.as_deref().map_or(0, sum)),
             ("gradients", bytes_of(&r.grad_flat)),
             ("statistics out", bytes_of(&r.stats_flat)),
         ]
@@ -299,7 +305,8 @@ impl Recorder {
             );
             let r = recorded.unwrap_or_else(|e| panic!("{e}"));
             if self.control.skips_rollback() {
-                let mut advanced: HashMap<String, Tensor<1>> = float_tensors(&r._net.valid())
+                let net = r.net.as_ref().expect("kept for this control");
+                let mut advanced: HashMap<String, Tensor<1>> = float_tensors(&net.valid())
                     .into_iter()
                     .filter(|(p, _)| is_running_stat(p) && is_recorded(p, self.scope, self.control))
                     .map(|(p, t)| (p, copy_of(t)))
@@ -344,8 +351,9 @@ impl Recorder {
     /// backward ([`FlatGrads::copy`]).
     pub fn backward(&mut self, seeds: Vec<Tensor<4>>) -> FlatGrads {
         let r = self.state.as_ref().expect("forward before backward");
-        assert_eq!(seeds.len(), r.seeds.len(), "one seed per recorded output");
-        for (s, buffer) in seeds.into_iter().zip(&r.seeds) {
+        let buffers = r.seeds.as_ref().unwrap_or(&r.outputs);
+        assert_eq!(seeds.len(), buffers.len(), "one seed per recorded output");
+        for (s, buffer) in seeds.into_iter().zip(buffers) {
             write(s, buffer);
         }
         replay(&self.device, &r.backward);
@@ -390,6 +398,7 @@ fn record(
     };
     let input = copy_of(images.inner());
     let run = |net: &Yolo| outputs(net, &input, scope, control);
+    // The warm-ups' seeds, and the recorded backward's unless the outputs' buffers take them.
     let seeds: Vec<Tensor<4>> = run(&net)
         .iter()
         // Burn's `zeros` pitches rows (an 80-wide FP32 row takes 512 bytes); a copy is packed.
@@ -415,8 +424,8 @@ fn record(
             .cloned()
             .collect()
     };
-    let backward_of = |net: &Yolo, f: &[Tensor<4>]| {
-        GradientsParams::from_grads(seeded_root(f, &seeds).backward(), net)
+    let backward_of = |net: &Yolo, f: &[Tensor<4>], seeds: &[Tensor<4>]| {
+        GradientsParams::from_grads(seeded_root(f, seeds).backward(), net)
     };
 
     Dispatch::graph_prepare(dispatch).map_err(|e| err("prepare", &e))?;
@@ -424,7 +433,7 @@ fn record(
     let mut grad_layout = Layout::new(Vec::new());
     for _ in 0..WARMUPS {
         let f = run(&net);
-        let all = backward_of(&net, &f);
+        let all = backward_of(&net, &f, &seeds);
         grad_params = with_grad(&all);
         grad_layout = Layout::new(grad_params.iter().map(ParamInfo::numel).collect());
         let flat = gather_grads(&all, &grad_params, &grad_layout, &inner);
@@ -464,13 +473,15 @@ fn record(
     {
         let twin = net.valid().train();
         let f = run(&twin);
-        let all = backward_of(&twin, &f);
+        let all = backward_of(&twin, &f, &seeds);
         let flat = gather_grads(&all, &grad_params, &grad_layout, &inner);
         inner.sync().map_err(|e| err("backward warm-up sync", &e))?;
         drop((f, all, flat, twin));
     }
+    let outputs: Vec<Tensor<4>> = taped.iter().map(|t| t.clone().inner()).collect();
+    let seeds = (scope != Scope::Network).then_some(seeds);
     Dispatch::graph_start_capture(dispatch).map_err(|e| err("start backward capture", &e))?;
-    let all = backward_of(&net, &taped);
+    let all = backward_of(&net, &taped, seeds.as_ref().unwrap_or(&outputs));
     let captured = with_grad(&all);
     let grad_flat = gather_grads(&all, &grad_params, &grad_layout, &inner);
     // Dropped inside the window: the graph holds every buffer it wrote that is still alive when
@@ -488,12 +499,11 @@ fn record(
         ));
     }
     inner.sync().map_err(|e| err("sync after capture", &e))?;
-
-    let outputs = taped.into_iter().map(|t| t.inner()).collect();
+    drop(taped);
     Ok(Recorded {
         forward,
         backward,
-        _net: net,
+        net: control.skips_rollback().then_some(net),
         input,
         written: vec![None; sources.len()],
         sources,

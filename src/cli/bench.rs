@@ -21,6 +21,15 @@ pub struct FitReport {
     /// Why the feature stage ran natively, if it did.
     pub replay_off: Option<String>,
     pub fit_s: f64,
+    /// Of `fit_s`: building the trainer (model, optimizer, datasets, RAM cache).
+    #[serde(default)]
+    pub setup_s: Option<f64>,
+    /// Of `fit_s`: the epochs (their steps, data waits and validation).
+    #[serde(default)]
+    pub epochs_s: Option<f64>,
+    /// Of the epochs: validating the EMA.
+    #[serde(default)]
+    pub validation_s: Option<f64>,
     /// Every training step, device-synchronised at both ends.
     pub step_ms: Vec<f64>,
     /// Every training step by the device's clock (`fit --events`; NaN for the recording step).
@@ -40,13 +49,17 @@ pub struct FitReport {
 }
 
 impl FitReport {
-    pub fn of(t: &Trainer, fit_s: f64, hashes: StateHashes) -> Self {
+    /// The report of a fit that took `fit_s` seconds, `setup_s` of them building `t`.
+    pub fn of(t: &Trainer, fit_s: f64, setup_s: f64, hashes: StateHashes) -> Self {
         let timing = t.timing.clone().unwrap_or_default();
         let last = t.history.last();
         Self {
             replay: t.stage.is_replay(),
             replay_off: t.replay_off.clone(),
             fit_s,
+            setup_s: Some(setup_s),
+            epochs_s: Some(t.history.iter().map(|r| r.seconds).sum()),
+            validation_s: Some(t.history.iter().map(|r| r.val_seconds).sum()),
             peak_in_use_mib: mib(timing.peak_in_use()),
             peak_in_step_mib: timing.peak_in_step().map(mib),
             peak_reserved_mib: mib(timing.peak_reserved()),
@@ -341,6 +354,11 @@ fn step_median(step_ms: &[f64], skip: usize) -> Option<f64> {
     (!timed.is_empty()).then(|| crate::train::median(&timed))
 }
 
+/// Seconds in all timed steps (NaN entries, steps not timed, left out).
+fn steps_total_s(step_ms: &[f64]) -> f64 {
+    step_ms.iter().filter(|v| !v.is_nan()).sum::<f64>() / 1e3
+}
+
 /// A row of the table: its name, a burnpose run's value, the peer's value.
 type Metric = (
     &'static str,
@@ -348,7 +366,7 @@ type Metric = (
     fn(&PeerReport, usize) -> Option<f64>,
 );
 
-const METRICS: [Metric; 7] = [
+const METRICS: [Metric; 11] = [
     (
         "complete fit (s)",
         |r, _| Some(r.report.fit_s),
@@ -388,12 +406,41 @@ const METRICS: [Metric; 7] = [
         |r, _| Some(r.report.peak_reserved_mib),
         |p, _| Some(p.peak_reserved_mib),
     ),
+    // Where the fit's seconds went: setup + epochs + the rest (checkpoints, plots, pictures);
+    // the epochs hold the steps (every one, the first included) and validation.
+    (
+        "complete fit: setup (s)",
+        |r, _| r.report.setup_s,
+        |_, _| None,
+    ),
+    (
+        "complete fit: all steps (s)",
+        |r, _| Some(steps_total_s(&r.report.step_ms)),
+        |p, _| Some(steps_total_s(&p.step_ms)),
+    ),
+    (
+        "complete fit: validation (s)",
+        |r, _| r.report.validation_s,
+        |_, _| None,
+    ),
+    (
+        "complete fit: outside the epochs (s)",
+        |r, _| {
+            let (setup, epochs) = (r.report.setup_s?, r.report.epochs_s?);
+            Some(r.report.fit_s - setup - epochs)
+        },
+        |_, _| None,
+    ),
 ];
 
 fn runs_csv(runs: &[Run], skip: usize) -> String {
     let mut s = String::from("pair,arm,replay_active");
     for (name, _, _) in METRICS {
-        s += &format!(",{name}");
+        // Quoted where the name holds a comma, as CSV readers expect.
+        match name.contains(',') {
+            true => s += &format!(",\"{name}\""),
+            false => s += &format!(",{name}"),
+        }
     }
     s += ",steps,box_mAP50-95,pose_mAP50-95,model_hash,optimizer_hash,losses_hash\n";
     for r in runs {

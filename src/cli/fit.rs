@@ -93,7 +93,11 @@ pub fn run(config_path: &Path, o: FitOptions) -> anyhow::Result<()> {
     let (device, what) = super::device_for(&mut cfg, config_path, device_arg)?;
     let run_dir = cfg.output.dir.join(&cfg.output.name);
     let fit_start = std::time::Instant::now();
+    if crate::config::device::is_cuda(&device) {
+        super::precompile::run(&cfg, false);
+    }
     let mut trainer = Trainer::new(cfg, config_path, device.clone())?;
+    let setup_s = fit_start.elapsed().as_secs_f64();
     if report_path.is_some() || phases || events {
         trainer.timing = Some(crate::train::StepTiming {
             phases,
@@ -140,7 +144,7 @@ pub fn run(config_path: &Path, o: FitOptions) -> anyhow::Result<()> {
     let fit_s = fit_start.elapsed().as_secs_f64();
     let h = trainer.state_hashes();
     if let Some(path) = &report_path {
-        super::bench::FitReport::of(&trainer, fit_s, h.clone()).write(path)?;
+        super::bench::FitReport::of(&trainer, fit_s, setup_s, h.clone()).write(path)?;
     }
     println!(
         "done: {} epochs in {fit_s:.1} s; results in {}",

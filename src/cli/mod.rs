@@ -5,6 +5,7 @@ mod fit;
 mod info;
 mod launch_bench;
 mod peer;
+mod precompile;
 mod predict;
 #[cfg(feature = "profile")]
 mod profile;
@@ -101,6 +102,17 @@ pub enum Command {
         config: PathBuf,
         #[arg(long, value_enum)]
         device: Option<DeviceKind>,
+    },
+    /// One worker process of `device.compile_workers` (started by `fit` and `warmup`): compiles
+    /// its share of a fit's convolution kernels into the kernel cache.
+    #[command(hide = true)]
+    PrecompilePart {
+        /// The fit's config as the fit reads it (written by the parent).
+        config: PathBuf,
+        #[arg(long)]
+        part: usize,
+        #[arg(long)]
+        of: usize,
     },
     /// Print every config key with its default and what it means (commented TOML); with a
     /// CONFIG, that config with every key filled in as a run reads it.
@@ -270,6 +282,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             split,
         } => val::run(&config, checkpoint, device, save_json, split),
         Command::Warmup { config, device } => warmup::run(&config, device),
+        Command::PrecompilePart { config, part, of } => precompile::part(&config, part, of),
         Command::Config { config } => {
             match config {
                 None => print!("{}", crate::config::DEFAULTS),

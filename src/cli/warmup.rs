@@ -12,6 +12,9 @@ pub fn run(config_path: &Path, device_arg: Option<DeviceKind>) -> anyhow::Result
     let start = Instant::now();
     let (cfg, device, what) = super::config_and_device(config_path, device_arg)?;
     println!("warmup on {what}: {}", config_path.display());
+    if crate::config::device::is_cuda(&device) {
+        super::precompile::run(&cfg, true);
+    }
     let mut trainer = Trainer::new(cfg, config_path, device.clone())?;
     let order = trainer.epoch_order(0);
     let batch = trainer.batch(&order, 0)?;

@@ -36,6 +36,21 @@ fn memo_path(work: &str) -> Option<PathBuf> {
     Some(home.join("burnpose").join(format!("kernels-{safe}.txt")))
 }
 
+/// Whether [`remember`] was called for `work` on this machine (or a run of it counted its
+/// kernels): its kernels are then in the cache, unless the cache was emptied since.
+pub fn seen_before(work: &str) -> bool {
+    memo_path(work).is_some_and(|p| p.exists())
+}
+
+/// Remembers that `work` put `count` kernels in the cache (best effort: a memo that cannot be
+/// written only means the work is done again next time).
+pub fn remember(work: &str, count: usize) {
+    if let Some(p) = memo_path(work) {
+        let _ = std::fs::create_dir_all(p.parent().unwrap());
+        let _ = std::fs::write(p, count.to_string());
+    }
+}
+
 /// Counts kernels compiled while it lives and keeps a progress line on stderr.
 pub struct CompileProgress {
     stop: Arc<AtomicBool>,

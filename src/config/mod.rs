@@ -382,6 +382,11 @@ pub struct DeviceSection {
     /// Convolution and BatchNorm-training operations: "fast" (ours, docs/kernels.md), "staged"
     /// or "stock" (Burn's); default "fast".
     pub conv_bn_ops: crate::model::ops::ConvBnOps,
+    /// Processes that compile a CUDA fit's convolution kernels before its first step when this
+    /// version has not compiled the same convolutions on this machine before
+    /// (`train::precompile`; at most the CPU count); 0 leaves every kernel to be compiled on
+    /// first use (default 8).
+    pub compile_workers: usize,
 }
 
 impl Default for DeviceSection {
@@ -390,6 +395,7 @@ impl Default for DeviceSection {
             kind: DeviceKind::Auto,
             index: 0,
             conv_bn_ops: Default::default(),
+            compile_workers: 8,
         }
     }
 }

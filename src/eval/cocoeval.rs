@@ -1,6 +1,9 @@
-//! COCO evaluation (pycocotools' `COCOeval`) for boxes and keypoints: greedy matching by
-//! score per IoU/OKS threshold, crowd and area-range ignores, 101-point interpolated precision.
-//! Written from pycocotools' algorithm and checked against the `hotcoco` crate in tests.
+//! COCO evaluation (pycocotools' `COCOeval`) for boxes and keypoints, through the `hotcoco`
+//! crate (a Rust port checked against pycocotools): our annotations become an in-memory COCO
+//! dataset, the detections its results, and the AP rows and per-class AP are read from its
+//! summary and accumulated precision.
+
+use hotcoco::{Annotation, COCO, COCOeval, Category, Dataset, Image, IouType};
 
 /// What similarity matches detections to ground truth.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,109 +63,10 @@ impl Summary {
     }
 }
 
-struct Params {
-    thresholds: Vec<f64>,
-    recall_points: Vec<f64>,
-    max_det: usize,
-    areas: Vec<[f64; 2]>,
-}
-
-impl Params {
-    fn new(kind: IouKind) -> Self {
-        let big = 1e5f64 * 1e5;
-        let (max_det, areas) = match kind {
-            IouKind::Bbox => (
-                100,
-                vec![[0.0, big], [0.0, 1024.0], [1024.0, 9216.0], [9216.0, big]],
-            ),
-            IouKind::Keypoints => (20, vec![[0.0, big], [1024.0, 9216.0], [9216.0, big]]),
-        };
-        Self {
-            thresholds: linspace(0.5, 0.95, 10),
-            recall_points: linspace(0.0, 1.0, 101),
-            max_det,
-            areas,
-        }
-    }
-}
-
-/// `numpy.linspace(start, stop, num)` value for value: `i·step + start`, last = `stop`.
-fn linspace(start: f64, stop: f64, num: usize) -> Vec<f64> {
-    let step = (stop - start) / (num - 1) as f64;
-    let mut v: Vec<f64> = (0..num).map(|i| i as f64 * step + start).collect();
-    v[num - 1] = stop;
-    v
-}
-
-/// Per (image, category, area) result of `evaluateImg`.
-struct ImageEval {
-    scores: Vec<f64>,
-    /// `[T][D]` matched.
-    matched: Vec<Vec<bool>>,
-    /// `[T][D]` ignored.
-    dt_ignore: Vec<Vec<bool>>,
-    gt_ignore: Vec<bool>,
-}
-
-/// Detection area as pycocotools' `loadRes` sets it: box w·h, or the keypoint extent's area.
-fn dt_area(d: &DtAnn, kind: IouKind) -> f64 {
-    match kind {
-        IouKind::Bbox => d.bbox[2] * d.bbox[3],
-        IouKind::Keypoints => {
-            let (xs, ys): (Vec<f64>, Vec<f64>) =
-                d.keypoints.chunks(3).map(|k| (k[0], k[1])).unzip();
-            let span = |v: &[f64]| {
-                v.iter().cloned().fold(f64::MIN, f64::max)
-                    - v.iter().cloned().fold(f64::MAX, f64::min)
-            };
-            span(&xs) * span(&ys)
-        }
-    }
-}
-
-fn box_iou(d: &[f64; 4], g: &[f64; 4], crowd: bool) -> f64 {
-    let iw = (d[0] + d[2]).min(g[0] + g[2]) - d[0].max(g[0]);
-    let ih = (d[1] + d[3]).min(g[1] + g[3]) - d[1].max(g[1]);
-    if iw <= 0.0 || ih <= 0.0 {
-        return 0.0;
-    }
-    let inter = iw * ih;
-    let union = if crowd {
-        d[2] * d[3]
-    } else {
-        d[2] * d[3] + g[2] * g[3] - inter
-    };
-    inter / union
-}
-
-fn oks(d: &DtAnn, g: &GtAnn, sigmas: &[f64]) -> f64 {
-    let labelled = g.keypoints.chunks(3).filter(|k| k[2] > 0.0).count();
-    let [bx, by, bw, bh] = g.bbox;
-    let (x0, x1, y0, y1) = (bx - bw, bx + 2.0 * bw, by - bh, by + 2.0 * bh);
-    let mut sum = 0.0;
-    let mut count = 0usize;
-    for ((gk, dk), s) in g.keypoints.chunks(3).zip(d.keypoints.chunks(3)).zip(sigmas) {
-        let (dx, dy) = if labelled > 0 {
-            (dk[0] - gk[0], dk[1] - gk[1])
-        } else {
-            (
-                (x0 - dk[0]).max(0.0) + (dk[0] - x1).max(0.0),
-                (y0 - dk[1]).max(0.0) + (dk[1] - y1).max(0.0),
-            )
-        };
-        if labelled > 0 && gk[2] <= 0.0 {
-            continue;
-        }
-        let var = (2.0 * s).powi(2);
-        let e = (dx * dx + dy * dy) / var / (g.area + f64::EPSILON) / 2.0;
-        sum += (-e).exp();
-        count += 1;
-    }
-    sum / count as f64
-}
-
 /// Evaluates `dts` against `gts` over `image_ids` (pycocotools' `imgIds`; images without
-/// annotations count too) and returns the AP summary.
+/// annotations count too) with keypoint similarity constants `sigmas`, and returns the AP
+/// summary. Keypoint detections are matched by their keypoints alone: their box and area are
+/// the keypoints' extent, as pycocotools' `loadRes` makes them.
 pub fn evaluate(
     gts: &[GtAnn],
     dts: &[DtAnn],
@@ -170,196 +74,159 @@ pub fn evaluate(
     kind: IouKind,
     sigmas: &[f64],
 ) -> Summary {
-    let p = Params::new(kind);
     let mut images: Vec<u64> = image_ids.to_vec();
+    images.extend(gts.iter().map(|g| g.image_id));
     images.sort_unstable();
     images.dedup();
     let mut cats: Vec<u64> = gts.iter().map(|g| g.category_id).collect();
     cats.sort_unstable();
     cats.dedup();
-    let (t_len, r_len, a_len) = (p.thresholds.len(), p.recall_points.len(), p.areas.len());
-    // precision[t][r][k][a]; -1 where a category has no ground truth in range.
-    let mut precision = vec![vec![vec![vec![-1.0f64; a_len]; cats.len()]; r_len]; t_len];
-    for (k, &cat) in cats.iter().enumerate() {
-        let mut per_area: Vec<Vec<ImageEval>> = (0..a_len).map(|_| Vec::new()).collect();
-        for &img in &images {
-            let g: Vec<&GtAnn> = gts
-                .iter()
-                .filter(|g| g.image_id == img && g.category_id == cat)
-                .collect();
-            let mut d: Vec<&DtAnn> = dts
-                .iter()
-                .filter(|d| d.image_id == img && d.category_id == cat)
-                .collect();
-            if g.is_empty() && d.is_empty() {
-                continue;
-            }
-            // Stable sort by descending score, then the per-image cap.
-            d.sort_by(|a, b| b.score.total_cmp(&a.score));
-            d.truncate(p.max_det);
-            let sim: Vec<Vec<f64>> = d
-                .iter()
-                .map(|dt| {
-                    g.iter()
-                        .map(|gt| match kind {
-                            IouKind::Bbox => box_iou(&dt.bbox, &gt.bbox, gt.iscrowd),
-                            IouKind::Keypoints => oks(dt, gt, sigmas),
-                        })
-                        .collect()
-                })
-                .collect();
-            for (a, range) in p.areas.iter().enumerate() {
-                per_area[a].push(evaluate_image(&p, kind, &g, &d, &sim, *range));
-            }
-        }
-        for (a, evals) in per_area.iter().enumerate() {
-            accumulate(&p, evals, &mut |t, r, v| precision[t][r][k][a] = v);
-        }
+    if cats.is_empty() {
+        return Summary::absent();
     }
-    let mean = |vals: Vec<f64>| {
-        let valid: Vec<f64> = vals.into_iter().filter(|&v| v > -1.0).collect();
-        if valid.is_empty() {
-            -1.0
-        } else {
-            valid.iter().sum::<f64>() / valid.len() as f64
-        }
+    let dataset = Dataset {
+        images: images
+            .iter()
+            .map(|&id| Image {
+                id,
+                ..Default::default()
+            })
+            .collect(),
+        annotations: gts
+            .iter()
+            .enumerate()
+            .map(|(i, g)| Annotation {
+                id: i as u64 + 1,
+                image_id: g.image_id,
+                category_id: g.category_id,
+                bbox: Some(g.bbox),
+                area: Some(g.area),
+                iscrowd: g.iscrowd,
+                keypoints: (!g.keypoints.is_empty()).then(|| g.keypoints.clone()),
+                num_keypoints: Some(g.num_keypoints),
+                ..Default::default()
+            })
+            .collect(),
+        categories: cats
+            .iter()
+            .map(|&id| Category {
+                id,
+                name: id.to_string(),
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
     };
-    let collect = |ts: &[usize], a: usize| {
-        let mut v = Vec::new();
-        for &t in ts {
-            for per_recall in &precision[t] {
-                v.extend(per_recall.iter().map(|per_cat| per_cat[a]));
-            }
-        }
-        v
+    let gt = COCO::from_dataset(dataset);
+    let results: Vec<Annotation> = dts
+        .iter()
+        .map(|d| Annotation {
+            image_id: d.image_id,
+            category_id: d.category_id,
+            score: Some(d.score),
+            bbox: (kind == IouKind::Bbox).then_some(d.bbox),
+            keypoints: (kind == IouKind::Keypoints).then(|| d.keypoints.clone()),
+            ..Default::default()
+        })
+        .collect();
+    let iou = match kind {
+        IouKind::Bbox => IouType::Bbox,
+        IouKind::Keypoints => IouType::Keypoints,
     };
-    let all: Vec<usize> = (0..t_len).collect();
-    let per_class = cats
+    let evaluated = gt.load_res_anns(results).and_then(|dt| {
+        let mut ev = COCOeval::new(gt, dt, iou);
+        ev.params.img_ids = images.clone();
+        ev.params.kpt_oks_sigmas = sigmas.to_vec();
+        ev.evaluate()?;
+        ev.accumulate();
+        ev.summarize_lines();
+        Ok(ev)
+    });
+    let Ok(ev) = evaluated else {
+        return Summary::absent();
+    };
+    let (Some(stats), Some(acc)) = (ev.stats(), ev.accumulated()) else {
+        return Summary::absent();
+    };
+    // The AP rows lead the stats: all, .50, .75, then one per area range.
+    let areas = ev.params.area_ranges.len();
+    let s = acc.shape;
+    let per_class = acc
+        .cat_ids
         .iter()
         .enumerate()
         .map(|(k, &cat)| {
-            let v = precision
-                .iter()
-                .flat_map(|per_recall| per_recall.iter().map(|per_cat| per_cat[k][0]))
+            let valid: Vec<f64> = (0..s.t)
+                .flat_map(|t| (0..s.r).map(move |r| (t, r)))
+                .map(|(t, r)| acc.precision[acc.precision_idx(t, r, k, 0, s.m - 1)])
+                .filter(|&v| v > -1.0)
                 .collect();
-            (cat, mean(v))
+            let ap = match valid.is_empty() {
+                true => -1.0,
+                false => valid.iter().sum::<f64>() / valid.len() as f64,
+            };
+            (cat, ap)
         })
         .collect();
     Summary {
-        map: mean(collect(&all, 0)),
-        map50: mean(collect(&[0], 0)),
-        map75: mean(collect(&[5], 0)),
-        by_area: (1..a_len).map(|a| mean(collect(&all, a))).collect(),
+        map: stats[0],
+        map50: stats[1],
+        map75: stats[2],
+        by_area: stats[3..3 + areas - 1].to_vec(),
         per_class,
     }
 }
 
-fn evaluate_image(
-    p: &Params,
-    kind: IouKind,
-    g: &[&GtAnn],
-    d: &[&DtAnn],
-    sim: &[Vec<f64>],
-    range: [f64; 2],
-) -> ImageEval {
-    let outside = |area: f64| area < range[0] || area > range[1];
-    let ignore: Vec<bool> = g
-        .iter()
-        .map(|g| {
-            let base = g.iscrowd || (kind == IouKind::Keypoints && g.num_keypoints == 0);
-            base || outside(g.area)
-        })
-        .collect();
-    // Ground truth: not-ignored first (stable).
-    let mut order: Vec<usize> = (0..g.len()).collect();
-    order.sort_by_key(|&i| ignore[i]);
-    let t_len = p.thresholds.len();
-    let mut gt_taken = vec![vec![false; g.len()]; t_len];
-    let mut matched = vec![vec![false; d.len()]; t_len];
-    let mut dt_ignore = vec![vec![false; d.len()]; t_len];
-    for (t, &thr) in p.thresholds.iter().enumerate() {
-        for di in 0..d.len() {
-            let mut best = thr.min(1.0 - 1e-10);
-            let mut m: Option<usize> = None;
-            for (pos, &gi) in order.iter().enumerate() {
-                if gt_taken[t][pos] && !g[gi].iscrowd {
-                    continue;
-                }
-                if let Some(mp) = m
-                    && !ignore[order[mp]]
-                    && ignore[gi]
-                {
-                    break;
-                }
-                if sim[di][gi] < best {
-                    continue;
-                }
-                best = sim[di][gi];
-                m = Some(pos);
-            }
-            if let Some(mp) = m {
-                dt_ignore[t][di] = ignore[order[mp]];
-                matched[t][di] = true;
-                gt_taken[t][mp] = true;
-            }
-        }
-    }
-    for (di, dt) in d.iter().enumerate() {
-        if outside(dt_area(dt, kind)) {
-            for t in 0..t_len {
-                dt_ignore[t][di] |= !matched[t][di];
-            }
-        }
-    }
-    ImageEval {
-        scores: d.iter().map(|d| d.score).collect(),
-        matched,
-        dt_ignore,
-        gt_ignore: order.iter().map(|&i| ignore[i]).collect(),
-    }
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-fn accumulate(p: &Params, evals: &[ImageEval], set: &mut dyn FnMut(usize, usize, f64)) {
-    let npig = evals
-        .iter()
-        .flat_map(|e| &e.gt_ignore)
-        .filter(|&&i| !i)
-        .count();
-    if npig == 0 {
-        return;
-    }
-    // Concatenate in image order, then a stable sort by descending score.
-    let mut rows: Vec<(f64, usize, usize)> = Vec::new();
-    for (e, ev) in evals.iter().enumerate() {
-        for di in 0..ev.scores.len() {
-            rows.push((ev.scores[di], e, di));
+    fn gt(image_id: u64, x: f64) -> GtAnn {
+        let keypoints = vec![x + 5.0, 10.0, 2.0, x + 15.0, 20.0, 2.0];
+        GtAnn {
+            image_id,
+            category_id: 1,
+            bbox: [x, 5.0, 20.0, 30.0],
+            area: 600.0,
+            iscrowd: false,
+            keypoints,
+            num_keypoints: 2,
         }
     }
-    rows.sort_by(|a, b| b.0.total_cmp(&a.0));
-    for t in 0..p.thresholds.len() {
-        let (mut tp, mut fp) = (0.0f64, 0.0f64);
-        let mut rc = Vec::with_capacity(rows.len());
-        let mut pr = Vec::with_capacity(rows.len());
-        for &(_, e, di) in &rows {
-            let ev = &evals[e];
-            if ev.dt_ignore[t][di] {
-                // Ignored detections add to neither count but keep their place.
-            } else if ev.matched[t][di] {
-                tp += 1.0;
-            } else {
-                fp += 1.0;
-            }
-            rc.push(tp / npig as f64);
-            pr.push(tp / (fp + tp + f64::EPSILON));
+
+    fn exact(g: &GtAnn) -> DtAnn {
+        DtAnn {
+            image_id: g.image_id,
+            category_id: g.category_id,
+            bbox: g.bbox,
+            score: 0.9,
+            keypoints: g.keypoints.clone(),
         }
-        for i in (1..pr.len()).rev() {
-            if pr[i] > pr[i - 1] {
-                pr[i - 1] = pr[i];
-            }
-        }
-        for (r, &thr) in p.recall_points.iter().enumerate() {
-            let pi = rc.partition_point(|&v| v < thr);
-            set(t, r, if pi < pr.len() { pr[pi] } else { 0.0 });
+    }
+
+    /// Exact detections score 1, none score 0, and no ground truth at all is "absent"; an
+    /// image without annotations still counts its detections as false positives.
+    #[test]
+    fn exact_missing_and_absent() {
+        let gts = vec![gt(1, 0.0), gt(2, 40.0)];
+        let sigmas = [0.5, 0.5];
+        for kind in [IouKind::Bbox, IouKind::Keypoints] {
+            let dts: Vec<DtAnn> = gts.iter().map(exact).collect();
+            let s = evaluate(&gts, &dts, &[1, 2, 3], kind, &sigmas);
+            assert_eq!(
+                (s.map, s.map50, s.per_class.clone()),
+                (1.0, 1.0, vec![(1, 1.0)])
+            );
+            assert_eq!(evaluate(&gts, &[], &[1, 2], kind, &sigmas).map, 0.0);
+            assert_eq!(
+                evaluate(&[], &dts, &[1, 2], kind, &sigmas),
+                Summary::absent()
+            );
+            // A higher-scored false positive on image 3 (no annotations) lowers precision.
+            let mut fp = exact(&gts[0]);
+            (fp.image_id, fp.score) = (3, 0.95);
+            let worse = evaluate(&gts, &[dts, vec![fp]].concat(), &[1, 2, 3], kind, &sigmas);
+            assert!(worse.map < 1.0, "{kind:?}: {worse:?}");
         }
     }
 }

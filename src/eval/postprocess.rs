@@ -23,13 +23,21 @@ pub struct Select {
 pub fn detect(model: &Yolo, images: Tensor<4>, s: &Select) -> Vec<Vec<Detection>> {
     let [_, _, h, w] = images.dims();
     let anchors = Anchors::new(h, w);
-    let features = model.features(images);
+    let out = head_outputs(model, images, s.nms);
     if s.nms {
-        let out = model.head.one2many.forward(features.into_levels());
         one2many_nms(&out, &anchors, s.nk, s.max_det, s.conf, s.iou)
     } else {
-        let out = model.head.forward_one2one(&features);
         one2one(&out, &anchors, s.nk, s.max_det, s.conf)
+    }
+}
+
+/// The raw outputs [`detect`] chooses from: the one-to-many head's with `nms`, else the
+/// one-to-one head's.
+pub fn head_outputs(model: &Yolo, images: Tensor<4>, nms: bool) -> BranchOutput {
+    let features = model.features(images);
+    match nms {
+        true => model.head.one2many.forward(features.into_levels()),
+        false => model.head.forward_one2one(&features),
     }
 }
 

@@ -81,57 +81,71 @@ impl View for F32View {
     }
 }
 
-fn view(t: &Tensor<1>) -> F32View {
-    let data = t.clone().into_data().convert::<f32>();
-    F32View {
-        shape: vec![data.num_elements()],
-        bytes: data.as_bytes().to_vec(),
-    }
-}
-
-/// [`view`], refusing NaN and infinite values: a diverged model never replaces a saved one.
-fn finite_view(
-    name: String,
-    t: &Tensor<1>,
+/// Reads `tensors` from the device in one transaction (one wait for the device, not one per
+/// tensor: a checkpoint holds ~1,500 of them) as FP32 views; a tensor marked `true` must be
+/// finite, so a diverged model never replaces a saved one.
+fn read_views(
+    tensors: Vec<(String, Tensor<1>, bool)>,
     path: &Path,
-) -> Result<(String, F32View), CheckpointError> {
-    let v = view(t);
-    let finite = v
-        .bytes
-        .chunks_exact(4)
-        .all(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]).is_finite());
-    if !finite {
-        return Err(CheckpointError::NonFinite {
-            path: path.to_path_buf(),
-            tensor: name,
-        });
+) -> Result<Vec<(String, F32View)>, CheckpointError> {
+    let mut transaction = burn::tensor::Transaction::default();
+    let mut names = Vec::with_capacity(tensors.len());
+    for (name, t, finite) in tensors {
+        transaction = transaction.register(t);
+        names.push((name, finite));
     }
-    Ok((name, v))
+    let data = transaction
+        .try_execute()
+        .map_err(|e| CheckpointError::Format {
+            path: path.to_path_buf(),
+            message: format!("reading the state from the device: {e:?}"),
+        })?;
+    names
+        .into_iter()
+        .zip(data)
+        .map(|((name, finite), data)| {
+            let data = data.convert::<f32>();
+            let bytes = data.as_bytes().to_vec();
+            if finite
+                && !bytes
+                    .chunks_exact(4)
+                    .all(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]).is_finite())
+            {
+                return Err(CheckpointError::NonFinite {
+                    path: path.to_path_buf(),
+                    tensor: name,
+                });
+            }
+            let shape = vec![data.num_elements()];
+            Ok((name, F32View { shape, bytes }))
+        })
+        .collect()
 }
 
 /// Writes the trainer's complete state to `path` atomically; refuses (and leaves the file as it
 /// was) when the model or its EMA holds a NaN or infinite value.
 pub fn save(trainer: &Trainer, path: &Path) -> Result<(), CheckpointError> {
-    let mut tensors: Vec<(String, F32View)> = Vec::new();
+    let mut tensors: Vec<(String, Tensor<1>, bool)> = Vec::new();
     // `valid()` merges pending BatchNorm running-stat updates into the values we save.
     for (p, t) in float_tensors(&trainer.model.valid()) {
-        tensors.push(finite_view(format!("model.{p}"), &t, path)?);
+        tensors.push((format!("model.{p}"), t, true));
     }
     for (p, t) in float_tensors(&trainer.ema.model) {
-        tensors.push(finite_view(format!("ema.{p}"), &t, path)?);
+        tensors.push((format!("ema.{p}"), t, true));
     }
     let opt = &trainer.optimizer;
     for (info, s) in opt.table.iter().zip(&opt.state) {
         if let Some(b) = &s.buf {
-            tensors.push((format!("optim.{}.buf", info.path), view(b)));
+            tensors.push((format!("optim.{}.buf", info.path), b.clone(), false));
         }
         if let Some(b) = &s.second {
-            tensors.push((format!("optim.{}.second", info.path), view(b)));
+            tensors.push((format!("optim.{}.second", info.path), b.clone(), false));
         }
         if let Some(g) = trainer.pending.as_ref().and_then(|g| get_flat(g, info)) {
-            tensors.push((format!("pending.{}", info.path), view(&g)));
+            tensors.push((format!("pending.{}", info.path), g, false));
         }
     }
+    let tensors = read_views(tensors, path)?;
     let meta = Meta {
         format: FORMAT.into(),
         config: trainer.cfg.to_toml(),

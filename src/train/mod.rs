@@ -7,6 +7,7 @@ pub mod dist;
 mod fit;
 pub mod pictures;
 pub mod plot;
+pub mod precompile;
 pub mod report;
 pub mod timing;
 pub mod trainer;

@@ -121,6 +121,7 @@ mod tests {
             pose_map50: map,
             pose_map: map,
             seconds: 1.0,
+            val_seconds: 0.0,
             data_wait: 0.0,
             per_class: Vec::new(),
         }

@@ -62,6 +62,9 @@ pub struct EpochRecord {
     /// Seconds the training thread waited for batches (decoding, augmentation).
     #[serde(default)]
     pub data_wait: f64,
+    /// Seconds of `seconds` spent validating the EMA (absent in older checkpoints).
+    #[serde(default)]
+    pub val_seconds: f64,
     /// Per-class box and pose mAP50-95.
     #[serde(default)]
     pub per_class: Vec<super::validate::ClassMap>,
@@ -476,7 +479,9 @@ impl Trainer {
         }
         let lr = self.schedule.hyper(self.epoch, self.ni).lr[0];
         self.loss.update(self.epoch + 1, self.cfg.train.epochs);
+        let val_start = std::time::Instant::now();
         let metrics = super::validate::validate(&self.ema.model, &self.val, &self.cfg, &self.loss)?;
+        let val_seconds = val_start.elapsed().as_secs_f64();
         let record = EpochRecord {
             epoch: self.epoch,
             train_loss: sums.map(|s| s / (nb - first).max(1) as f64),
@@ -487,6 +492,7 @@ impl Trainer {
             pose_map: metrics.pose_map,
             seconds: start.elapsed().as_secs_f64(),
             data_wait: batches.wait.as_secs_f64(),
+            val_seconds,
             per_class: metrics.per_class,
         };
         self.history.push(record.clone());
@@ -537,19 +543,13 @@ fn choose_stage(
 ) -> (FeatureStage, Option<String>) {
     let enabled = cfg.model.capture_network;
     let scope = cfg.capture_scope();
-    let reference = enabled.then(|| cfg.model.yolo().init(&Device::flex()));
-    let verdict = match &reference {
-        None => Err("model.capture_network = false".to_string()),
-        Some(reference) => eligibility::check(&Setup {
-            enabled,
-            device,
-            multi_device,
-            task: cfg.model.task,
-            scope,
-            model,
-            reference,
-        }),
-    };
+    let verdict = eligibility::check(&Setup {
+        enabled,
+        device,
+        multi_device,
+        scope,
+        model,
+    });
     match verdict {
         Ok(()) => (replay_stage(device, scope), None),
         Err(why) => {

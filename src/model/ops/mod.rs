@@ -35,6 +35,7 @@ pub mod im2col;
 #[cfg(feature = "cuda")]
 #[path = "../../../kernels/silu.rs"]
 mod silu_kernels;
+pub mod trace;
 #[cfg(feature = "cuda")]
 #[path = "../../../kernels/tree.rs"]
 mod tree;
@@ -602,6 +603,7 @@ fn set_running(state: &RunningState<Tensor<1>>, value: Tensor<1>) {
 
 /// A convolution without bias through [`FastOps::conv`].
 pub fn conv2d(x: Tensor<4>, weight: Tensor<4>, options: ConvOptions<2>) -> Tensor<4> {
+    trace::note(&x, &weight, &options, None);
     Tensor::from_dispatch(Dispatch::conv(
         x.into_dispatch(),
         weight.into_dispatch(),
@@ -616,6 +618,7 @@ pub fn conv2d_in(
     options: ConvOptions<2>,
     dtype: FloatDType,
 ) -> Tensor<4> {
+    trace::note(&x, &weight, &options, Some(dtype));
     Tensor::from_dispatch(Dispatch::conv_in(
         x.into_dispatch(),
         weight.into_dispatch(),
