@@ -21,6 +21,7 @@ mod batch_norm;
 #[path = "../../../kernels/channels.rs"]
 mod channels;
 mod conv;
+mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
 #[cfg(feature = "cuda")]
@@ -233,32 +234,6 @@ pub trait FastOps: Backend {
             options,
         );
         Self::float_cast(dx, FloatDType::F32)
-    }
-}
-
-/// The CPU: Burn's operations, but the weight gradient as [`wgrad`]'s im2col matmul. Burn's
-/// default runs it as a convolution whose kernel is the output gradient (`[C_out, N, Ho, Wo]`,
-/// N input channels), which burn-flex's small-channel path computes plane by plane: a quarter
-/// of a `pose_nano` step's CPU time (docs/perf_log.md, "CPU numbers").
-impl FastOps for burn::backend::Flex {
-    fn conv_weight_backward(
-        x: FloatTensor<Self>,
-        weight: FloatTensor<Self>,
-        grad: FloatTensor<Self>,
-        options: ConvOptions<2>,
-    ) -> FloatTensor<Self> {
-        wgrad::weight_backward::<Self>(
-            x.clone(),
-            weight.clone(),
-            grad.clone(),
-            &options,
-            wgrad::columns::<Self>,
-        )
-        .unwrap_or_else(|| {
-            <Self as burn::backend::ops::ModuleOps<Self>>::conv2d_weight_backward(
-                x, weight, grad, options,
-            )
-        })
     }
 }
 

@@ -192,25 +192,34 @@ fn im2col_weight_gradient_matches_burns() {
     use burn::backend::Flex;
     use burn::backend::ops::ModuleOps;
     let d = Device::flex();
-    // (c_in, c_out, kernel, stride, padding, groups, size); 64×64 outputs make 4 chunks.
+    // (c_in, c_out, kernel, stride, padding, dilation, groups, size); 64×64 outputs make 4
+    // chunks; odd sizes leave partial rows at stride 2.
     let cases = [
-        (3, 8, 3, 1, 1, 1, 64),
-        (4, 6, 3, 2, 1, 1, 33),
-        (5, 7, 1, 1, 0, 1, 20),
-        (4, 5, 1, 2, 0, 1, 21),
-        (6, 6, 3, 1, 1, 6, 64),
-        (6, 6, 3, 2, 1, 6, 17),
+        (3, 8, 3, 1, 1, 1, 1, 64),
+        (4, 6, 3, 2, 1, 1, 1, 33),
+        (5, 7, 1, 1, 0, 1, 1, 20),
+        (4, 5, 1, 2, 0, 1, 1, 21),
+        (6, 6, 3, 1, 1, 1, 6, 64),
+        (6, 6, 3, 2, 1, 1, 6, 17),
+        (3, 4, 3, 1, 2, 2, 1, 19),
+        (2, 3, 5, 2, 2, 1, 1, 23),
     ];
-    for (i, (ci, co, k, s, pad, g, hw)) in cases.into_iter().enumerate() {
-        let options = ConvOptions::new([s, s], [pad, pad], [1, 1], g);
+    let dispatch = |t| {
+        Tensor::<4>::from_dispatch(burn::backend::DispatchTensor {
+            kind: burn::backend::DispatchTensorKind::Flex(burn::backend::BackendTensor::Float(t)),
+            autodiff: Default::default(),
+        })
+    };
+    for (i, (ci, co, k, s, pad, dil, g, hw)) in cases.into_iter().enumerate() {
+        let options = ConvOptions::new([s, s], [pad, pad], [dil, dil], g);
         // The 1×1 case reads a channel slice, a view whose columns are not contiguous.
         let x = match i {
-            2 => fill([2, 2 * ci, hw, hw], 0.31, &d).narrow(1, ci, ci),
-            _ => fill([2, ci, hw, hw], 0.31, &d),
+            2 => fill([3, 2 * ci, hw, hw], 0.31, &d).narrow(1, ci, ci),
+            _ => fill([3, ci, hw, hw], 0.31, &d),
         };
         let w = fill([co, ci / g, k, k], 0.77, &d);
-        let ho = (hw + 2 * pad - k) / s + 1;
-        let dy = fill([2, co, ho, ho], 0.13, &d);
+        let ho = (hw + 2 * pad - dil * (k - 1) - 1) / s + 1;
+        let dy = fill([3, co, ho, ho], 0.13, &d);
         let ours = wgrad::weight_backward::<Flex>(
             flex(x.clone()),
             flex(w.clone()),
@@ -219,24 +228,27 @@ fn im2col_weight_gradient_matches_burns() {
             wgrad::columns::<Flex>,
         )
         .expect("groups 1 or depthwise");
-        let stock = Flex::conv2d_weight_backward(flex(x), flex(w), flex(dy), options);
-        let (a, b) = (
-            Tensor::<4>::from_dispatch(burn::backend::DispatchTensor {
-                kind: burn::backend::DispatchTensorKind::Flex(burn::backend::BackendTensor::Float(
-                    ours,
-                )),
-                autodiff: Default::default(),
-            }),
-            Tensor::<4>::from_dispatch(burn::backend::DispatchTensor {
-                kind: burn::backend::DispatchTensorKind::Flex(burn::backend::BackendTensor::Float(
-                    stock,
-                )),
-                autodiff: Default::default(),
-            }),
+        // What the CPU runs: the host loop without groups, the tensor operations otherwise.
+        let cpu = <Flex as FastOps>::conv_weight_backward(
+            flex(x.clone()),
+            flex(w.clone()),
+            flex(dy.clone()),
+            options.clone(),
         );
-        assert_eq!(a.dims(), b.dims());
-        let err = rel_diff(a, b);
-        assert!(err < 1e-5, "case {ci}->{co} k{k} s{s} g{g} {hw}px: {err}");
+        let stock = dispatch(Flex::conv2d_weight_backward(
+            flex(x),
+            flex(w),
+            flex(dy),
+            options,
+        ));
+        for (path, a) in [("tensor ops", dispatch(ours)), ("cpu", dispatch(cpu))] {
+            assert_eq!(a.dims(), stock.dims());
+            let err = rel_diff(a, stock.clone());
+            assert!(
+                err < 1e-5,
+                "{path}: case {ci}->{co} k{k} s{s} d{dil} g{g} {hw}px: {err}"
+            );
+        }
     }
     // Other grouped convolutions are declined (the caller runs Burn's).
     let options = ConvOptions::new([1, 1], [0, 0], [1, 1], 2);

@@ -7,9 +7,9 @@
 //! pixels that run as separate matmul batches (so a 32×144 result still fills the GPU), then the
 //! chunks are summed with a non-atomic reduction: deterministic, FP32 throughout.
 
-use burn::backend::ops::ConvOptions;
+use burn::backend::ops::{ConvOptions, FloatTensorOps};
 use burn::backend::tensor::FloatTensor;
-use burn::backend::{Backend, FloatDType, Shape, Slice, TensorMetadata};
+use burn::backend::{Backend, DType, Flex, FloatDType, Shape, Slice, TensorData, TensorMetadata};
 
 /// Output pixels per matmul batch, at least (fewer only when a layer has fewer in all).
 const CHUNK: usize = 1024;
@@ -139,4 +139,105 @@ pub fn weight_backward<B: Backend>(
     } else {
         B::float_cast(dw, dtype)
     })
+}
+
+/// The weight gradient of a convolution without groups on the CPU, as one matmul over every
+/// output pixel of the batch: `dW[co, ci·kk] = dY[co, N·P] · colsᵀ`, the columns written by one
+/// loop straight into `[ci·kk, N·P]` (where [`columns`]' tensor operations took a padded copy,
+/// a slice per tap and a concatenation). `None` for grouped convolutions and non-FP32 operands.
+pub fn host_weight_backward(
+    x: &FloatTensor<Flex>,
+    weight: &FloatTensor<Flex>,
+    grad: &FloatTensor<Flex>,
+    options: &ConvOptions<2>,
+) -> Option<FloatTensor<Flex>> {
+    let f32s = [x, weight, grad].iter().all(|t| t.dtype() == DType::F32);
+    if options.groups != 1 || !f32s {
+        return None;
+    }
+    let ws = weight.shape();
+    let (co, ci, kh, kw) = (ws[0], ws[1], ws[2], ws[3]);
+    let xs = x.shape();
+    let (n, h, w) = (xs[0], xs[2], xs[3]);
+    let gs = grad.shape();
+    let (ho, wo) = (gs[2], gs[3]);
+    let (p, kk) = (ho * wo, kh * kw);
+    let x = x.to_contiguous();
+    let x = x.as_slice::<f32>()?;
+    let grad = grad.to_contiguous();
+    let grad = grad.as_slice::<f32>()?;
+    let cols = host_columns(x, [n, ci, h, w], [kh, kw], [ho, wo], options);
+    // dY [N, co, P] → [co, N·P].
+    let mut dy = vec![0f32; co * n * p];
+    for o in 0..co {
+        for b in 0..n {
+            let src = &grad[(b * co + o) * p..][..p];
+            dy[(o * n + b) * p..][..p].copy_from_slice(src);
+        }
+    }
+    let host = |v: Vec<f32>, shape: [usize; 2]| {
+        Flex::float_from_data(TensorData::new(v, shape), &Default::default())
+    };
+    let dy = host(dy, [co, n * p]);
+    let cols = Flex::float_swap_dims(host(cols, [ci * kk, n * p]), 0, 1);
+    let dw = Flex::float_matmul(dy, cols);
+    Some(Flex::float_reshape(dw, Shape::new([co, ci, kh, kw])))
+}
+
+/// `[N, C, H, W]` values → columns `[C·kh·kw, N·Ho·Wo]`: row `(c, i, j)` holds, for every
+/// output pixel of every image, the input value tap `(i, j)` multiplies (zero in the padding).
+fn host_columns(
+    x: &[f32],
+    [n, c, h, w]: [usize; 4],
+    [kh, kw]: [usize; 2],
+    [ho, wo]: [usize; 2],
+    options: &ConvOptions<2>,
+) -> Vec<f32> {
+    let (p, np) = (ho * wo, n * ho * wo);
+    let [(top, _), (left, _)] = options.padding;
+    let [sh, sw] = options.stride;
+    let [dh, dw] = options.dilation;
+    let mut cols = vec![0f32; c * kh * kw * np];
+    for ch in 0..c {
+        for i in 0..kh {
+            for j in 0..kw {
+                let row = ((ch * kh + i) * kw + j) * np;
+                // Input column of output column `ox`: `ox · sw + off`, inside for ox0 ≤ ox < ox1.
+                let off = (j * dw) as isize - left as isize;
+                let ox0 = if off >= 0 {
+                    0
+                } else {
+                    (off.unsigned_abs()).div_ceil(sw)
+                };
+                let ox1 = if off >= w as isize {
+                    0
+                } else {
+                    ((w as isize - off) as usize).div_ceil(sw).min(wo)
+                };
+                if ox0 >= ox1 {
+                    continue;
+                }
+                for b in 0..n {
+                    let plane = &x[(b * c + ch) * h * w..][..h * w];
+                    for oy in 0..ho {
+                        let iy = (oy * sh + i * dh) as isize - top as isize;
+                        if iy < 0 || iy >= h as isize {
+                            continue;
+                        }
+                        let src = &plane[iy as usize * w..][..w];
+                        let dst = &mut cols[row + b * p + oy * wo..][..wo];
+                        let first = (ox0 as isize * sw as isize + off) as usize;
+                        if sw == 1 {
+                            dst[ox0..ox1].copy_from_slice(&src[first..first + (ox1 - ox0)]);
+                        } else {
+                            for (k, d) in dst[ox0..ox1].iter_mut().enumerate() {
+                                *d = src[first + k * sw];
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    cols
 }

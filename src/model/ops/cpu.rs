@@ -1,0 +1,490 @@
+//! Our operations on the CPU (burn-flex): BatchNorm training + SiLU as a few passes over each
+//! channel's values instead of ~25 tensor operations, SiLU with one exponential per value, and
+//! the convolution weight gradient as [`wgrad`]'s im2col matmul.
+//!
+//! The loops are compiled twice, for AVX2 + FMA (8 lanes, fused multiply-adds) and for the
+//! baseline, and the machine's CPU picks one at run time. The arithmetic
+//! is the same either way (every multiply-add is written as `mul_add`, every sum keeps [`LANES`]
+//! partial sums combined in a fixed order), so the values do not depend on the machine's SIMD.
+//! The exponential is a polynomial rather than libm's `expf`, which was a fifth of a CPU
+//! training step's time (docs/perf_log.md).
+
+use super::{ConvBnOps, FastOps, batch_norm, conv_bn_ops, wgrad};
+use burn::backend::ops::{ActivationOps, ConvOptions, FloatTensorOps};
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{Flex, Shape, TensorData, TensorMetadata};
+
+/// Partial sums per reduction: wide enough for 16-lane vectors, summed pairwise at the end.
+const LANES: usize = 16;
+
+/// Defines `fn $name` whose body runs compiled for AVX2 + FMA where the machine has them (the
+/// body and everything it calls are `#[inline(always)]`, so they take the caller's target
+/// features) and as baseline code otherwise.
+macro_rules! dispatched {
+    ($(#[$meta:meta])* fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
+        $(#[$meta])*
+        #[allow(clippy::too_many_arguments)]
+        fn $name($($arg: $ty),*) $(-> $ret)? {
+            #[allow(clippy::too_many_arguments)]
+            #[inline(always)]
+            fn body($($arg: $ty),*) $(-> $ret)? $body
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[allow(clippy::too_many_arguments)]
+                #[target_feature(enable = "avx2,fma")]
+                fn avx2($($arg: $ty),*) $(-> $ret)? {
+                    body($($arg),*)
+                }
+                if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                    // SAFETY: the features `avx2` was compiled for are present.
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            body($($arg),*)
+        }
+    };
+}
+
+/// `eˣ` within 2 ulp for `x` in [−87.3, 88] (clamped outside: finite, never 0), NaN for NaN:
+/// Cephes' `expf` (range reduction by `ln 2` split in two parts, degree-5 polynomial), rounding
+/// by the 1.5 · 2²³ trick so that no libm call is left in the loop and it vectorises.
+#[inline(always)]
+fn exp(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    const ROUND: f32 = 12_582_912.0;
+    let x = x.clamp(-87.336_55, 88.0);
+    let t = x.mul_add(LOG2E, ROUND);
+    let n = t - ROUND;
+    let r = n.mul_add(-LN2_HI, x);
+    let r = n.mul_add(-LN2_LO, r);
+    let p = 1.987_569_1e-4f32
+        .mul_add(r, 1.398_199_9e-3)
+        .mul_add(r, 8.333_452e-3)
+        .mul_add(r, 4.166_579_6e-2)
+        .mul_add(r, 1.666_666_5e-1)
+        .mul_add(r, 0.5);
+    let e = (p * r).mul_add(r, r) + 1.0;
+    // 2ⁿ from the rounded value's low mantissa bits: n ∈ [−126, 127] after the clamp.
+    let scale = f32::from_bits(((t.to_bits() as i32 - ROUND.to_bits() as i32 + 127) as u32) << 23);
+    e * scale
+}
+
+#[inline(always)]
+fn sigmoid(z: f32) -> f32 {
+    1.0 / (1.0 + exp(-z))
+}
+
+/// `z · σ(z)`.
+#[inline(always)]
+fn silu_value(z: f32) -> f32 {
+    z * sigmoid(z)
+}
+
+/// The gradient through SiLU at `z` for the incoming `g`: `g · σ(z) · (1 + z · (1 − σ(z)))`.
+#[inline(always)]
+fn silu_grad(g: f32, z: f32) -> f32 {
+    let s = sigmoid(z);
+    g * (s * z.mul_add(1.0 - s, 1.0))
+}
+
+/// The lanes summed pairwise in a fixed tree.
+#[inline(always)]
+fn total(mut acc: [f32; LANES]) -> f32 {
+    let mut width = LANES;
+    while width > 1 {
+        width /= 2;
+        for i in 0..width {
+            acc[i] += acc[i + width];
+        }
+    }
+    acc[0]
+}
+
+/// `Σ f(v)` over a run, value `i` into lane `i mod LANES`.
+#[inline(always)]
+fn lane_sum(acc: &mut [f32; LANES], v: &[f32], f: impl Fn(f32) -> f32) {
+    let (blocks, rest) = v.as_chunks::<LANES>();
+    for block in blocks {
+        for l in 0..LANES {
+            acc[l] += f(block[l]);
+        }
+    }
+    for (l, &x) in rest.iter().enumerate() {
+        acc[l] += f(x);
+    }
+}
+
+/// A contiguous f32 copy of a tensor's values (borrowed when it already is one).
+fn values(t: &FloatTensor<Flex>) -> std::borrow::Cow<'_, [f32]> {
+    match t.as_slice::<f32>() {
+        Some(v) => std::borrow::Cow::Borrowed(v),
+        None => std::borrow::Cow::Owned(t.to_contiguous().as_slice::<f32>().unwrap().to_vec()),
+    }
+}
+
+fn tensor(values: Vec<f32>, shape: Shape) -> FloatTensor<Flex> {
+    Flex::float_from_data(TensorData::new(values, shape), &Default::default())
+}
+
+/// `[N, C, H, W]` as `(N, C, H·W)`.
+fn planes(x: &FloatTensor<Flex>) -> (usize, usize, usize) {
+    let s = x.shape();
+    assert_eq!(s.num_dims(), 4, "BatchNorm expects [N, C, H, W], got {s:?}");
+    (s[0], s[1], s[2] * s[3])
+}
+
+/// Channel `channel`'s value runs in `[N, C, H·W]`: one of `hw` values per image.
+#[inline(always)]
+fn runs(
+    (n, c, hw): (usize, usize, usize),
+    channel: usize,
+) -> impl Iterator<Item = std::ops::Range<usize>> {
+    (0..n).map(move |i| (i * c + channel) * hw..(i * c + channel + 1) * hw)
+}
+
+/// `1 / √(var + ε)`, as the CUDA kernels compute it.
+#[inline(always)]
+fn inv_std(var: f32, epsilon: f32) -> f32 {
+    1.0 / (var + epsilon).sqrt()
+}
+
+dispatched! {
+    /// Per channel: the batch mean and biased variance (two passes), then
+    /// `out = (x − mean) · inv_std · γ + β`, SiLU'd when `act`.
+    fn bn_forward_loops(
+        x: &[f32],
+        dims: (usize, usize, usize),
+        gamma: &[f32],
+        beta: &[f32],
+        epsilon: f32,
+        act: bool,
+        out: &mut [f32],
+        means: &mut [f32],
+        vars: &mut [f32],
+    ) {
+        let (n, c, hw) = dims;
+        let count = (n * hw) as f32;
+        for ch in 0..c {
+            let mut acc = [0.0; LANES];
+            for r in runs(dims, ch) {
+                lane_sum(&mut acc, &x[r], |v| v);
+            }
+            let mean = total(acc) / count;
+            let mut acc = [0.0; LANES];
+            for r in runs(dims, ch) {
+                lane_sum(&mut acc, &x[r], |v| (v - mean) * (v - mean));
+            }
+            let var = total(acc) / count;
+            let (is, g, b) = (inv_std(var, epsilon), gamma[ch], beta[ch]);
+            for r in runs(dims, ch) {
+                for (o, &v) in out[r.clone()].iter_mut().zip(&x[r]) {
+                    let z = ((v - mean) * is).mul_add(g, b);
+                    *o = if act { silu_value(z) } else { z };
+                }
+            }
+            means[ch] = mean;
+            vars[ch] = var;
+        }
+    }
+}
+
+dispatched! {
+    /// Per channel: `g_z` (the gradient through SiLU when `act`) into `dx` with `dβ = Σ g_z` and
+    /// `dγ = Σ g_z · x̂`, then `dx = γ · inv_std · (g_z − dβ / M − x̂ · dγ / M)` in place.
+    fn bn_backward_loops(
+        x: &[f32],
+        grad: &[f32],
+        dims: (usize, usize, usize),
+        stats: [&[f32]; 4],
+        epsilon: f32,
+        act: bool,
+        dx: &mut [f32],
+        d_gamma: &mut [f32],
+        d_beta: &mut [f32],
+    ) {
+        let (n, c, hw) = dims;
+        let [mean, var, gamma, beta] = stats;
+        let count = (n * hw) as f32;
+        for ch in 0..c {
+            let (mu, is, g, b) = (mean[ch], inv_std(var[ch], epsilon), gamma[ch], beta[ch]);
+            let (mut acc_g, mut acc_gx) = ([0.0; LANES], [0.0; LANES]);
+            for r in runs(dims, ch) {
+                let (v, gr, d) = (&x[r.clone()], &grad[r.clone()], &mut dx[r]);
+                let (vb, vr) = v.as_chunks::<LANES>();
+                let (gb, gr_rest) = gr.as_chunks::<LANES>();
+                let (db, dr) = d.as_chunks_mut::<LANES>();
+                let mut one = |v: f32, gr: f32, d: &mut f32, l: usize| {
+                    let xhat = (v - mu) * is;
+                    let gz = if act { silu_grad(gr, xhat.mul_add(g, b)) } else { gr };
+                    *d = gz;
+                    acc_g[l] += gz;
+                    acc_gx[l] += gz * xhat;
+                };
+                for ((vb, gb), db) in vb.iter().zip(gb).zip(db) {
+                    for l in 0..LANES {
+                        one(vb[l], gb[l], &mut db[l], l);
+                    }
+                }
+                for (l, ((&v, &gr), d)) in vr.iter().zip(gr_rest).zip(dr).enumerate() {
+                    one(v, gr, d, l);
+                }
+            }
+            let (sum_g, sum_gx) = (total(acc_g), total(acc_gx));
+            let (mean_g, mean_gx, scale) = (sum_g / count, sum_gx / count, g * is);
+            for r in runs(dims, ch) {
+                for (d, &v) in dx[r.clone()].iter_mut().zip(&x[r]) {
+                    let xhat = (v - mu) * is;
+                    *d = scale * ((*d - mean_g) - xhat * mean_gx);
+                }
+            }
+            d_gamma[ch] = sum_gx;
+            d_beta[ch] = sum_g;
+        }
+    }
+}
+
+dispatched! {
+    /// `out = x · σ(x)`.
+    fn silu_loop(x: &[f32], out: &mut [f32]) {
+        for (o, &v) in out.iter_mut().zip(x) {
+            *o = silu_value(v);
+        }
+    }
+}
+
+dispatched! {
+    /// `out = g · σ(x) · (1 + x · (1 − σ(x)))`.
+    fn silu_grad_loop(x: &[f32], grad: &[f32], out: &mut [f32]) {
+        for ((o, &v), &g) in out.iter_mut().zip(x).zip(grad) {
+            *o = silu_grad(g, v);
+        }
+    }
+}
+
+/// BatchNorm with the batch's statistics, SiLU when `act`, and the running statistics
+/// `old · (1 − momentum) + stat · momentum`.
+#[allow(clippy::too_many_arguments)]
+fn bn_act_forward(
+    x: FloatTensor<Flex>,
+    gamma: FloatTensor<Flex>,
+    beta: FloatTensor<Flex>,
+    running_mean: FloatTensor<Flex>,
+    running_var: FloatTensor<Flex>,
+    epsilon: f32,
+    momentum: f32,
+    act: bool,
+) -> [FloatTensor<Flex>; 5] {
+    let dims @ (_, c, _) = planes(&x);
+    let shape = x.shape();
+    let xv = values(&x);
+    let mut out = vec![0.0f32; xv.len()];
+    let mut means = vec![0.0f32; c];
+    let mut vars = vec![0.0f32; c];
+    let (gv, bv) = (values(&gamma), values(&beta));
+    bn_forward_loops(
+        &xv, dims, &gv, &bv, epsilon, act, &mut out, &mut means, &mut vars,
+    );
+    let keep = 1.0 - momentum;
+    let running = |old: &[f32], stat: &[f32]| -> Vec<f32> {
+        old.iter()
+            .zip(stat)
+            .map(|(&o, &s)| o * keep + s * momentum)
+            .collect()
+    };
+    let new_mean = running(&values(&running_mean), &means);
+    let new_var = running(&values(&running_var), &vars);
+    [
+        tensor(out, shape),
+        tensor(means, Shape::new([c])),
+        tensor(vars, Shape::new([c])),
+        tensor(new_mean, Shape::new([c])),
+        tensor(new_var, Shape::new([c])),
+    ]
+}
+
+/// `(x, γ, β)` gradients of [`bn_act_forward`]'s output.
+#[allow(clippy::too_many_arguments)]
+fn bn_act_backward(
+    x: FloatTensor<Flex>,
+    gamma: FloatTensor<Flex>,
+    beta: FloatTensor<Flex>,
+    mean: FloatTensor<Flex>,
+    variance: FloatTensor<Flex>,
+    epsilon: f32,
+    act: bool,
+    grad: FloatTensor<Flex>,
+) -> [FloatTensor<Flex>; 3] {
+    let dims @ (_, c, _) = planes(&x);
+    let shape = x.shape();
+    let (xv, grad_v) = (values(&x), values(&grad));
+    let stats = [
+        values(&mean),
+        values(&variance),
+        values(&gamma),
+        values(&beta),
+    ];
+    let mut dx = vec![0.0f32; xv.len()];
+    let mut d_gamma = vec![0.0f32; c];
+    let mut d_beta = vec![0.0f32; c];
+    bn_backward_loops(
+        &xv,
+        &grad_v,
+        dims,
+        [&stats[0], &stats[1], &stats[2], &stats[3]],
+        epsilon,
+        act,
+        &mut dx,
+        &mut d_gamma,
+        &mut d_beta,
+    );
+    [
+        tensor(dx, shape),
+        tensor(d_gamma, Shape::new([c])),
+        tensor(d_beta, Shape::new([c])),
+    ]
+}
+
+/// The CPU: the loops above for BatchNorm + SiLU (tensor operations under
+/// [`ConvBnOps::Staged`]), and the weight gradient as [`wgrad`]'s im2col matmul. Burn's default
+/// runs it as a convolution whose kernel is the output gradient (`[C_out, N, Ho, Wo]`, N input
+/// channels), which burn-flex's small-channel path computes plane by plane: a quarter of a
+/// `pose_nano` step's CPU time (docs/perf_log.md, "CPU numbers").
+impl FastOps for Flex {
+    fn bn_act_train(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        running_mean: FloatTensor<Self>,
+        running_var: FloatTensor<Self>,
+        epsilon: f64,
+        momentum: f64,
+        act: bool,
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+    ) {
+        let fused = conv_bn_ops() != ConvBnOps::Staged && x.dtype() == burn::tensor::DType::F32;
+        let [out, mean, var, new_mean, new_var] = if fused {
+            bn_act_forward(
+                x,
+                gamma,
+                beta,
+                running_mean,
+                running_var,
+                epsilon as f32,
+                momentum as f32,
+                act,
+            )
+        } else {
+            batch_norm::act_train::<Self>(
+                x,
+                gamma,
+                beta,
+                running_mean,
+                running_var,
+                epsilon,
+                momentum,
+                act,
+            )
+        };
+        (out, mean, var, new_mean, new_var)
+    }
+    fn bn_act_train_backward(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        mean: FloatTensor<Self>,
+        variance: FloatTensor<Self>,
+        epsilon: f64,
+        act: bool,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let fused = conv_bn_ops() != ConvBnOps::Staged
+            && x.dtype() == burn::tensor::DType::F32
+            && grad.dtype() == burn::tensor::DType::F32;
+        if !fused {
+            return batch_norm::act_backward::<Self>(
+                x, gamma, beta, mean, variance, epsilon, act, grad,
+            );
+        }
+        let [dx, d_gamma, d_beta] =
+            bn_act_backward(x, gamma, beta, mean, variance, epsilon as f32, act, grad);
+        (dx, d_gamma, d_beta)
+    }
+    fn silu(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        if x.dtype() != burn::tensor::DType::F32 {
+            return Self::float_mul(x.clone(), Self::sigmoid(x));
+        }
+        let shape = x.shape();
+        let xv = values(&x);
+        let mut out = vec![0.0f32; xv.len()];
+        silu_loop(&xv, &mut out);
+        tensor(out, shape)
+    }
+    fn silu_backward(x: FloatTensor<Self>, grad: FloatTensor<Self>) -> FloatTensor<Self> {
+        let f32s = x.dtype() == burn::tensor::DType::F32 && grad.dtype() == x.dtype();
+        if !f32s || x.shape() != grad.shape() {
+            let s = Self::sigmoid(x.clone());
+            let one_minus = Self::float_add_scalar(Self::float_neg(s.clone()), 1.0.into());
+            let inner = Self::float_add_scalar(Self::float_mul(x, one_minus), 1.0.into());
+            return Self::float_mul(grad, Self::float_mul(s, inner));
+        }
+        let shape = x.shape();
+        let (xv, gv) = (values(&x), values(&grad));
+        let mut out = vec![0.0f32; xv.len()];
+        silu_grad_loop(&xv, &gv, &mut out);
+        tensor(out, shape)
+    }
+    fn conv_weight_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        wgrad::host_weight_backward(&x, &weight, &grad, &options)
+            .or_else(|| {
+                wgrad::weight_backward::<Self>(
+                    x.clone(),
+                    weight.clone(),
+                    grad.clone(),
+                    &options,
+                    wgrad::columns::<Self>,
+                )
+            })
+            .unwrap_or_else(|| {
+                <Self as burn::backend::ops::ModuleOps<Self>>::conv2d_weight_backward(
+                    x, weight, grad, options,
+                )
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Against f64's `exp` over the whole f32 range, and NaN/±∞ handled.
+    #[test]
+    fn exp_is_within_two_ulp_of_f64s() {
+        let mut worst = 0.0f64;
+        let mut x = -87.0f32;
+        while x < 88.0 {
+            let want = (x as f64).exp();
+            let got = exp(x) as f64;
+            let ulp = (want as f32).next_up() as f64 - want as f32 as f64;
+            worst = worst.max((got - want).abs() / ulp);
+            x += 0.001_37;
+        }
+        assert!(worst <= 2.0, "worst error {worst} ulp");
+        assert!(exp(f32::NAN).is_nan());
+        assert!(exp(-1000.0) > 0.0 && exp(-1000.0) < 1.2e-38);
+        assert!(exp(1000.0).is_finite() && exp(1000.0) > 1.6e38);
+        assert_eq!(sigmoid(1000.0), 1.0);
+        assert!(sigmoid(-1000.0) < 1e-37);
+    }
+}
