@@ -141,14 +141,11 @@ pub fn step(
     rows[table.len() * COLUMNS + ADAM_BC2] = 1.0;
     // Off CUDA the update is one pass on the host.
     if !is_cuda(&device) {
-        let mut g = vec![0f32; layout.len];
-        for (i, part) in parts.into_iter().enumerate() {
-            if let Some(t) = part {
-                let o = layout.offsets[i];
-                g[o..o + layout.sizes[i]].copy_from_slice(&host(&f32_of(t)));
-            }
-        }
-        host_update(constants, flat, &rows, g, mu, clip_norm);
+        let parts: Vec<Option<HostValues>> = parts
+            .into_iter()
+            .map(|t| t.map(|t| HostValues::of(f32_of(t))))
+            .collect();
+        host_update(constants, flat, &rows, &parts, mu, clip_norm);
         return FlatStep { present };
     }
     let per_row = Tensor::<2>::from_data(
@@ -202,6 +199,39 @@ pub fn step(
     FlatStep { present }
 }
 
+/// A CPU tensor's f32 values, read in place when its storage is contiguous (a copy otherwise).
+enum HostValues {
+    InPlace(burn::backend::flex::FlexTensor),
+    Copied(Vec<f32>),
+}
+
+impl HostValues {
+    fn of(t: Tensor<1>) -> Self {
+        use burn::backend::{BackendTensor, DispatchTensorKind};
+        if let DispatchTensorKind::Flex(BackendTensor::Float(f)) = t.clone().into_dispatch().kind
+            && f.as_slice::<f32>().is_some()
+        {
+            return Self::InPlace(f);
+        }
+        Self::Copied(host(&t))
+    }
+
+    fn values(&self) -> &[f32] {
+        match self {
+            Self::InPlace(f) => f.as_slice::<f32>().expect("checked in `of`"),
+            Self::Copied(v) => v,
+        }
+    }
+}
+
+/// `t`'s values as an owned vector: its own storage when nothing else holds it (no copy).
+fn take_host(t: Tensor<1>) -> Vec<f32> {
+    t.into_data()
+        .convert::<f32>()
+        .try_into_vec::<f32>()
+        .expect("f32 data after convert")
+}
+
 fn host(t: &Tensor<1>) -> Vec<f32> {
     t.clone()
         .into_data()
@@ -219,38 +249,49 @@ fn host_update(
     constants: RuleConstants,
     flat: &mut FlatState,
     rows: &[f32],
-    g: Vec<f32>,
+    parts: &[Option<HostValues>],
     mu: f64,
     clip_norm: f64,
 ) {
     let RuleConstants { rule, beta2, eps } = constants;
     let device = flat.p.device();
-    let row_sums: Vec<f32> = g
-        .chunks(ALIGN)
-        .map(|r| r.iter().map(|x| x * x).sum::<f32>())
-        .collect();
+    let layout = &flat.layout;
+    // The rows of `ALIGN` values of the flat gradient: each lies in one segment (padding and
+    // absent gradients are zeros and add nothing).
+    let mut row_sums = Vec::with_capacity(layout.len / ALIGN);
+    for (i, &n) in layout.sizes.iter().enumerate() {
+        let rows = super::layout::padded(n) / ALIGN;
+        match &parts[i] {
+            Some(g) => row_sums.extend(
+                g.values()
+                    .chunks(ALIGN)
+                    .map(|r| r.iter().map(|x| x * x).sum::<f32>()),
+            ),
+            None => row_sums.extend(std::iter::repeat_n(0.0, rows)),
+        }
+    }
     let norm = row_sums.iter().sum::<f32>().sqrt();
     let factor = ((1.0 / (norm + 1e-6)) * clip_norm as f32).min(1.0);
-    let (mut p, mut buf) = (host(&flat.p), host(&flat.buf));
-    let mut second = (rule == Rule::AdamW).then(|| host(&flat.second));
+    let p_old = HostValues::of(flat.p.clone());
+    let p_old = p_old.values();
+    let mut p = p_old.to_vec();
+    let mut buf = take_host(std::mem::replace(&mut flat.buf, flat.p.clone()));
+    let mut second = (rule == Rule::AdamW)
+        .then(|| take_host(std::mem::replace(&mut flat.second, flat.p.clone())));
     let (muf, one_mu) = (mu as f32, (1.0 - mu) as f32);
     let (b2, one_b2, epsf) = (beta2 as f32, (1.0 - beta2) as f32, eps as f32);
-    for (i, (&o, &n)) in flat
-        .layout
-        .offsets
-        .iter()
-        .zip(&flat.layout.sizes)
-        .enumerate()
-    {
+    for (i, (&o, &n)) in layout.offsets.iter().zip(&layout.sizes).enumerate() {
         let r = &rows[i * COLUMNS..(i + 1) * COLUMNS];
-        if r[PRESENT] != 1.0 {
-            continue;
-        }
+        let Some(g) = &parts[i] else { continue };
+        let g = g.values();
         let init = r[INIT] == 1.0;
-        for e in o..o + n {
-            let ge = g[e] * factor;
-            match (&mut second, rule) {
-                (Some(v), Rule::AdamW) => {
+        let (p, buf) = (&mut p[o..o + n], &mut buf[o..o + n]);
+        match (&mut second, rule) {
+            (Some(v), Rule::AdamW) => {
+                let v = &mut v[o..o + n];
+                let (decay, bc2, step) = (r[ADAM_DECAY], r[ADAM_BC2], r[ADAM_STEP]);
+                for e in 0..n {
+                    let ge = g[e] * factor;
                     let m = if init {
                         buf[e] * muf + ge * one_mu
                     } else {
@@ -261,15 +302,19 @@ fn host_update(
                     } else {
                         ge * ge * one_b2
                     };
-                    let denom = (ve / r[ADAM_BC2]).sqrt() + epsf;
-                    p[e] = p[e] * r[ADAM_DECAY] - m / denom * r[ADAM_STEP];
+                    let denom = (ve / bc2).sqrt() + epsf;
+                    p[e] = p[e] * decay - m / denom * step;
                     buf[e] = m;
                     v[e] = ve;
                 }
-                _ => {
-                    let gd = ge + p[e] * r[SGD_WD];
+            }
+            _ => {
+                let (wd, lr) = (r[SGD_WD], r[SGD_LR]);
+                for e in 0..n {
+                    let ge = g[e] * factor;
+                    let gd = ge + p[e] * wd;
                     let b = if init { buf[e] * muf + gd } else { gd };
-                    p[e] -= (gd + b * muf) * r[SGD_LR];
+                    p[e] -= (gd + b * muf) * lr;
                     buf[e] = b;
                 }
             }
