@@ -2,8 +2,10 @@
 //! BN running statistics, with decay d = 0.9999·(1 − exp(−k/2000)).
 
 use super::hash::StateHasher;
+use super::host::{HostValues, take_host};
 use super::layout::Layout;
 use super::tensors::{float_tensors, replace_float_tensors};
+use crate::config::device::is_cuda;
 use crate::model::ops::storage;
 use burn::module::Module;
 use burn::prelude::*;
@@ -99,8 +101,12 @@ impl<M: Module> Ema<M> {
                 t
             })
             .collect();
-        let m = layout.gather(parts, &averaged.device());
-        let averaged = averaged * d + m * (1.0 - d);
+        let averaged = if is_cuda(&averaged.device()) {
+            let m = layout.gather(parts, &averaged.device());
+            averaged * d + m * (1.0 - d)
+        } else {
+            host_average(&layout, &averaged, parts, d)
+        };
         let mut views: HashMap<String, Tensor<1>> = paths
             .iter()
             .enumerate()
@@ -119,4 +125,27 @@ impl<M: Module> Ema<M> {
         }
         h.finish()
     }
+}
+
+/// `averaged · d + current · (1 − d)` as one loop on the host, the current tensors read where
+/// they lie (no gathered copy): per value the tensor operations' f32 arithmetic (both factors
+/// rounded to f32, two products, one sum), so the same bits.
+fn host_average(
+    layout: &Layout,
+    averaged: &Tensor<1>,
+    parts: Vec<Option<Tensor<1>>>,
+    d: f64,
+) -> Tensor<1> {
+    let (d32, keep) = (d as f32, (1.0 - d) as f32);
+    let mut out = take_host(averaged.clone());
+    for (i, part) in parts.into_iter().enumerate() {
+        let part = part.expect("every averaged tensor has a current one");
+        let current = HostValues::of(super::layout::f32_of(part));
+        let (o, n) = (layout.offsets[i], layout.sizes[i]);
+        for (e, &m) in out[o..o + n].iter_mut().zip(current.values()) {
+            *e = *e * d32 + m * keep;
+        }
+    }
+    // Padding is left as it was: only the segments are ever read (as views).
+    Tensor::from_data(TensorData::new(out, [layout.len]), &averaged.device())
 }

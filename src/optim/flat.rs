@@ -13,6 +13,7 @@
 
 use super::grads::take_flat;
 use super::groups::ParamInfo;
+use super::host::{HostValues, take_host};
 use super::layout::{ALIGN, Layout, f32_of};
 use super::reduce::sum_all;
 use super::state::{Hyper, ParamState, Rule};
@@ -197,47 +198,6 @@ pub fn step(
         flat.second = second.mask_where(present_mask, v);
     }
     FlatStep { present }
-}
-
-/// A CPU tensor's f32 values, read in place when its storage is contiguous (a copy otherwise).
-enum HostValues {
-    InPlace(burn::backend::flex::FlexTensor),
-    Copied(Vec<f32>),
-}
-
-impl HostValues {
-    fn of(t: Tensor<1>) -> Self {
-        use burn::backend::{BackendTensor, DispatchTensorKind};
-        if let DispatchTensorKind::Flex(BackendTensor::Float(f)) = t.clone().into_dispatch().kind
-            && f.as_slice::<f32>().is_some()
-        {
-            return Self::InPlace(f);
-        }
-        Self::Copied(host(&t))
-    }
-
-    fn values(&self) -> &[f32] {
-        match self {
-            Self::InPlace(f) => f.as_slice::<f32>().expect("checked in `of`"),
-            Self::Copied(v) => v,
-        }
-    }
-}
-
-/// `t`'s values as an owned vector: its own storage when nothing else holds it (no copy).
-fn take_host(t: Tensor<1>) -> Vec<f32> {
-    t.into_data()
-        .convert::<f32>()
-        .try_into_vec::<f32>()
-        .expect("f32 data after convert")
-}
-
-fn host(t: &Tensor<1>) -> Vec<f32> {
-    t.clone()
-        .into_data()
-        .convert::<f32>()
-        .try_into_vec::<f32>()
-        .expect("f32 data after convert")
 }
 
 /// The update of [`step`] as one loop over the buffers on the host (the CPU backend runs each

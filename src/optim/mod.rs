@@ -7,6 +7,7 @@ pub mod flat;
 pub mod grads;
 pub mod groups;
 pub mod hash;
+mod host;
 pub mod layout;
 pub mod newton_schulz;
 pub mod optimizer;
