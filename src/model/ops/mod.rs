@@ -7,12 +7,13 @@
 //! - BatchNorm training and the SiLU after it are one operation with one backward (Burn's
 //!   formulas), so autodiff records no broadcast reductions and no activation graph. On CUDA it
 //!   is six kernels of ours (`kernels/batch_norm.rs`) where the tensor operations took ~60
-//!   launches per Conv-BN-SiLU; elsewhere (and with [`ConvBnOps::Staged`]) its statistics and
-//!   gradients are reduced along W, then H, then N, each stage a reduction with many short rows.
+//!   launches per Conv-BN-SiLU; on the CPU it is a few loops of ours (`cpu.rs`); with
+//!   [`ConvBnOps::Staged`] its statistics and gradients are tensor operations reducing along W,
+//!   then H, then N.
 //! - On CUDA, convolutions without groups use CubeCL's implicit GEMM (tensor cores) for the
 //!   forward and the stride-1 data gradient; depthwise convolutions' gradients are our own
 //!   kernels (`kernels/depthwise.rs`); other data gradients run Burn's direct kernel in FP32, and
-//!   weight gradients are an FP32 im2col matmul (`wgrad`).
+//!   weight gradients are an FP32 im2col matmul (`wgrad`), as on the CPU.
 //!
 //! [`ConvBnOps::Stock`] keeps Burn's own operations, for comparisons and as a fallback.
 
@@ -67,12 +68,11 @@ use std::sync::atomic::{AtomicU8, Ordering};
 #[serde(rename_all = "lowercase")]
 pub enum ConvBnOps {
     /// Ours (this module): BatchNorm + SiLU fused into three kernels forward and three backward
-    /// on CUDA (`kernels/batch_norm.rs`; staged tensor operations elsewhere); implicit-GEMM
+    /// on CUDA (`kernels/batch_norm.rs`) and a few loops on the CPU (`cpu.rs`); implicit-GEMM
     /// convolutions on CUDA.
     #[default]
     Fast,
-    /// As `Fast`, but BatchNorm + SiLU as staged tensor operations on CUDA too (the CPU's path;
-    /// for comparisons).
+    /// As `Fast`, but BatchNorm + SiLU as staged tensor operations (for comparisons).
     Staged,
     /// Burn's `conv2d` and `batch_norm_train`.
     Stock,
@@ -94,7 +94,8 @@ pub fn conv_bn_ops() -> ConvBnOps {
     }
 }
 
-/// The default bodies are the CPU's (and any backend's): staged BatchNorm, Burn's convolutions.
+/// The default bodies are any backend's: staged BatchNorm, Burn's convolutions. The CPU's
+/// (`cpu.rs`) and CUDA's (`cuda.rs`) override them.
 #[backend_extension(Flex, Cube: cfg(feature = "cuda"), Autodiff)]
 pub trait FastOps: Backend {
     /// BatchNorm with the batch's statistics, then SiLU when `act`, and the running statistics'
