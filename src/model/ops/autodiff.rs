@@ -1,0 +1,321 @@
+//! Our operations under Burn's autodiff: one graph node each, with the backward written by hand
+//! ([`FastOps`]' `*_backward` methods), so autodiff records no broadcasts, reductions or
+//! activation graph inside them.
+
+use super::FastOps;
+use burn::backend::autodiff::NodeId;
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::ops::ConvOptions;
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{Autodiff, AutodiffBackend, Backend};
+use burn::tensor::FloatDType;
+
+#[derive(Debug)]
+struct BnActOp;
+
+impl<B: Backend + FastOps> Backward<B, 3> for BnActOp {
+    // Input, γ and β are checkpointed; the batch statistics come along as the forward made them.
+    type State = (
+        NodeId,
+        NodeId,
+        NodeId,
+        FloatTensor<B>,
+        FloatTensor<B>,
+        f64,
+        bool,
+    );
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 3>,
+        grads: &mut Gradients,
+        checkpointer: &mut Checkpointer,
+    ) {
+        let [node_x, node_gamma, node_beta] = ops.parents;
+        let grad = grads.consume::<B>(&ops.node);
+        let (x_state, gamma_state, beta_state, mean, variance, epsilon, act) = ops.state;
+        let x = checkpointer.retrieve_node_output::<FloatTensor<B>>(x_state);
+        let gamma = checkpointer.retrieve_node_output::<FloatTensor<B>>(gamma_state);
+        let beta = checkpointer.retrieve_node_output::<FloatTensor<B>>(beta_state);
+        let (x_grad, gamma_grad, beta_grad) =
+            B::bn_act_train_backward(x, gamma, beta, mean, variance, epsilon, act, grad);
+        for (node, g) in [
+            (node_x, x_grad),
+            (node_gamma, gamma_grad),
+            (node_beta, beta_grad),
+        ] {
+            if let Some(node) = node {
+                grads.register::<B>(node.id, g);
+            }
+        }
+    }
+}
+
+/// A convolution without bias, in FP32 or (`Some(dtype)`, [`FastOps::conv_in`]) computed in a
+/// reduced dtype.
+#[derive(Debug)]
+struct ConvOp;
+
+impl<B: Backend + FastOps> Backward<B, 2> for ConvOp {
+    type State = (NodeId, NodeId, ConvOptions<2>, Option<FloatDType>);
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 2>,
+        grads: &mut Gradients,
+        checkpointer: &mut Checkpointer,
+    ) {
+        let [node_x, node_weight] = ops.parents;
+        let grad = grads.consume::<B>(&ops.node);
+        let (x_state, weight_state, options, dtype) = ops.state;
+        let x = checkpointer.retrieve_node_output::<FloatTensor<B>>(x_state);
+        let weight = checkpointer.retrieve_node_output::<FloatTensor<B>>(weight_state);
+        if let (Some(nx), Some(nw), None) = (&node_x, &node_weight, dtype)
+            && on_the_host::<B>()
+        {
+            // Two independent matmul-bound computations: on the CPU, one per core. Each is
+            // single-threaded and the same whichever thread runs it, so the bits do not move.
+            let (dx, dw) = std::thread::scope(|s| {
+                let (xc, wc, gc, oc) = (x.clone(), weight.clone(), grad.clone(), options.clone());
+                let dw = s.spawn(move || B::conv_weight_backward(xc, wc, gc, oc));
+                let dx = B::conv_x_backward(x, weight, grad, options);
+                (
+                    dx,
+                    dw.join().unwrap_or_else(|e| std::panic::resume_unwind(e)),
+                )
+            });
+            grads.register::<B>(nx.id, dx);
+            grads.register::<B>(nw.id, dw);
+            return;
+        }
+        if let Some(node) = node_x {
+            let (x, w, g, o) = (x.clone(), weight.clone(), grad.clone(), options.clone());
+            let dx = match dtype {
+                Some(dtype) => B::conv_in_x_backward(x, w, g, o, dtype),
+                None => B::conv_x_backward(x, w, g, o),
+            };
+            grads.register::<B>(node.id, dx);
+        }
+        if let Some(node) = node_weight {
+            grads.register::<B>(node.id, B::conv_weight_backward(x, weight, grad, options));
+        }
+    }
+}
+
+/// Whether `B` computes on the host (burn-flex), where independent operations may run on
+/// different cores; on CUDA they queue on one stream anyway.
+fn on_the_host<B: 'static>() -> bool {
+    std::any::TypeId::of::<B>() == std::any::TypeId::of::<burn::backend::Flex>()
+}
+
+/// [`FastOps::silu`]: its input is checkpointed, the backward is [`FastOps::silu_backward`].
+#[derive(Debug)]
+struct SiluOp;
+
+impl<B: Backend + FastOps> Backward<B, 1> for SiluOp {
+    type State = NodeId;
+
+    fn backward(self, ops: Ops<NodeId, 1>, grads: &mut Gradients, checkpointer: &mut Checkpointer) {
+        let [node_x] = ops.parents;
+        let grad = grads.consume::<B>(&ops.node);
+        let x = checkpointer.retrieve_node_output::<FloatTensor<B>>(ops.state);
+        if let Some(node) = node_x {
+            grads.register::<B>(node.id, B::silu_backward(x, grad));
+        }
+    }
+}
+
+/// [`FastOps::add_bias`]: the input's gradient passes through, the bias's is
+/// [`FastOps::channel_sums`] of it (one reduction of ours on CUDA, where the broadcast's backward
+/// took three strided ones: 6 ms of a seed-shape step on the H200, docs/perf_log.md).
+#[derive(Debug)]
+struct BiasOp;
+
+impl<B: Backend + FastOps> Backward<B, 2> for BiasOp {
+    type State = ();
+
+    fn backward(self, ops: Ops<(), 2>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
+        let [node_y, node_bias] = ops.parents;
+        let grad = grads.consume::<B>(&ops.node);
+        if let Some(node) = node_bias {
+            grads.register::<B>(node.id, B::channel_sums(grad.clone()));
+        }
+        if let Some(node) = node_y {
+            grads.register::<B>(node.id, grad);
+        }
+    }
+}
+
+/// [`FastOps::conv`] (`dtype` `None`) or [`FastOps::conv_in`] under autodiff: one node.
+fn tracked_conv<B: Backend + FastOps, C: CheckpointStrategy>(
+    x: FloatTensor<Autodiff<B, C>>,
+    weight: FloatTensor<Autodiff<B, C>>,
+    options: ConvOptions<2>,
+    dtype: Option<FloatDType>,
+) -> FloatTensor<Autodiff<B, C>> {
+    let inner = |x, w, options| match dtype {
+        Some(dtype) => B::conv_in(x, w, options, dtype),
+        None => B::conv(x, w, options),
+    };
+    match ConvOp
+        .prepare::<C>([x.node(), weight.node()])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(mut prep) => {
+            let x_state = prep.checkpoint(&x);
+            let weight_state = prep.checkpoint(&weight);
+            let out = inner(x.into_primitive(), weight.into_primitive(), options.clone());
+            prep.finish((x_state, weight_state, options, dtype), out)
+        }
+        OpsKind::UnTracked(prep) => {
+            prep.finish(inner(x.into_primitive(), weight.into_primitive(), options))
+        }
+    }
+}
+
+impl<B: Backend + FastOps, C: CheckpointStrategy> FastOps for Autodiff<B, C> {
+    fn bn_act_train(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        running_mean: FloatTensor<Self>,
+        running_var: FloatTensor<Self>,
+        epsilon: f64,
+        momentum: f64,
+        act: bool,
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+    ) {
+        let inner = |x: FloatTensor<Self>, gamma: FloatTensor<Self>, beta: FloatTensor<Self>| {
+            B::bn_act_train(
+                x.into_primitive(),
+                gamma.into_primitive(),
+                beta.into_primitive(),
+                running_mean.into_primitive(),
+                running_var.into_primitive(),
+                epsilon,
+                momentum,
+                act,
+            )
+        };
+        match BnActOp
+            .prepare::<C>([x.node(), gamma.node(), beta.node()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(mut prep) => {
+                let x_state = prep.checkpoint(&x);
+                let gamma_state = prep.checkpoint(&gamma);
+                let beta_state = prep.checkpoint(&beta);
+                let (out, mean, var, new_mean, new_var) = inner(x, gamma, beta);
+                let state = (
+                    x_state,
+                    gamma_state,
+                    beta_state,
+                    mean.clone(),
+                    var.clone(),
+                    epsilon,
+                    act,
+                );
+                (
+                    prep.finish(state, out),
+                    Self::from_inner(mean),
+                    Self::from_inner(var),
+                    Self::from_inner(new_mean),
+                    Self::from_inner(new_var),
+                )
+            }
+            OpsKind::UnTracked(prep) => {
+                let (out, mean, var, new_mean, new_var) = inner(x, gamma, beta);
+                (
+                    prep.finish(out),
+                    Self::from_inner(mean),
+                    Self::from_inner(var),
+                    Self::from_inner(new_mean),
+                    Self::from_inner(new_var),
+                )
+            }
+        }
+    }
+    fn bn_act_train_backward(
+        _x: FloatTensor<Self>,
+        _gamma: FloatTensor<Self>,
+        _beta: FloatTensor<Self>,
+        _mean: FloatTensor<Self>,
+        _variance: FloatTensor<Self>,
+        _epsilon: f64,
+        _act: bool,
+        _grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        panic!("bn_act_train_backward is first-order only")
+    }
+    fn conv(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        tracked_conv::<B, C>(x, weight, options, None)
+    }
+    fn conv_in(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        options: ConvOptions<2>,
+        dtype: FloatDType,
+    ) -> FloatTensor<Self> {
+        tracked_conv::<B, C>(x, weight, options, Some(dtype))
+    }
+    fn silu(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        match SiluOp.prepare::<C>([x.node()]).compute_bound().stateful() {
+            OpsKind::Tracked(mut prep) => {
+                let state = prep.checkpoint(&x);
+                prep.finish(state, B::silu(x.into_primitive()))
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::silu(x.into_primitive())),
+        }
+    }
+    fn silu_backward(_x: FloatTensor<Self>, _grad: FloatTensor<Self>) -> FloatTensor<Self> {
+        panic!("silu_backward is first-order only")
+    }
+    fn add_bias(y: FloatTensor<Self>, bias: FloatTensor<Self>) -> FloatTensor<Self> {
+        BiasOp
+            .prepare::<C>([y.node(), bias.node()])
+            .compute_bound()
+            .stateless(B::add_bias(y.into_primitive(), bias.into_primitive()))
+    }
+    fn channel_sums(_x: FloatTensor<Self>) -> FloatTensor<Self> {
+        panic!("channel_sums is first-order only")
+    }
+    fn conv_in_x_backward(
+        _x: FloatTensor<Self>,
+        _weight: FloatTensor<Self>,
+        _grad: FloatTensor<Self>,
+        _options: ConvOptions<2>,
+        _dtype: FloatDType,
+    ) -> FloatTensor<Self> {
+        panic!("conv_in_x_backward is first-order only")
+    }
+    fn conv_x_backward(
+        _x: FloatTensor<Self>,
+        _weight: FloatTensor<Self>,
+        _grad: FloatTensor<Self>,
+        _options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        panic!("conv_x_backward is first-order only")
+    }
+    fn conv_weight_backward(
+        _x: FloatTensor<Self>,
+        _weight: FloatTensor<Self>,
+        _grad: FloatTensor<Self>,
+        _options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        panic!("conv_weight_backward is first-order only")
+    }
+}
