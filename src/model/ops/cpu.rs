@@ -14,6 +14,10 @@ use burn::backend::ops::{ActivationOps, ConvOptions, FloatTensorOps};
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Flex, Shape, TensorData, TensorMetadata};
 
+/// Multiply-adds (about) from which a convolution's forward is split over two threads: below,
+/// starting a thread costs more than it saves.
+const TWO_THREAD_WORK: usize = 1 << 21;
+
 /// Partial sums per reduction: wide enough for 16-lane vectors, summed pairwise at the end.
 const LANES: usize = 16;
 
@@ -439,6 +443,31 @@ impl FastOps for Flex {
         let mut out = vec![0.0f32; xv.len()];
         silu_grad_loop(&xv, &gv, &mut out);
         tensor(out, shape)
+    }
+    fn conv(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        use burn::backend::ops::ModuleOps;
+        let (xs, ws) = (x.shape(), weight.shape());
+        let n = xs[0];
+        let positions = (xs[2] / options.stride[0]) * (xs[3] / options.stride[1]);
+        let work = n * positions * ws[0] * ws[1] * ws[2] * ws[3];
+        if n < 2 || work < TWO_THREAD_WORK {
+            return Self::conv2d(x, weight, None, options);
+        }
+        // Images are independent: each half of the batch on its own core.
+        let half = n / 2;
+        let first = Self::float_slice(x.clone(), &[burn::tensor::Slice::from(0..half)]);
+        let second = Self::float_slice(x, &[burn::tensor::Slice::from(half..n)]);
+        let (a, b) = std::thread::scope(|s| {
+            let (w, o) = (weight.clone(), options.clone());
+            let b = s.spawn(move || Self::conv2d(second, w, None, o));
+            let a = Self::conv2d(first, weight, None, options);
+            (a, b.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+        });
+        Self::float_cat(vec![a, b], 0)
     }
     fn conv_weight_backward(
         x: FloatTensor<Self>,
