@@ -240,17 +240,16 @@ fn host_update(
         .then(|| take_host(std::mem::replace(&mut flat.second, flat.p.clone())));
     let (muf, one_mu) = (mu as f32, (1.0 - mu) as f32);
     let (b2, one_b2, epsf) = (beta2 as f32, (1.0 - beta2) as f32, eps as f32);
-    for (i, (&o, &n)) in layout.offsets.iter().zip(&layout.sizes).enumerate() {
+    // Parameter `i`'s update, given its segments of the three buffers.
+    let update = |i: usize, p: &mut [f32], buf: &mut [f32], v: Option<&mut [f32]>| {
         let r = &rows[i * COLUMNS..(i + 1) * COLUMNS];
-        let Some(g) = &parts[i] else { continue };
+        let Some(g) = &parts[i] else { return };
         let g = g.values();
         let init = r[INIT] == 1.0;
-        let (p, buf) = (&mut p[o..o + n], &mut buf[o..o + n]);
-        match (&mut second, rule) {
+        match (v, rule) {
             (Some(v), Rule::AdamW) => {
-                let v = &mut v[o..o + n];
                 let (decay, bc2, step) = (r[ADAM_DECAY], r[ADAM_BC2], r[ADAM_STEP]);
-                for e in 0..n {
+                for e in 0..p.len() {
                     let ge = g[e] * factor;
                     let m = if init {
                         buf[e] * muf + ge * one_mu
@@ -270,7 +269,7 @@ fn host_update(
             }
             _ => {
                 let (wd, lr) = (r[SGD_WD], r[SGD_LR]);
-                for e in 0..n {
+                for e in 0..p.len() {
                     let ge = g[e] * factor;
                     let gd = ge + p[e] * wd;
                     let b = if init { buf[e] * muf + gd } else { gd };
@@ -279,7 +278,36 @@ fn host_update(
                 }
             }
         }
-    }
+    };
+    // Parameters `range`, whose segments start at `base` in the given parts of the buffers.
+    let run = |range: std::ops::Range<usize>,
+               base: usize,
+               p: &mut [f32],
+               buf: &mut [f32],
+               mut v: Option<&mut [f32]>| {
+        for i in range {
+            let (o, n) = (layout.offsets[i] - base, layout.sizes[i]);
+            let v = v.as_deref_mut().map(|v| &mut v[o..o + n]);
+            update(i, &mut p[o..o + n], &mut buf[o..o + n], v);
+        }
+    };
+    // Memory-bound and independent per value: the parameters in two halves, one per core.
+    let count = layout.sizes.len();
+    let k = layout.offsets.partition_point(|&o| o < layout.len / 2);
+    let cut = layout.offsets.get(k).copied().unwrap_or(layout.len);
+    let (p1, p2) = p.split_at_mut(cut);
+    let (buf1, buf2) = buf.split_at_mut(cut);
+    let (v1, v2) = match second.as_deref_mut() {
+        Some(v) => {
+            let (a, b) = v.split_at_mut(cut);
+            (Some(a), Some(b))
+        }
+        None => (None, None),
+    };
+    std::thread::scope(|s| {
+        s.spawn(|| run(k..count, cut, p2, buf2, v2));
+        run(0..k, 0, p1, buf1, v1);
+    });
     let len = flat.layout.len;
     let upload = |v: Vec<f32>| Tensor::<1>::from_data(TensorData::new(v, [len]), &device);
     flat.p = upload(p);
