@@ -9,7 +9,7 @@
 //! The exponential is a polynomial rather than libm's `expf`, which was a fifth of a CPU
 //! training step's time (docs/perf_log.md).
 
-use super::{ConvBnOps, FastOps, batch_norm, conv_bn_ops, wgrad};
+use super::{ConvBnOps, FastOps, batch_norm, conv_bn_ops, silu_backward_ops, wgrad};
 use burn::backend::ops::{ActivationOps, ConvOptions, FloatTensorOps};
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Flex, Shape, TensorData, TensorMetadata};
@@ -433,10 +433,7 @@ impl FastOps for Flex {
     fn silu_backward(x: FloatTensor<Self>, grad: FloatTensor<Self>) -> FloatTensor<Self> {
         let f32s = x.dtype() == burn::tensor::DType::F32 && grad.dtype() == x.dtype();
         if !f32s || x.shape() != grad.shape() {
-            let s = Self::sigmoid(x.clone());
-            let one_minus = Self::float_add_scalar(Self::float_neg(s.clone()), 1.0.into());
-            let inner = Self::float_add_scalar(Self::float_mul(x, one_minus), 1.0.into());
-            return Self::float_mul(grad, Self::float_mul(s, inner));
+            return silu_backward_ops::<Self>(x, grad);
         }
         let shape = x.shape();
         let (xv, gv) = (values(&x), values(&grad));

@@ -189,10 +189,7 @@ pub trait FastOps: Backend {
     /// Gradient of [`FastOps::silu`] at `x` for the incoming `grad`:
     /// `grad · σ(x) · (1 + x · (1 − σ(x)))`.
     fn silu_backward(x: FloatTensor<Self>, grad: FloatTensor<Self>) -> FloatTensor<Self> {
-        let s = Self::sigmoid(x.clone());
-        let one_minus = Self::float_add_scalar(Self::float_neg(s.clone()), 1.0.into());
-        let inner = Self::float_add_scalar(Self::float_mul(x, one_minus), 1.0.into());
-        Self::float_mul(grad, Self::float_mul(s, inner))
+        silu_backward_ops::<Self>(x, grad)
     }
     /// `y + bias` for each channel of `[N, C, H, W]` `y` (`bias` `[C]`).
     fn add_bias(y: FloatTensor<Self>, bias: FloatTensor<Self>) -> FloatTensor<Self> {
@@ -230,6 +227,14 @@ pub trait FastOps: Backend {
         );
         Self::float_cast(dx, FloatDType::F32)
     }
+}
+
+/// [`FastOps::silu_backward`] as tensor operations (any backend, any dtype).
+fn silu_backward_ops<B: Backend>(x: FloatTensor<B>, grad: FloatTensor<B>) -> FloatTensor<B> {
+    let s = B::sigmoid(x.clone());
+    let one_minus = B::float_add_scalar(B::float_neg(s.clone()), 1.0.into());
+    let inner = B::float_add_scalar(B::float_mul(x, one_minus), 1.0.into());
+    B::float_mul(grad, B::float_mul(s, inner))
 }
 
 /// `bn.forward(x)`, then SiLU when `act`: in training one [`FastOps::bn_act_train`] with the
