@@ -1,6 +1,7 @@
 //! Our operations on the CPU (burn-flex): BatchNorm training + SiLU as a few passes over each
-//! channel's values instead of ~25 tensor operations, SiLU with one exponential per value, and
-//! the convolution weight gradient as [`wgrad`]'s im2col matmul.
+//! channel's values instead of ~25 tensor operations, SiLU with one exponential per value, a
+//! convolution's forward split by batch halves over two threads, and its weight gradient as one
+//! matmul over the batch's pixels ([`wgrad::host_weight_backward`]).
 //!
 //! The loops are compiled twice, for AVX2 + FMA (8 lanes, fused multiply-adds) and for the
 //! baseline, and the machine's CPU picks one at run time. The arithmetic
@@ -351,10 +352,10 @@ fn bn_act_backward(
 }
 
 /// The CPU: the loops above for BatchNorm + SiLU (tensor operations under
-/// [`ConvBnOps::Staged`]), and the weight gradient as [`wgrad`]'s im2col matmul. Burn's default
-/// runs it as a convolution whose kernel is the output gradient (`[C_out, N, Ho, Wo]`, N input
-/// channels), which burn-flex's small-channel path computes plane by plane: a quarter of a
-/// `pose_nano` step's CPU time (docs/perf_log.md, "CPU numbers").
+/// [`ConvBnOps::Staged`]), Burn's convolution on two threads, and the weight gradient as an
+/// im2col matmul ([`wgrad`]). Burn's default weight gradient is a convolution whose kernel is the
+/// output gradient (`[C_out, N, Ho, Wo]`, N input channels), which burn-flex's small-channel path
+/// computes plane by plane: a quarter of a `pose_nano` step's CPU time (docs/perf_log.md).
 impl FastOps for Flex {
     fn bn_act_train(
         x: FloatTensor<Self>,
