@@ -232,12 +232,10 @@ fn host_update(
     }
     let norm = row_sums.iter().sum::<f32>().sqrt();
     let factor = ((1.0 / (norm + 1e-6)) * clip_norm as f32).min(1.0);
-    let p_old = HostValues::of(flat.p.clone());
-    let p_old = p_old.values();
-    let mut p = p_old.to_vec();
-    let mut buf = take_host(std::mem::replace(&mut flat.buf, flat.p.clone()));
-    let mut second = (rule == Rule::AdamW)
-        .then(|| take_host(std::mem::replace(&mut flat.second, flat.p.clone())));
+    // Copies: the model's parameters and the optimizer state are views of these buffers.
+    let mut p = take_host(flat.p.clone());
+    let mut buf = take_host(flat.buf.clone());
+    let mut second = (rule == Rule::AdamW).then(|| take_host(flat.second.clone()));
     let (muf, one_mu) = (mu as f32, (1.0 - mu) as f32);
     let (b2, one_b2, epsf) = (beta2 as f32, (1.0 - beta2) as f32, eps as f32);
     // Parameter `i`'s update, given its segments of the three buffers.

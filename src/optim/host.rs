@@ -18,7 +18,7 @@ impl HostValues {
         {
             return Self::InPlace(f);
         }
-        Self::Copied(host(&t))
+        Self::Copied(take_host(t))
     }
 
     pub(super) fn values(&self) -> &[f32] {
@@ -32,14 +32,6 @@ impl HostValues {
 /// `t`'s values as an owned vector: its own storage when nothing else holds it (no copy).
 pub(super) fn take_host(t: Tensor<1>) -> Vec<f32> {
     t.into_data()
-        .convert::<f32>()
-        .try_into_vec::<f32>()
-        .expect("f32 data after convert")
-}
-
-fn host(t: &Tensor<1>) -> Vec<f32> {
-    t.clone()
-        .into_data()
         .convert::<f32>()
         .try_into_vec::<f32>()
         .expect("f32 data after convert")
