@@ -10,10 +10,11 @@
 //! The exponential is a polynomial rather than libm's `expf`, which was a fifth of a CPU
 //! training step's time (docs/perf_log.md).
 
+use super::host::{tensor, values};
 use super::{ConvBnOps, FastOps, batch_norm, conv_bn_ops, silu_backward_ops, wgrad};
 use burn::backend::ops::{ActivationOps, ConvOptions, FloatTensorOps};
 use burn::backend::tensor::FloatTensor;
-use burn::backend::{Flex, Shape, TensorData, TensorMetadata};
+use burn::backend::{Flex, Shape, TensorMetadata};
 
 /// Multiply-adds (about) from which a convolution's forward is split over two threads: below,
 /// starting a thread costs more than it saves.
@@ -119,18 +120,6 @@ fn lane_sum(acc: &mut [f32; LANES], v: &[f32], f: impl Fn(f32) -> f32) {
     for (l, &x) in rest.iter().enumerate() {
         acc[l] += f(x);
     }
-}
-
-/// A contiguous f32 copy of a tensor's values (borrowed when it already is one).
-fn values(t: &FloatTensor<Flex>) -> std::borrow::Cow<'_, [f32]> {
-    match t.as_slice::<f32>() {
-        Some(v) => std::borrow::Cow::Borrowed(v),
-        None => std::borrow::Cow::Owned(t.to_contiguous().as_slice::<f32>().unwrap().to_vec()),
-    }
-}
-
-fn tensor(values: Vec<f32>, shape: Shape) -> FloatTensor<Flex> {
-    Flex::float_from_data(TensorData::new(values, shape), &Default::default())
 }
 
 /// `[N, C, H, W]` as `(N, C, H·W)`.

@@ -32,6 +32,7 @@ pub mod depthwise;
 #[cfg(feature = "cuda")]
 #[path = "../../../kernels/batch_norm.rs"]
 mod fused_bn;
+mod host;
 #[cfg(feature = "cuda")]
 #[path = "../../../kernels/im2col.rs"]
 pub mod im2col;

@@ -7,9 +7,10 @@
 //! pixels that run as separate matmul batches (so a 32×144 result still fills the GPU), then the
 //! chunks are summed with a non-atomic reduction: deterministic, FP32 throughout.
 
+use super::host::{tensor, values};
 use burn::backend::ops::{ConvOptions, FloatTensorOps};
 use burn::backend::tensor::FloatTensor;
-use burn::backend::{Backend, DType, Flex, FloatDType, Shape, Slice, TensorData, TensorMetadata};
+use burn::backend::{Backend, DType, Flex, FloatDType, Shape, Slice, TensorMetadata};
 
 /// Output pixels per matmul batch, at least (fewer only when a layer has fewer in all).
 const CHUNK: usize = 1024;
@@ -162,11 +163,8 @@ pub fn host_weight_backward(
     let gs = grad.shape();
     let (ho, wo) = (gs[2], gs[3]);
     let (p, kk) = (ho * wo, kh * kw);
-    let x = x.to_contiguous();
-    let x = x.as_slice::<f32>()?;
-    let grad = grad.to_contiguous();
-    let grad = grad.as_slice::<f32>()?;
-    let cols = host_columns(x, [n, ci, h, w], [kh, kw], [ho, wo], options);
+    let (x, grad) = (values(x), values(grad));
+    let cols = host_columns(&x, [n, ci, h, w], [kh, kw], [ho, wo], options);
     // dY [N, co, P] → [co, N·P].
     let mut dy = vec![0f32; co * n * p];
     for o in 0..co {
@@ -175,11 +173,8 @@ pub fn host_weight_backward(
             dy[(o * n + b) * p..][..p].copy_from_slice(src);
         }
     }
-    let host = |v: Vec<f32>, shape: [usize; 2]| {
-        Flex::float_from_data(TensorData::new(v, shape), &Default::default())
-    };
-    let dy = host(dy, [co, n * p]);
-    let cols = Flex::float_swap_dims(host(cols, [ci * kk, n * p]), 0, 1);
+    let dy = tensor(dy, [co, n * p]);
+    let cols = Flex::float_swap_dims(tensor(cols, [ci * kk, n * p]), 0, 1);
     let dw = Flex::float_matmul(dy, cols);
     Some(Flex::float_reshape(dw, Shape::new([co, ci, kh, kw])))
 }
