@@ -14,8 +14,8 @@ for gz in .gpu/bin/*.gz .gpu/tests/*.gz; do
   [ -e "$gz" ] || continue
   name=$(basename "$gz" .gz)
   case "$gz" in
-    .gpu/bin/*) exe=target/release/$name ;;
-    *) exe=target/release/deps/$name ;;
+    .gpu/bin/*) exe=${CARGO_TARGET_DIR:-target}/release/$name ;;
+    *) exe=${CARGO_TARGET_DIR:-target}/release/deps/$name ;;
   esac
   strip -o "$tmp" "$exe"
   gzip -9 -c "$tmp" > "$gz"
