@@ -240,8 +240,8 @@ fn silu_backward_ops<B: Backend>(x: FloatTensor<B>, grad: FloatTensor<B>) -> Flo
 
 /// `bn.forward(x)`, then SiLU when `act`: in training one [`FastOps::bn_act_train`] with the
 /// batch's statistics and the same running-statistics update as Burn's
-/// `BatchNorm::forward_train`; in inference on CUDA one kernel with the running statistics;
-/// otherwise Burn's inference (and under [`ConvBnOps::Stock`] Burn's own training BatchNorm) and
+/// `BatchNorm::forward_train`; in inference on CUDA one kernel with the running statistics, on
+/// the CPU one pass ([`cpu::bn_act_inference`]); otherwise Burn's inference (and under [`ConvBnOps::Stock`] Burn's own training BatchNorm) and
 /// Burn's `silu`.
 pub fn batch_norm_act(bn: &BatchNorm, x: Tensor<4>, act: bool) -> Tensor<4> {
     let device = x.device();
@@ -250,6 +250,12 @@ pub fn batch_norm_act(bn: &BatchNorm, x: Tensor<4>, act: bool) -> Tensor<4> {
     if !training
         && conv_bn_ops() != ConvBnOps::Stock
         && let Some(y) = cuda::bn_act_inference(bn, &x, act)
+    {
+        return y;
+    }
+    if !training
+        && conv_bn_ops() != ConvBnOps::Stock
+        && let Some(y) = cpu::bn_act_inference(bn, &x, act)
     {
         return y;
     }

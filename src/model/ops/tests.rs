@@ -123,6 +123,44 @@ fn batch_norm_outside_training_is_burns_inference() {
     assert!(rel_diff(y, burn::tensor::activation::silu(z)) < 1e-6);
 }
 
+/// Inference with real running statistics, γ and β, at an odd shape and at one large enough for
+/// two threads: Burn's BatchNorm then SiLU within float rounding, and the threaded batch equal,
+/// bit for bit, to its images run one by one.
+#[test]
+fn batch_norm_inference_on_the_cpu_matches_burns() {
+    let d = Device::flex();
+    let set = |c: usize, k: f32, shift: f32| {
+        let v: Vec<f32> = (0..c).map(|i| (i as f32 * k).cos() * 0.5 + shift).collect();
+        Tensor::<1>::from_floats(v.as_slice(), &d)
+    };
+    for dims in [[3, 5, 7, 9], [2, 16, 256, 260]] {
+        let c = dims[1];
+        let mut bn = BatchNormConfig::new(c).init(&d);
+        bn.gamma = Param::from_tensor(set(c, 0.9, 1.0));
+        bn.beta = Param::from_tensor(set(c, 1.3, -0.2));
+        set_running(&bn.running_mean, set(c, 0.4, 0.3));
+        set_running(&bn.running_var, set(c, 0.7, 0.8));
+        let x = fill(dims, 0.37, &d);
+        for act in [false, true] {
+            let y = batch_norm_act(&bn, x.clone(), act);
+            let burn_y = bn.forward(x.clone());
+            let burn_y = match act {
+                true => burn::tensor::activation::silu(burn_y),
+                false => burn_y,
+            };
+            assert!(rel_diff(y.clone(), burn_y) < 1e-5, "{dims:?} act {act}");
+            let one_by_one: Vec<Tensor<4>> = (0..dims[0])
+                .map(|i| batch_norm_act(&bn, x.clone().slice(i..i + 1), act))
+                .collect();
+            assert_eq!(
+                y.into_data(),
+                Tensor::cat(one_by_one, 0).into_data(),
+                "{dims:?} act {act}: the halves differ from the images one by one"
+            );
+        }
+    }
+}
+
 fn conv_case(
     groups: usize,
     stride: usize,
