@@ -94,7 +94,11 @@ fn fit_writes_its_pictures_and_predict_annotates_real_images() {
         .iter()
         .map(|p| image::open(p).unwrap().to_rgb8())
         .collect();
-    let want = predictor.predict(&originals);
+    // In the CLI's batches of 3: a batch of one shape is letterboxed to less than the square.
+    let want: Vec<_> = originals
+        .chunks(3)
+        .flat_map(|c| predictor.predict(c))
+        .collect();
     for ((entry, source), (original, found)) in
         json.iter().zip(&sources).zip(originals.iter().zip(&want))
     {
@@ -132,7 +136,7 @@ fn predict_rejects_bad_sources_clearly() {
         dir.join("notes.md").to_str().unwrap(),
     ]);
     assert!(
-        !ok && text.contains("notes.md") && text.contains("not an image"),
+        !ok && text.contains("notes.md") && text.contains("neither an image"),
         "{text}"
     );
     assert!(!text.contains("panicked"), "{text}");
@@ -152,7 +156,7 @@ fn predict_rejects_bad_sources_clearly() {
     std::fs::create_dir_all(&empty).unwrap();
     let (ok, text) = burnpose(&["predict", "x.safetensors", empty.to_str().unwrap()]);
     assert!(
-        !ok && text.contains("no images in ") && text.contains("empty ("),
+        !ok && text.contains("no images or videos in ") && text.contains("empty ("),
         "{text}"
     );
     assert!(!text.contains("[\""), "{text}");
@@ -234,7 +238,7 @@ fn predict_skips_undecodable_files_and_searches_subfolders() {
         dir.join("out_bad").to_str().unwrap(),
     ]);
     assert!(
-        !ok && text.contains("none of the 1 images could be decoded"),
+        !ok && text.contains("none of the 1 sources could be decoded"),
         "{text}"
     );
     assert!(!text.contains("panicked"), "{text}");
@@ -332,5 +336,122 @@ fn predicted_labels_train_a_fit() {
     );
     let (ok, text) = burnpose(&["predict", ckpt.to_str().unwrap(), "--split", "val"]);
     assert!(!ok && text.contains("built-in dataset"), "{text}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A video among the sources, as a user meets one: an MP4 the test writes (odd size, 7 frames at
+/// 5 fps), beside a damaged MP4 and an AVI. Each frame is predicted as the model predicts the
+/// decoded frame, recorded with its number and time, labelled as `<stem>_<frame>.txt`, and the
+/// annotated frames come back as an MP4 of the same length and rate; the two bad files are named
+/// and counted.
+#[test]
+fn predict_annotates_a_video_frame_by_frame() {
+    use burnpose::predict::video::{VideoReader, VideoWriter};
+    let dir = std::env::temp_dir().join(format!("burnpose-predict-video-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("clips")).unwrap();
+    let run = short_fit(&dir);
+    let ckpt = run.join("last.safetensors");
+    let (w, h, fps, n) = (161u32, 121u32, 5.0, 7u64);
+    let clip = dir.join("clips/walk.mp4");
+    let mut writer = VideoWriter::create(&clip, w, h, fps).unwrap();
+    for t in 0..n as u32 {
+        let frame = image::RgbImage::from_fn(w, h, |x, y| {
+            let body = (x + 9 * t) % w > 60 && (x + 9 * t) % w < 100 && y > 20 && y < 110;
+            match body {
+                true => image::Rgb([200, 150, 120]),
+                false => image::Rgb([(x * 2) as u8, (y * 2) as u8, 90]),
+            }
+        });
+        writer.write(&frame).unwrap();
+    }
+    writer.finish().unwrap();
+    // A copy that breaks off at its fourth frame: the three before are kept.
+    std::fs::copy(&clip, dir.join("clips/cut.mp4")).unwrap();
+    common::break_sample(&dir.join("clips/cut.mp4"), 4);
+    std::fs::write(dir.join("clips/broken.mp4"), b"not a video").unwrap();
+    std::fs::write(dir.join("clips/old.avi"), b"RIFF....AVI ").unwrap();
+    let out = dir.join("out");
+    let (ok, text) = burnpose(&[
+        "predict",
+        ckpt.to_str().unwrap(),
+        dir.join("clips").to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--conf",
+        "0.001",
+        "--max-det",
+        "5",
+        "--batch",
+        "3",
+        "--save-txt",
+    ]);
+    assert!(ok, "{text}");
+    assert!(!text.contains("panicked"), "{text}");
+    assert!(
+        text.contains("broken.mp4") && text.contains("old.avi"),
+        "{text}"
+    );
+    assert!(
+        text.contains("in 0 images and 10 frames of 2 videos (2 undecodable file(s) skipped)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("cut.mp4: sample 4") && text.contains("the rest of the video is skipped"),
+        "{text}"
+    );
+
+    let json: Vec<ImagePrediction> =
+        serde_json::from_str(&std::fs::read_to_string(out.join("predictions.json")).unwrap())
+            .unwrap();
+    let predictor = Predictor::load(
+        &ckpt,
+        &Device::flex(),
+        PredictOptions {
+            conf: 0.001,
+            max_det: 5,
+            imgsz: 0,
+            ..PredictOptions::default()
+        },
+    )
+    .unwrap();
+    let frames: Vec<image::RgbImage> = VideoReader::open(&clip)
+        .unwrap()
+        .map(|f| f.unwrap().image)
+        .collect();
+    assert_eq!(frames.len() as u64, n);
+    let want = predictor.predict(&frames);
+    // Sorted by path: cut.mp4's three frames, then walk.mp4's seven.
+    assert_eq!(json.len() as u64, n + 3);
+    let cut = dir.join("clips/cut.mp4");
+    for (k, (entry, found)) in json[..3].iter().zip(&want).enumerate() {
+        assert_eq!((&entry.image, entry.frame), (&cut, Some(k as u64 + 1)));
+        assert_eq!(&entry.detections, found, "cut.mp4 frame {}", k + 1);
+    }
+    assert_eq!(VideoReader::open(&out.join("cut.mp4")).unwrap().count(), 3);
+    for (k, (entry, found)) in json[3..].iter().zip(&want).enumerate() {
+        let frame = k as u64 + 1;
+        assert_eq!(entry.image, clip);
+        assert_eq!(entry.frame, Some(frame));
+        assert!((entry.time.unwrap() - k as f64 / fps).abs() < 1e-9);
+        // H.264 codes even sizes: the odd column and row are repeated.
+        assert_eq!((entry.width, entry.height), (w + 1, h + 1));
+        assert_eq!(&entry.detections, found, "frame {frame}");
+        assert!(!found.is_empty(), "no detections at conf 0.001");
+        let label = out.join(format!("labels/walk_{frame}.txt"));
+        assert_eq!(
+            std::fs::read_to_string(&label).unwrap(),
+            entry.yolo_label(false),
+            "{}",
+            label.display()
+        );
+    }
+    // The annotated video: every frame, at the source's rate.
+    let annotated = VideoReader::open(&out.join("walk.mp4")).unwrap();
+    assert_eq!(annotated.frame_count(), n);
+    assert!((annotated.fps() - fps).abs() < 1e-6);
+    let drawn: Vec<image::RgbImage> = annotated.map(|f| f.unwrap().image).collect();
+    assert_eq!(drawn.len() as u64, n);
+    assert!(drawn.iter().all(|f| f.dimensions() == (w + 1, h + 1)));
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -1,17 +1,19 @@
-"""Ultralytics' predict on a folder of images, timed: the peer of `burnpose predict` (docs/bench.md).
+"""Ultralytics' predict on a folder of images or a video, timed: the peer of `burnpose predict`
+(docs/bench.md).
 
 usage: python predict_peer.py SOURCE OUT_DIR [--batch 8] [--imgsz 640] [--device 0]
 
-The model is YOLO26n-pose from its yaml (untrained: speed only). One image is predicted first,
-outside the timing, so model setup and CUDA start are not counted; then every image of SOURCE,
-annotated copies saved (as `burnpose predict` writes them). Prints one JSON line.
+The model is YOLO26n-pose from its yaml (untrained: speed only). One blank image is predicted
+first, outside the timing, so model setup and CUDA start are not counted; then every image (or
+video frame) of SOURCE, annotated copies saved (as `burnpose predict` writes them; a video as
+Ultralytics writes one on Linux, MJPG in .avi). Prints one JSON line.
 """
 
 import argparse
 import json
-import os
 import time
 
+import numpy as np
 from ultralytics import YOLO
 
 
@@ -25,8 +27,8 @@ def main():
     a = ap.parse_args()
     device = int(a.device) if a.device != "cpu" else "cpu"
     model = YOLO("yolo26n-pose.yaml")
-    first = sorted(os.listdir(a.source))[0]
-    model.predict(os.path.join(a.source, first), imgsz=a.imgsz, device=device, verbose=False)
+    model.predict(np.zeros((a.imgsz, a.imgsz, 3), np.uint8), imgsz=a.imgsz, device=device,
+                  verbose=False)
     images = detections = 0
     start = time.perf_counter()
     for r in model.predict(

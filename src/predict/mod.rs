@@ -6,9 +6,10 @@
 
 pub mod draw;
 pub mod layout;
+pub mod video;
 
 use crate::config::Config;
-use crate::data::letterbox::letterbox;
+use crate::data::letterbox::{letterbox, letterbox_rect};
 use crate::data::{Batch, Frame, Sample};
 use crate::eval::{Detection, Select, detect};
 use crate::model::Yolo;
@@ -48,7 +49,14 @@ impl Default for PredictOptions {
 /// `[x, y, confidence]`).
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ImagePrediction {
+    /// The image file, or the video the frame is from.
     pub image: PathBuf,
+    /// A video frame's number, from 1 (as in its label file's name, `<stem>_<frame>.txt`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frame: Option<u64>,
+    /// A video frame's time in seconds from the first frame, at the video's frame rate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time: Option<f64>,
     pub width: u32,
     pub height: u32,
     pub detections: Vec<Found>,
@@ -122,9 +130,14 @@ pub enum PredictError {
 }
 
 /// `images` letterboxed to `imgsz` and collated for [`Predictor::run`] (host work only, so it
-/// can run beside the network).
+/// can run beside the network). As Ultralytics' predict: a batch whose images share one shape
+/// (a video's frames, a folder of one camera's photos) is padded only up to the network's stride,
+/// a mixed batch to the square.
 pub fn prepare(images: &[image::RgbImage], imgsz: usize) -> Prepared {
     let size = imgsz as u32;
+    let same_shape = images
+        .iter()
+        .all(|i| Some(i.dimensions()) == images.first().map(|f| f.dimensions()));
     let (samples, frames): (Vec<Sample>, Vec<Frame>) = images
         .iter()
         .map(|img| {
@@ -132,7 +145,10 @@ pub fn prepare(images: &[image::RgbImage], imgsz: usize) -> Prepared {
                 image: img.clone(),
                 instances: Vec::new(),
             };
-            let (s, scale, pad) = letterbox(sample, size);
+            let (s, scale, pad) = match same_shape {
+                true => letterbox_rect(sample, size, crate::model::STRIDES[2] as u32),
+                false => letterbox(sample, size),
+            };
             (s, Frame { scale, pad })
         })
         .unzip();
@@ -281,16 +297,19 @@ fn listed_sources(list: &Path) -> Result<Vec<PathBuf>, crate::data::DataError> {
         .collect()
 }
 
-/// The images of `sources`: files as given, folders searched below every subfolder (as
-/// Ultralytics does), each folder's images sorted by path text, and a `.txt` file taken as a list
-/// of such sources ([`listed_sources`]). A missing source, or a file this build cannot decode by
-/// its extension, is an error naming it.
-pub fn image_files(sources: &[PathBuf]) -> Result<Vec<PathBuf>, crate::data::DataError> {
+/// The images and videos of `sources`: files as given, folders searched below every subfolder (as
+/// Ultralytics does), each folder's files sorted by path text, and a `.txt` file taken as a list
+/// of such sources ([`listed_sources`]). Videos are told by their extension
+/// ([`video::is_video`]; one this build cannot read is refused when it is reached). A missing
+/// source, or a file that is neither an image this build decodes nor a video by its extension,
+/// is an error naming it.
+pub fn source_files(sources: &[PathBuf]) -> Result<Vec<PathBuf>, crate::data::DataError> {
     use crate::data::DataError;
-    let is_image = |p: &Path| {
-        p.extension()
-            .and_then(|e| e.to_str())
-            .is_some_and(|e| crate::data::yolo::decodable(&e.to_ascii_lowercase()))
+    let is_source = |p: &Path| {
+        video::is_video(p)
+            || p.extension()
+                .and_then(|e| e.to_str())
+                .is_some_and(|e| crate::data::yolo::decodable(&e.to_ascii_lowercase()))
     };
     let is_list =
         |p: &Path| p.extension().is_some_and(|e| e.eq_ignore_ascii_case("txt")) && p.is_file();
@@ -300,7 +319,7 @@ pub fn image_files(sources: &[PathBuf]) -> Result<Vec<PathBuf>, crate::data::Dat
         if is_list(src) {
             expanded.extend(listed_sources(src)?);
         } else if src.to_string_lossy().contains('*') {
-            out.extend(glob_images(src, is_image)?);
+            out.extend(glob_sources(src, is_source)?);
         } else {
             expanded.push(src.clone());
         }
@@ -311,15 +330,16 @@ pub fn image_files(sources: &[PathBuf]) -> Result<Vec<PathBuf>, crate::data::Dat
             error,
         })?;
         if meta.is_dir() {
-            out.extend(crate::data::files_below(src, is_image)?);
-        } else if is_image(src) {
+            out.extend(crate::data::files_below(src, is_source)?);
+        } else if is_source(src) {
             out.push(src.clone());
         } else {
             return Err(DataError::Image {
                 path: src.clone(),
                 message: format!(
-                    "not an image this build decodes ({})",
-                    crate::data::yolo::decodable_extensions()
+                    "neither an image this build decodes ({}) nor a video ({})",
+                    crate::data::yolo::decodable_extensions(),
+                    video::READ.join(", ")
                 ),
             });
         }
@@ -327,12 +347,12 @@ pub fn image_files(sources: &[PathBuf]) -> Result<Vec<PathBuf>, crate::data::Dat
     Ok(out)
 }
 
-/// The images a glob pattern matches (`**` reaches into subfolders), sorted by path, as
+/// The images and videos a glob pattern matches (`**` reaches into subfolders), sorted by path, as
 /// Ultralytics expands a source holding `*`; other files it matches are left out. A pattern that
-/// matches no image is named in a warning (the run fails later only if no source gave an image).
-fn glob_images(
+/// matches none is named in a warning (the run fails later only if no source gave an image).
+fn glob_sources(
     pattern: &Path,
-    is_image: impl Fn(&Path) -> bool,
+    is_source: impl Fn(&Path) -> bool,
 ) -> Result<Vec<PathBuf>, crate::data::DataError> {
     use crate::data::DataError;
     let text = pattern.to_string_lossy();
@@ -347,12 +367,12 @@ fn glob_images(
             path: e.path().to_path_buf(),
             error: std::io::Error::new(e.error().kind(), e.error().to_string()),
         })?;
-        if path.is_file() && is_image(&path) {
+        if path.is_file() && is_source(&path) {
             found.push(path);
         }
     }
     if found.is_empty() {
-        eprintln!("warning: {text} matches no image");
+        eprintln!("warning: {text} matches no image or video");
     }
     found.sort_by(|a, b| a.as_os_str().cmp(b.as_os_str()));
     Ok(found)
@@ -376,7 +396,7 @@ mod tests {
         ] {
             std::fs::write(dir.join(f), b"").unwrap();
         }
-        let files = |pattern: &str| image_files(&[dir.join(pattern)]).unwrap();
+        let files = |pattern: &str| source_files(&[dir.join(pattern)]).unwrap();
         let under = |names: &[&str]| names.iter().map(|n| dir.join(n)).collect::<Vec<_>>();
         assert_eq!(
             files("**/*.png"),
@@ -389,7 +409,7 @@ mod tests {
             under(&["sub/c.jpg", "sub/deeper/d.png", "sub/deeper/e.PNG"])
         );
         assert!(files("*.webp").is_empty(), "no match: a warning, no error");
-        let e = image_files(&[dir.join("[*.png")]).unwrap_err().to_string();
+        let e = source_files(&[dir.join("[*.png")]).unwrap_err().to_string();
         assert!(e.contains("glob pattern"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -408,7 +428,7 @@ mod tests {
         // absolute one as written; blank lines are skipped; the lines are taken sorted.
         let text = format!("sub\n\n{}\n./a.png\n", absolute.display());
         std::fs::write(&list, text).unwrap();
-        let files = image_files(std::slice::from_ref(&list)).unwrap();
+        let files = source_files(std::slice::from_ref(&list)).unwrap();
         // Sorted as text: "./a.png" < "/…/d.png" < "sub".
         let want = [
             dir.join("./a.png"),
@@ -419,7 +439,7 @@ mod tests {
         assert_eq!(files, want);
 
         std::fs::write(&list, "a.png\nmissing.png\n").unwrap();
-        let err = image_files(std::slice::from_ref(&list))
+        let err = source_files(std::slice::from_ref(&list))
             .unwrap_err()
             .to_string();
         assert!(
@@ -433,6 +453,8 @@ mod tests {
     fn yolo_label_rows_are_normalised_and_read_back() {
         let p = ImagePrediction {
             image: PathBuf::from("a.jpg"),
+            frame: None,
+            time: None,
             width: 200,
             height: 100,
             detections: vec![Found {

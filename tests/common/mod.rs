@@ -38,3 +38,24 @@ pub fn shared_data(rel: &str) -> Option<PathBuf> {
     );
     None
 }
+
+/// Damages sample `n` (from 1) of the H.264 track of the MP4 at `path` in place: its first NAL
+/// length claims more bytes than the sample holds, so decoding stops there while the container
+/// still parses. For tests of a video that breaks off.
+pub fn break_sample(path: &std::path::Path, n: u32) {
+    let bytes = std::fs::read(path).expect("the video");
+    let mut mp4 = mp4::Mp4Reader::read_header(std::io::Cursor::new(&bytes), bytes.len() as u64)
+        .expect("a readable MP4");
+    let track = *mp4.tracks().keys().next().expect("a track");
+    let sample = mp4
+        .read_sample(track, n)
+        .expect("readable")
+        .expect("sample n");
+    let at = bytes
+        .windows(sample.bytes.len())
+        .position(|w| w == &sample.bytes[..])
+        .expect("the sample's bytes in the file");
+    let mut damaged = bytes.clone();
+    damaged[at..at + 4].copy_from_slice(&[0x7f, 0xff, 0xff, 0xff]);
+    std::fs::write(path, damaged).expect("writable");
+}

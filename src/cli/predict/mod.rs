@@ -1,12 +1,16 @@
-//! `burnpose predict CHECKPOINT SOURCE...`: a checkpoint's EMA model on images, folders of images
-//! (searched below subfolders), `.txt` lists and glob patterns, batched with a progress bar; one
-//! annotated copy per image, `predictions.jsonl` written as it goes and `predictions.json` at the
-//! end in the run folder. Undecodable files are named and skipped.
+//! `burnpose predict CHECKPOINT SOURCE...`: a checkpoint's EMA model on images and videos, folders
+//! of them (searched below subfolders), `.txt` lists and glob patterns, batched with a progress
+//! bar; one annotated copy per image or video, `predictions.jsonl` written as it goes and
+//! `predictions.json` at the end in the run folder. Undecodable files are named and skipped.
 
 use crate::config::DeviceKind;
-use crate::predict::{ImagePrediction, PredictOptions, Predictor, draw, image_files};
+mod stages;
+
+use crate::predict::video::{self, VideoReader};
+use crate::predict::{PredictOptions, Predictor, source_files};
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
+use stages::{Count, Predicted, Read, Reader, Writer};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -75,7 +79,7 @@ pub struct Labels {
 
 pub fn run(checkpoint: &Path, a: PredictArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.batch > 0, "--batch must be at least 1");
-    let mut files = image_files(&a.sources)?;
+    let mut files = source_files(&a.sources)?;
     if let Some(split) = &a.split {
         files.extend(split.images(checkpoint)?);
     }
@@ -83,9 +87,10 @@ pub fn run(checkpoint: &Path, a: PredictArgs) -> anyhow::Result<()> {
         let mut names: Vec<String> = a.sources.iter().map(|p| p.display().to_string()).collect();
         names.extend(a.split.as_ref().map(|s| format!("split {}", s.name)));
         anyhow::bail!(
-            "no images in {} (images with the extensions {})",
+            "no images or videos in {} (images with the extensions {}; videos {})",
             names.join(", "),
-            crate::data::yolo::decodable_extensions()
+            crate::data::yolo::decodable_extensions(),
+            video::READ.join(", ")
         );
     }
     let mut cfg = crate::train::checkpoint::read_config(checkpoint)?;
@@ -104,21 +109,38 @@ pub fn run(checkpoint: &Path, a: PredictArgs) -> anyhow::Result<()> {
         std::fs::create_dir_all(&labels_dir)
             .with_context(|| format!("creating {}", labels_dir.display()))?;
     }
+    // The bar counts images and video frames (as the containers list them; a video that cannot
+    // be opened counts one, and is reported when it is reached).
+    let videos = files.iter().filter(|f| video::is_video(f)).count();
+    let units: u64 = files
+        .iter()
+        .map(|f| match video::is_video(f) {
+            true => VideoReader::open(f).map_or(1, |r| r.frame_count()),
+            false => 1,
+        })
+        .sum();
+    let counted = match videos {
+        0 => format!("{} images", files.len()),
+        v => format!(
+            "{} images and {v} videos ({} frames)",
+            files.len() - v,
+            units as usize + v - files.len()
+        ),
+    };
     println!(
-        "{} from {} on {what}: {} images at {} px, batch {}",
+        "{} from {} on {what}: {counted} at {} px, batch {}",
         cfg.model.yolo().name(),
         checkpoint.display(),
-        files.len(),
         predictor.options.imgsz,
         a.batch
     );
-    let bar = ProgressBar::new(files.len() as u64);
+    let bar = ProgressBar::new(units);
     bar.set_style(
         ProgressStyle::with_template("{bar:25} {pos}/{len} [{elapsed}<{eta}]").expect("template"),
     );
-    // Each image's result is a line of predictions.jsonl, written as it is produced (flushed per
-    // batch), so an interrupted run keeps what it finished and memory does not grow with the
-    // number of images; predictions.json is made from it at the end.
+    // Each image's or frame's result is a line of predictions.jsonl, written as it is produced
+    // (flushed per batch), so an interrupted run keeps what it finished and memory does not grow
+    // with the number of inputs; predictions.json is made from it at the end.
     let lines_path = out.join("predictions.jsonl");
     let mut lines = std::io::BufWriter::new(
         std::fs::File::create(&lines_path)
@@ -128,92 +150,55 @@ pub fn run(checkpoint: &Path, a: PredictArgs) -> anyhow::Result<()> {
     let layout = &predictor.layout;
     // Three stages overlap, one batch apart: a reader decodes and letterboxes the next batch,
     // this thread runs the network on the current one, a writer draws, encodes and records the
-    // previous one. Decoding, drawing and encoding spread their batch over the cores (results in
-    // input order). A file that cannot be decoded is named once and skipped, as Ultralytics does.
+    // previous one. Decoding images, drawing and encoding images spread their batch over the
+    // cores (results in input order); a video is decoded and encoded in order, and a batch never
+    // spans two videos. A file that cannot be decoded is named once and skipped, as Ultralytics
+    // does; a video that breaks off keeps the frames before the break.
     let (files, batch_size, labels, imgsz) = (&files, a.batch, &a.labels, predictor.options.imgsz);
     let progress = &bar;
     let mut network = Duration::ZERO;
-    let (done, total, skipped, stages) = std::thread::scope(|scope| {
+    let (count, skipped, stages) = std::thread::scope(|scope| {
         let (prepared_tx, prepared_rx) = std::sync::mpsc::sync_channel::<Read>(1);
         let (found_tx, found_rx) = std::sync::mpsc::sync_channel::<Predicted>(1);
         let reader = scope.spawn(move || {
-            let (mut decode, mut prepare, mut skipped) = (Duration::ZERO, Duration::ZERO, 0);
-            for chunk in files.chunks(batch_size) {
-                let t = Instant::now();
-                let decoded = in_parallel(chunk.iter().collect(), |p| crate::data::open_rgb(p));
-                decode += t.elapsed();
-                let mut paths = Vec::with_capacity(chunk.len());
-                let mut images = Vec::with_capacity(chunk.len());
-                for (path, decoded) in chunk.iter().zip(decoded) {
-                    match decoded {
-                        Ok(image) => {
-                            paths.push(path);
-                            images.push(image);
-                        }
-                        Err(e) => {
-                            progress.suspend(|| eprintln!("warning: {e}; skipped"));
-                            skipped += 1;
-                            progress.inc(1);
-                        }
-                    }
-                }
-                if images.is_empty() {
-                    continue;
-                }
-                let t = Instant::now();
-                let prepared = crate::predict::prepare(&images, imgsz);
-                prepare += t.elapsed();
-                if prepared_tx.send((paths, images, prepared)).is_err() {
+            let mut r = Reader {
+                tx: prepared_tx,
+                progress,
+                imgsz,
+                decode: Duration::ZERO,
+                prepare: Duration::ZERO,
+                skipped: 0,
+            };
+            let mut i = 0;
+            while i < files.len() {
+                let more = if video::is_video(&files[i]) {
+                    i += 1;
+                    r.video(&files[i - 1], batch_size)
+                } else {
+                    let end = (i..files.len())
+                        .take(batch_size)
+                        .take_while(|&j| !video::is_video(&files[j]))
+                        .last()
+                        .map_or(i, |j| j + 1);
+                    let chunk = &files[i..end];
+                    i = end;
+                    r.images(chunk)
+                };
+                if !more {
                     break;
                 }
             }
-            (decode, prepare, skipped)
+            (r.decode, r.prepare, r.skipped)
         });
-        let writer = scope.spawn(|| -> anyhow::Result<(usize, usize, Duration)> {
-            let (mut done, mut total, mut busy) = (0, 0, Duration::ZERO);
-            let mut used = std::collections::HashSet::new();
+        let writer = scope.spawn(|| -> anyhow::Result<(Count, Duration)> {
+            let mut w = Writer::new(&out, &labels_dir, labels, layout);
+            let mut busy = Duration::ZERO;
             for batch in found_rx {
                 let t = Instant::now();
-                let jobs: Vec<_> = batch
-                    .into_iter()
-                    .map(|(path, image, detections)| {
-                        let name = output_name(path, &mut used);
-                        (path, image, detections, name)
-                    })
-                    .collect();
-                let written = in_parallel(jobs, |(path, mut image, detections, name)| {
-                    let marks: Vec<draw::Mark> = detections
-                        .iter()
-                        .map(|d| draw::Mark::found(d, layout))
-                        .collect();
-                    draw::annotate(&mut image, &marks, layout);
-                    let target = out.join(&name);
-                    image
-                        .save(&target)
-                        .with_context(|| format!("writing {}", target.display()))?;
-                    let prediction = ImagePrediction {
-                        image: path.clone(),
-                        width: image.width(),
-                        height: image.height(),
-                        detections,
-                    };
-                    // As Ultralytics: an image without detections gets no label file (a
-                    // background).
-                    if let Some(labels) = labels
-                        && !prediction.detections.is_empty()
-                    {
-                        let file = labels_dir.join(Path::new(&name).with_extension("txt"));
-                        std::fs::write(&file, prediction.yolo_label(labels.score))
-                            .with_context(|| format!("writing {}", file.display()))?;
-                    }
-                    anyhow::Ok(prediction)
-                });
-                for prediction in written {
-                    let prediction = prediction?;
+                for prediction in w.batch(batch)? {
                     serde_json::to_writer(&mut lines, &prediction)?;
                     writeln!(lines).with_context(|| format!("writing {}", lines_path.display()))?;
-                    done += 1;
-                    total += prediction.detections.len();
+                    w.count.total += prediction.detections.len();
                     bar.inc(1);
                 }
                 lines
@@ -221,17 +206,18 @@ pub fn run(checkpoint: &Path, a: PredictArgs) -> anyhow::Result<()> {
                     .with_context(|| format!("writing {}", lines_path.display()))?;
                 busy += t.elapsed();
             }
-            Ok((done, total, busy))
+            w.finish_video()?;
+            Ok((w.count, busy))
         });
-        for (paths, images, prepared) in prepared_rx {
+        for (origins, images, prepared) in prepared_rx {
             let t = Instant::now();
             let found = predictor.run(prepared);
             network += t.elapsed();
-            let batch = paths
+            let batch = origins
                 .into_iter()
                 .zip(images)
                 .zip(found)
-                .map(|((p, i), f)| (p, i, f))
+                .map(|((o, i), f)| (o, i, f))
                 .collect();
             // The writer stopped: its error is returned below.
             if found_tx.send(batch).is_err() {
@@ -240,14 +226,15 @@ pub fn run(checkpoint: &Path, a: PredictArgs) -> anyhow::Result<()> {
         }
         drop(found_tx);
         let (decode, prepare, skipped) = reader.join().expect("the predict reader panicked");
-        let (done, total, write) = writer.join().expect("the predict writer panicked")?;
-        anyhow::Ok((done, total, skipped, [decode, prepare, network, write]))
+        let (count, write) = writer.join().expect("the predict writer panicked")?;
+        anyhow::Ok((count, skipped, [decode, prepare, network, write]))
     })?;
     bar.finish();
     let seconds = start.elapsed().as_secs_f64();
+    let done = count.images + count.frames;
     anyhow::ensure!(
         done > 0,
-        "none of the {} images could be decoded (each is named above)",
+        "none of the {} sources could be decoded (each is named above)",
         files.len()
     );
     let json = out.join("predictions.json");
@@ -257,11 +244,24 @@ pub fn run(checkpoint: &Path, a: PredictArgs) -> anyhow::Result<()> {
         0 => String::new(),
         n => format!(" ({n} undecodable file(s) skipped)"),
     };
+    let inputs = match count.videos {
+        0 => format!("{} images", count.images),
+        v => format!(
+            "{} images and {} frames of {v} videos",
+            count.images, count.frames
+        ),
+    };
     let per_image = stages.map(|d| 1e3 * d.as_secs_f64() / done as f64);
     println!(
-        "{total} detections in {done} images{skipped}; {seconds:.1} s, {:.1} images/s; annotated \
-         images and {} in {}",
+        "{} detections in {inputs}{skipped}; {seconds:.1} s, {:.1} images/s; annotated \
+         {} and {} in {}",
+        count.total,
         done as f64 / seconds.max(1e-9),
+        if count.videos > 0 {
+            "images, videos"
+        } else {
+            "images"
+        },
         json.file_name().expect("a file").to_string_lossy(),
         out.display()
     );
@@ -273,41 +273,6 @@ pub fn run(checkpoint: &Path, a: PredictArgs) -> anyhow::Result<()> {
         per_image[0], per_image[1], per_image[2], per_image[3]
     );
     Ok(())
-}
-
-/// One batch's decoded images, and the same letterboxed for the network, from the reader.
-type Read<'a> = (
-    Vec<&'a PathBuf>,
-    Vec<image::RgbImage>,
-    crate::predict::Prepared,
-);
-
-/// One batch's images with their detections, from the network to the writer.
-type Predicted<'a> = Vec<(&'a PathBuf, image::RgbImage, Vec<crate::predict::Found>)>;
-
-/// `f` of every item (moved in, not copied), in the items' order, spread over up to the machine's
-/// cores in contiguous runs of items.
-fn in_parallel<T: Send, R: Send>(mut items: Vec<T>, f: impl Fn(T) -> R + Sync) -> Vec<R> {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if items.len() <= 1 || cores == 1 {
-        return items.into_iter().map(f).collect();
-    }
-    let per = items.len().div_ceil(cores);
-    let mut runs = Vec::new();
-    while !items.is_empty() {
-        let rest = items.split_off(per.min(items.len()));
-        runs.push(std::mem::replace(&mut items, rest));
-    }
-    std::thread::scope(|scope| {
-        let f = &f;
-        let runs: Vec<_> = runs
-            .into_iter()
-            .map(|run| scope.spawn(move || run.into_iter().map(f).collect::<Vec<R>>()))
-            .collect();
-        runs.into_iter()
-            .flat_map(|h| h.join().expect("a predict worker panicked"))
-            .collect()
-    })
 }
 
 /// The JSON values of `lines` (one per line) as one JSON array in `json`, streamed through a
@@ -328,22 +293,4 @@ fn json_array_of_lines(lines: &Path, json: &Path) -> anyhow::Result<()> {
     w.into_inner().map_err(|e| e.into_error())?.sync_all()?;
     std::fs::rename(&tmp, json)?;
     Ok(())
-}
-
-/// `<stem>.jpg` (PNG sources stay PNG), with a numeric suffix when two sources share a stem.
-fn output_name(path: &Path, used: &mut std::collections::HashSet<String>) -> String {
-    let stem = path
-        .file_stem()
-        .map_or("image".into(), |s| s.to_string_lossy().to_string());
-    let ext = match path.extension().and_then(|e| e.to_str()) {
-        Some(e) if e.eq_ignore_ascii_case("png") => "png",
-        _ => "jpg",
-    };
-    let mut name = format!("{stem}.{ext}");
-    let mut i = 2;
-    while !used.insert(name.clone()) {
-        name = format!("{stem}_{i}.{ext}");
-        i += 1;
-    }
-    name
 }
