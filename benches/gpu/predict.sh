@@ -23,10 +23,24 @@ for i in 1 2; do
   t0=$(date +%s.%N)
   timeout 200 burnpose predict "$ckpt" "$imgs" --out "/tmp/ours$i" --batch 8 > "$work/ours$i.log" 2>&1
   rc=$?; t1=$(date +%s.%N)
-  echo "burnpose predict rc=$rc process $(awk "BEGIN{printf \"%.1f\", $t1-$t0}") s: $(tail -1 "$work/ours$i.log" | cut -c1-160)"
+  echo "burnpose predict rc=$rc process $(awk "BEGIN{printf \"%.1f\", $t1-$t0}") s: $(grep "images/s" "$work/ours$i.log" | cut -c1-160)"
   t0=$(date +%s.%N)
   timeout 200 python3 benches/peer/predict_peer.py "$imgs" "/tmp/peer$i" --batch 8 > "$work/peer$i.log" 2>&1
   rc=$?; t1=$(date +%s.%N)
   echo "ultralytics predict rc=$rc process $(awk "BEGIN{printf \"%.1f\", $t1-$t0}") s: $(tail -1 "$work/peer$i.log" | cut -c1-200)"
 done
+# A video, when one is carried (made here: `python benches/peer/make_clip.py IMAGES .gpu/clip.mp4`;
+# PyAV is not on the GPU machine): the same alternation, frames instead of images.
+if [ -f .gpu/clip.mp4 ]; then
+  for i in 1 2; do
+    t0=$(date +%s.%N)
+    timeout 200 burnpose predict "$ckpt" .gpu/clip.mp4 --out "/tmp/oursv$i" --imgsz 640 --batch 8 > "$work/oursv$i.log" 2>&1
+    rc=$?; t1=$(date +%s.%N)
+    echo "burnpose predict video rc=$rc process $(awk "BEGIN{printf \"%.1f\", $t1-$t0}") s: $(grep 'images/s' "$work/oursv$i.log" | cut -c1-160)"
+    t0=$(date +%s.%N)
+    timeout 200 python3 benches/peer/predict_peer.py .gpu/clip.mp4 "/tmp/peerv$i" --batch 8 > "$work/peerv$i.log" 2>&1
+    rc=$?; t1=$(date +%s.%N)
+    echo "ultralytics predict video rc=$rc process $(awk "BEGIN{printf \"%.1f\", $t1-$t0}") s: $(tail -1 "$work/peerv$i.log" | cut -c1-200)"
+  done
+fi
 nproc; tar czf "$OUT/predict.tgz" -C "$OUT" predict && rm -rf "$work"

@@ -149,6 +149,26 @@ fn inv_std(var: f32, epsilon: f32) -> f32 {
     1.0 / (var + epsilon).sqrt()
 }
 
+/// Channel `ch` of `x` normalised, `out = (x − mean) · inv_std · γ + β` with
+/// `[mean, inv_std, γ, β]`, SiLU'd when `act`: the last pass of the training and the inference
+/// loops.
+#[inline(always)]
+fn normalise(
+    x: &[f32],
+    dims: (usize, usize, usize),
+    ch: usize,
+    [mean, is, g, b]: [f32; 4],
+    act: bool,
+    out: &mut [f32],
+) {
+    for r in runs(dims, ch) {
+        for (o, &v) in out[r.clone()].iter_mut().zip(&x[r]) {
+            let z = ((v - mean) * is).mul_add(g, b);
+            *o = if act { silu_value(z) } else { z };
+        }
+    }
+}
+
 dispatched! {
     /// Per channel: the batch mean and biased variance (two passes), then
     /// `out = (x − mean) · inv_std · γ + β`, SiLU'd when `act`.
@@ -177,12 +197,7 @@ dispatched! {
             }
             let var = total(acc) / count;
             let (is, g, b) = (inv_std(var, epsilon), gamma[ch], beta[ch]);
-            for r in runs(dims, ch) {
-                for (o, &v) in out[r.clone()].iter_mut().zip(&x[r]) {
-                    let z = ((v - mean) * is).mul_add(g, b);
-                    *o = if act { silu_value(z) } else { z };
-                }
-            }
+            normalise(x, dims, ch, [mean, is, g, b], act, out);
             means[ch] = mean;
             vars[ch] = var;
         }
@@ -202,13 +217,8 @@ dispatched! {
     ) {
         let [gamma, beta, mean, var] = stats;
         for ch in 0..dims.1 {
-            let (m, is, g, b) = (mean[ch], inv_std(var[ch], epsilon), gamma[ch], beta[ch]);
-            for r in runs(dims, ch) {
-                for (o, &v) in out[r.clone()].iter_mut().zip(&x[r]) {
-                    let z = ((v - m) * is).mul_add(g, b);
-                    *o = if act { silu_value(z) } else { z };
-                }
-            }
+            let (m, is) = (mean[ch], inv_std(var[ch], epsilon));
+            normalise(x, dims, ch, [m, is, gamma[ch], beta[ch]], act, out);
         }
     }
 }
