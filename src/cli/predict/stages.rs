@@ -91,10 +91,10 @@ impl<'a> Reader<'a, '_> {
             }
         };
         let (listed, fps) = (reader.frame_count(), reader.fps());
-        let mut got = 0;
+        let (mut got, mut failed) = (0, false);
         loop {
             let t = Instant::now();
-            let (mut origins, mut images, mut broke) = (Vec::new(), Vec::new(), false);
+            let (mut origins, mut images, mut done) = (Vec::new(), Vec::new(), false);
             while images.len() < batch {
                 match reader.next() {
                     Some(Ok(f)) => {
@@ -108,11 +108,11 @@ impl<'a> Reader<'a, '_> {
                     }
                     Some(Err(e)) => {
                         self.warn(format_args!("{e}; the rest of the video is skipped"));
-                        broke = true;
+                        (done, failed) = (true, true);
                         break;
                     }
                     None => {
-                        broke = true;
+                        done = true;
                         break;
                     }
                 }
@@ -122,7 +122,7 @@ impl<'a> Reader<'a, '_> {
             if !images.is_empty() && !self.send(origins, images) {
                 return false;
             }
-            if broke {
+            if done {
                 break;
             }
         }
@@ -133,6 +133,9 @@ impl<'a> Reader<'a, '_> {
             self.progress.inc_length(got - listed);
         }
         if got == 0 {
+            if !failed {
+                self.warn(format_args!("{}: no frames; skipped", path.display()));
+            }
             self.skipped += 1;
         }
         true
