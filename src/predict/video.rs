@@ -12,7 +12,9 @@ use image::RgbImage;
 use mp4::{AvcConfig, MediaConfig, MediaType, Mp4Config, Mp4Reader, Mp4Sample, Mp4Writer};
 use openh264::OpenH264API;
 use openh264::decoder::{Decoder, DecoderConfig};
-use openh264::encoder::{BitRate, Encoder, EncoderConfig, FrameRate, FrameType, RateControlMode};
+use openh264::encoder::{
+    BitRate, Complexity, Encoder, EncoderConfig, FrameRate, FrameType, RateControlMode,
+};
 use openh264::formats::{RgbSliceU8, YUVBuffer};
 use openh264_sys2::{DECODER_OPTION_NUM_OF_FRAMES_REMAINING_IN_BUFFER, SBufferInfo, dsErrorFree};
 use std::collections::VecDeque;
@@ -378,7 +380,6 @@ pub struct VideoWriter {
     timescale: u32,
     ticks: u32,
     frames: u64,
-    rgb: Vec<u8>,
 }
 
 impl VideoWriter {
@@ -399,6 +400,7 @@ impl VideoWriter {
             .bitrate(BitRate::from_bps(bps))
             .max_frame_rate(FrameRate::from_hz(fps as f32))
             .rate_control_mode(RateControlMode::Bitrate)
+            .complexity(Complexity::Low)
             // Every frame is written: a skipped frame would shift the video against the JSON.
             .skip_frames(false);
         let encoder = Encoder::with_api_config(OpenH264API::from_source(), config)
@@ -427,34 +429,25 @@ impl VideoWriter {
             timescale,
             ticks,
             frames: 0,
-            rgb: vec![0; (width * height * 3) as usize],
         })
     }
 
     /// Encodes and appends one frame (of the size given to [`VideoWriter::create`]).
     pub fn write(&mut self, image: &RgbImage) -> Result<(), VideoError> {
-        let (w, h) = (self.width as usize, self.height as usize);
-        // Copy into the even-sized frame, repeating the last column and row where it is larger.
-        let (iw, ih) = (image.width() as usize, image.height() as usize);
-        if iw == 0 || ih == 0 || iw > w || ih > h {
-            return Err(write_error(
-                &self.path,
-                format!("frame of {iw}×{ih} in a video of {w}×{h}"),
-            ));
-        }
-        let raw = image.as_raw();
-        for y in 0..h {
-            let src = &raw[y.min(ih - 1) * iw * 3..][..iw * 3];
-            let dst = &mut self.rgb[y * w * 3..][..w * 3];
-            dst[..iw * 3].copy_from_slice(src);
-            for x in iw..w {
-                dst.copy_within((iw - 1) * 3..iw * 3, x * 3);
-            }
-        }
-        let yuv = YUVBuffer::from_rgb_source(RgbSliceU8::new(&self.rgb, (w, h)));
+        let frame = coded(image, self.size()).map_err(|m| write_error(&self.path, m))?;
+        self.write_coded(&frame)
+    }
+
+    /// The coded (even) size, what [`coded`] takes.
+    pub fn size(&self) -> (u32, u32) {
+        (self.width, self.height)
+    }
+
+    /// Encodes and appends one frame made by [`coded`] for this video's size.
+    pub fn write_coded(&mut self, frame: &Coded) -> Result<(), VideoError> {
         let stream = self
             .encoder
-            .encode(&yuv)
+            .encode(&frame.0)
             .map_err(|e| write_error(&self.path, format!("H.264 encoding failed ({e})")))?;
         let is_sync = matches!(stream.frame_type(), FrameType::IDR | FrameType::I);
         let (mut sps, mut pps, mut bytes) = (None, None, Vec::new());
@@ -523,6 +516,35 @@ impl VideoWriter {
             .sync_all()
             .map_err(|e| write_error(&self.path, e))
     }
+}
+
+/// A frame as the encoder takes it (I420 at the video's coded size).
+pub struct Coded(YUVBuffer);
+
+/// `image` as a frame of a video of coded size `(w, h)`: copied into the even-sized frame (the
+/// last column and row repeated where it is larger) and converted to I420. Independent of the
+/// writer, so frames can be converted in parallel and encoded in order
+/// ([`VideoWriter::write_coded`]).
+pub fn coded(image: &RgbImage, (w, h): (u32, u32)) -> Result<Coded, String> {
+    let (w, h) = (w as usize, h as usize);
+    let (iw, ih) = (image.width() as usize, image.height() as usize);
+    if iw == 0 || ih == 0 || iw > w || ih > h {
+        return Err(format!("frame of {iw}×{ih} in a video of {w}×{h}"));
+    }
+    let raw = image.as_raw();
+    let mut rgb = vec![0u8; w * h * 3];
+    for y in 0..h {
+        let src = &raw[y.min(ih - 1) * iw * 3..][..iw * 3];
+        let dst = &mut rgb[y * w * 3..][..w * 3];
+        dst[..iw * 3].copy_from_slice(src);
+        for x in iw..w {
+            dst.copy_within((iw - 1) * 3..iw * 3, x * 3);
+        }
+    }
+    Ok(Coded(YUVBuffer::from_rgb_source(RgbSliceU8::new(
+        &rgb,
+        (w, h),
+    ))))
 }
 
 /// A NAL unit without its Annex B start code.

@@ -3,7 +3,7 @@
 //! writes pictures, videos, label files, and makes the JSON records.
 
 use super::Labels;
-use crate::predict::video::{VideoReader, VideoWriter};
+use crate::predict::video::{self, VideoReader, VideoWriter};
 use crate::predict::{ImagePrediction, draw};
 use anyhow::Context;
 use indicatif::ProgressBar;
@@ -207,6 +207,7 @@ impl<'a, 'b> Writer<'a, 'b> {
         }
         let (out, labels_dir, labels, layout) =
             (self.out, self.labels_dir, self.labels, self.layout);
+        let coded_size = self.video.as_ref().map(|v| v.writer.size());
         let drawn = in_parallel(jobs, |(origin, mut image, detections, name)| {
             let marks: Vec<draw::Mark> = detections
                 .iter()
@@ -246,16 +247,23 @@ impl<'a, 'b> Writer<'a, 'b> {
                 std::fs::write(&file, prediction.yolo_label(labels.score))
                     .with_context(|| format!("writing {}", file.display()))?;
             }
-            let frame_image = frame.is_some().then_some(image);
-            anyhow::Ok((prediction, frame_image))
+            // A frame's colour conversion here, on the drawing threads; its encoding below, in
+            // order.
+            let coded = match (frame, coded_size) {
+                (Some(_), Some(size)) => {
+                    Some(video::coded(&image, size).map_err(anyhow::Error::msg)?)
+                }
+                _ => None,
+            };
+            anyhow::Ok((prediction, coded))
         });
         let mut records = Vec::with_capacity(drawn.len());
         for item in drawn {
-            let (prediction, frame_image) = item?;
-            match frame_image {
-                Some(image) => {
+            let (prediction, coded) = item?;
+            match coded {
+                Some(frame) => {
                     let v = self.video.as_mut().expect("a frame's video is open");
-                    v.writer.write(&image)?;
+                    v.writer.write_coded(&frame)?;
                     self.count.frames += 1;
                 }
                 None => self.count.images += 1,
