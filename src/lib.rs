@@ -10,3 +10,4 @@ pub mod model;
 pub mod optim;
 pub mod predict;
 pub mod train;
+pub mod weights;

@@ -6,6 +6,7 @@ use crate::config::{Config, compile_progress::CompileProgress};
 use crate::loss::TERMS;
 use crate::model::ParamCount;
 use crate::train::{EpochRecord, FitEvents, Trainer, checkpoint};
+use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::{Path, PathBuf};
 
@@ -14,6 +15,8 @@ use std::path::{Path, PathBuf};
 pub struct FitOptions {
     pub name: Option<String>,
     pub resume: Option<PathBuf>,
+    /// Override `model.weights` (not with `resume`).
+    pub weights: Option<PathBuf>,
     pub device: Option<DeviceKind>,
     /// Override `model.capture_network`.
     pub replay: Option<bool>,
@@ -33,6 +36,7 @@ pub fn run(config_path: &Path, o: FitOptions) -> anyhow::Result<()> {
     let FitOptions {
         name,
         resume,
+        weights,
         device: device_arg,
         replay,
         scope,
@@ -70,6 +74,12 @@ pub fn run(config_path: &Path, o: FitOptions) -> anyhow::Result<()> {
         None => {
             let mut cfg = Config::load(config_path)?;
             cfg.capture.scope = scope.or(cfg.capture.scope);
+            if let Some(w) = weights {
+                cfg.model.weights = Some(
+                    std::path::absolute(&w)
+                        .with_context(|| format!("--weights {}", w.display()))?,
+                );
+            }
             cfg
         }
     };
@@ -96,7 +106,14 @@ pub fn run(config_path: &Path, o: FitOptions) -> anyhow::Result<()> {
     if crate::config::device::is_cuda(&device) {
         super::precompile::run(&cfg, false);
     }
+    // A resumed fit takes every weight from its checkpoint: the starting weights are neither
+    // read again nor required to still exist, and its checkpoints go on naming them.
+    let start_weights = cfg.model.weights.clone();
+    if resume.is_some() {
+        cfg.model.weights = None;
+    }
     let mut trainer = Trainer::new(cfg, config_path, device.clone())?;
+    trainer.cfg.model.weights = start_weights;
     let setup_s = fit_start.elapsed().as_secs_f64();
     if report_path.is_some() || phases || events {
         trainer.timing = Some(crate::train::StepTiming {

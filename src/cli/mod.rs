@@ -29,6 +29,13 @@ pub struct Cli {
     pub command: Command,
 }
 
+/// What `export` writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ExportFormat {
+    /// A safetensors state dict under Ultralytics' names and shapes.
+    Ultralytics,
+}
+
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Train a model from a TOML config.
@@ -40,6 +47,9 @@ pub enum Command {
         /// Continue from a checkpoint.
         #[arg(long)]
         resume: Option<PathBuf>,
+        /// Start from Ultralytics YOLO26 weights (overrides `model.weights`; docs/weights.md).
+        #[arg(long, conflicts_with = "resume")]
+        weights: Option<PathBuf>,
         /// Override the config's device.
         #[arg(long, value_enum)]
         device: Option<DeviceKind>,
@@ -82,7 +92,8 @@ pub enum Command {
     /// Box and pose mAP of a checkpoint's EMA on the config's val split.
     Val {
         config: PathBuf,
-        /// Checkpoint to evaluate (default: the freshly initialised model).
+        /// Checkpoint to evaluate, or Ultralytics weights (`.pt`; default: the freshly
+        /// initialised model).
         #[arg(long)]
         checkpoint: Option<PathBuf>,
         #[arg(long, value_enum)]
@@ -120,10 +131,23 @@ pub enum Command {
     /// Write the config's built-in train/val images as a YOLO-pose dataset (PNG + labels +
     /// data.yaml), e.g. for training Ultralytics on the same images (benches/peer/).
     ExportYolo { config: PathBuf, dir: PathBuf },
+    /// Write a checkpoint's EMA model for another tool: `--format ultralytics` is a safetensors
+    /// state dict under Ultralytics' names and shapes, which their `load_state_dict(strict=True)`
+    /// takes (docs/weights.md has the lines that make a `.pt` of it).
+    Export {
+        /// A checkpoint written by `fit`.
+        checkpoint: PathBuf,
+        #[arg(long, value_enum)]
+        format: ExportFormat,
+        /// File to write (default: the checkpoint's name with `.ultralytics.safetensors`).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// Run a checkpoint's EMA model on images: annotated copies (boxes, keypoints, skeleton) and
     /// predictions.json (boxes, scores, classes, keypoints in each image's pixels).
     Predict {
-        /// A checkpoint written by `fit` (last.safetensors or best.safetensors).
+        /// A checkpoint written by `fit` (last.safetensors or best.safetensors), or Ultralytics
+        /// YOLO26 weights (`.pt`, or a state dict in `.safetensors`).
         checkpoint: PathBuf,
         /// Image files, folders of images, and `.txt` lists of those.
         #[arg(required_unless_present = "split")]
@@ -237,6 +261,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             config,
             name,
             resume,
+            weights,
             device,
             replay,
             scope,
@@ -249,6 +274,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             fit::FitOptions {
                 name,
                 resume,
+                weights,
                 device,
                 replay,
                 scope,
@@ -288,6 +314,21 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 None => print!("{}", crate::config::DEFAULTS),
                 Some(path) => print!("{}", crate::config::Config::load(&path)?.to_toml()),
             }
+            Ok(())
+        }
+        Command::Export {
+            checkpoint,
+            format: ExportFormat::Ultralytics,
+            out,
+        } => {
+            let out = out.unwrap_or_else(|| checkpoint.with_extension("ultralytics.safetensors"));
+            let (_, model) =
+                crate::train::checkpoint::load_model(&checkpoint, &burn::prelude::Device::flex())?;
+            let n = crate::weights::export_ultralytics(&model, &out)?;
+            println!(
+                "wrote {} ({n} tensors under Ultralytics' names; docs/weights.md makes a .pt of it)",
+                out.display()
+            );
             Ok(())
         }
         Command::ExportYolo { config, dir } => {

@@ -17,8 +17,19 @@ pub fn run(
     if let Some(split) = split {
         cfg.data.val_split = split;
     }
+    // Ultralytics weights load as `model.weights` would (into the model and its EMA).
+    let ultralytics = ckpt
+        .as_ref()
+        .filter(|p| crate::weights::is_ultralytics(p))
+        .map(std::path::absolute)
+        .transpose()
+        .context("resolving --checkpoint")?;
+    if let Some(p) = &ultralytics {
+        cfg.model.weights = Some(p.clone());
+    }
     let mut trainer = Trainer::new(cfg, config_path, device)?;
     let source = match &ckpt {
+        Some(p) if ultralytics.is_some() => format!("Ultralytics weights {}", p.display()),
         Some(p) => {
             checkpoint::load_to_evaluate(&mut trainer, p)?;
             format!("EMA of {} (epoch {})", p.display(), trainer.epoch)

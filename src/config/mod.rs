@@ -63,6 +63,12 @@ pub struct ModelSection {
     /// Feature replay: record the feature stage (`capture.scope`) into CUDA graphs once and
     /// replay it every step (CUDA only; default false).
     pub capture_network: bool,
+    /// Start from Ultralytics YOLO26 weights of the same scale: their checkpoint (`.pt`, e.g.
+    /// `yolo26n-pose.pt`) or a state dict (`.pt`, `.safetensors`). A head of another `nc`,
+    /// `kpt_shape` or task starts fresh (docs/weights.md). A relative path not found from the
+    /// working directory is taken from the config file's folder (default unset: random
+    /// initial weights from `train.seed`).
+    pub weights: Option<PathBuf>,
 }
 
 impl Default for ModelSection {
@@ -73,6 +79,7 @@ impl Default for ModelSection {
             nc: 1,
             kpt_shape: [17, 3],
             capture_network: false,
+            weights: None,
         }
     }
 }
@@ -95,10 +102,26 @@ impl ModelSection {
         }
     }
 
+    /// `model.weights` as a path to open: as written when it exists or is absolute, else
+    /// beside the config.
+    pub fn weights_path(&self, config_path: &Path) -> Option<PathBuf> {
+        self.weights.as_ref().map(|w| beside_config(w, config_path))
+    }
+
     pub fn yolo(&self) -> YoloConfig {
         YoloConfig::new(self.scale, self.task)
             .with_nc(self.nc)
             .with_kpt_shape(self.kpt_shape)
+    }
+}
+
+/// A path from a config: as written when it exists or is absolute, else relative to the
+/// config file's folder.
+pub fn beside_config(path: &Path, config_path: &Path) -> PathBuf {
+    if path.is_relative() && !path.exists() {
+        config_path.parent().unwrap_or(Path::new(".")).join(path)
+    } else {
+        path.to_path_buf()
     }
 }
 

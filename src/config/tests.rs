@@ -199,9 +199,11 @@ fn the_defaults_file_holds_every_key_at_its_default() {
     let mut every = Config::default();
     every.data.path = Some("x".into());
     every.capture.scope = Some(Scope::Features);
+    every.model.weights = Some("x.pt".into());
     assert_eq!(keys(&uncommented), keys(&every.to_toml()));
     // Only the optional keys differ from the defaults once uncommented.
     assert!(full.data.path.is_some() && full.capture.scope.is_some());
+    assert!(full.model.weights.is_some());
     assert_eq!(
         Config {
             data: DataSection {
@@ -209,6 +211,10 @@ fn the_defaults_file_holds_every_key_at_its_default() {
                 ..full.data.clone()
             },
             capture: CaptureSection::default(),
+            model: ModelSection {
+                weights: None,
+                ..full.model.clone()
+            },
             ..full
         },
         Config::default()

@@ -72,12 +72,7 @@ pub struct Prepared {
 
 /// `data.path`: as written when it exists or is absolute, else relative to the config's folder.
 fn data_root(cfg: &Config, config_path: &Path) -> PathBuf {
-    let root = cfg.data.path.clone().unwrap_or_default();
-    if root.is_relative() && !root.exists() {
-        config_path.parent().unwrap_or(Path::new(".")).join(root)
-    } else {
-        root
-    }
+    crate::config::beside_config(&cfg.data.path.clone().unwrap_or_default(), config_path)
 }
 
 impl Source {

@@ -125,6 +125,8 @@ fn number(v: f32) -> String {
 pub enum PredictError {
     #[error(transparent)]
     Checkpoint(#[from] crate::train::checkpoint::CheckpointError),
+    #[error(transparent)]
+    Weights(#[from] crate::weights::WeightsError),
     #[error("predict: --imgsz {0} is not a positive multiple of 32")]
     ImageSize(usize),
 }
@@ -158,6 +160,31 @@ pub fn prepare(images: &[image::RgbImage], imgsz: usize) -> Prepared {
     }
 }
 
+/// The config a model file carries: a checkpoint's own, or for Ultralytics weights one that
+/// describes them (scale, task, classes, keypoints read off their shapes; the rest defaults,
+/// `imgsz` 640, the built-in data).
+pub fn model_config(path: &Path) -> Result<Config, PredictError> {
+    if !crate::weights::is_ultralytics(path) {
+        return Ok(crate::train::checkpoint::read_config(path)?);
+    }
+    let file = crate::weights::file_model(path)?;
+    let mut cfg = Config::default();
+    cfg.model.scale = file.scale;
+    cfg.model.task = file.task;
+    cfg.model.nc = file.nc;
+    if file.task == crate::model::Task::Pose {
+        cfg.model.kpt_shape = file.kpt_shape;
+    }
+    cfg.data.imgsz = 640;
+    Ok(cfg)
+}
+
+fn ultralytics_model(path: &Path, device: &Device) -> Result<(Config, Yolo), PredictError> {
+    let cfg = model_config(path)?;
+    let (model, _) = crate::weights::load_ultralytics(cfg.model.yolo().init(device), path)?;
+    Ok((cfg, model))
+}
+
 /// Images letterboxed and collated for [`Predictor::run`], with how each was placed.
 pub struct Prepared {
     batch: Batch,
@@ -175,13 +202,19 @@ pub struct Predictor {
 
 impl Predictor {
     /// The EMA weights of the checkpoint at `path` on `device`, with its config; `options.imgsz`
-    /// 0 takes the checkpoint's training size.
+    /// 0 takes the checkpoint's training size. Ultralytics weights
+    /// ([`crate::weights::is_ultralytics`]) are taken too: the model is read off their shapes
+    /// and `imgsz` 0 is 640, Ultralytics' default.
     pub fn load(
         path: &Path,
         device: &Device,
         mut options: PredictOptions,
     ) -> Result<Self, PredictError> {
-        let (cfg, model) = crate::train::checkpoint::load_model(path, device)?;
+        let (cfg, model) = if crate::weights::is_ultralytics(path) {
+            ultralytics_model(path, device)?
+        } else {
+            crate::train::checkpoint::load_model(path, device)?
+        };
         if options.imgsz == 0 {
             options.imgsz = cfg.data.imgsz;
         }

@@ -33,6 +33,9 @@ pub enum TrainError {
     Data(#[from] DataError),
     #[error("{0}")]
     Setup(String),
+    /// Not a `source`: the message already holds it, and a chain would print it twice.
+    #[error("model.weights: {0}")]
+    Weights(crate::weights::WeightsError),
     #[error(
         "the loss became {value} at epoch {epoch}, iteration {iteration} of {of}: the fit stops \
          here and its run folder keeps the last good checkpoint (try a lower optim.lr0, or \
@@ -162,8 +165,18 @@ impl Trainer {
             device.seed(cfg.train.seed);
             let model = cfg.model.yolo().init(&device);
             crate::optim::tensors::float_tensors(&model);
-            model.freeze_layers(&cfg.train.freeze.layers())
+            model
         };
+        let model = match cfg.model.weights_path(config_path) {
+            Some(path) => {
+                let (model, report) =
+                    crate::weights::load_ultralytics(model, &path).map_err(TrainError::Weights)?;
+                println!("model.weights {}: {report}", path.display());
+                model
+            }
+            None => model,
+        };
+        let model = model.freeze_layers(&cfg.train.freeze.layers());
         let mut ema = Ema::new(&model);
         ema.flat_update = cfg.optim.flat_update;
         let (rule, lr0, momentum, warmup_bias_lr) = resolve_optimizer(&cfg, train.len());

@@ -46,6 +46,12 @@ impl Split {
                 p.display().to_string(),
             ),
             // No config file: a relative data.path is taken from the working directory.
+            None if crate::weights::is_ultralytics(checkpoint) => anyhow::bail!(
+                "--split {}: {} holds Ultralytics weights, which name no dataset; --config \
+                 CONFIG gives one",
+                self.name,
+                checkpoint.display()
+            ),
             None => (
                 crate::train::checkpoint::read_config(checkpoint)?,
                 PathBuf::new(),
@@ -93,7 +99,7 @@ pub fn run(checkpoint: &Path, a: PredictArgs) -> anyhow::Result<()> {
             video::READ.join(", ")
         );
     }
-    let mut cfg = crate::train::checkpoint::read_config(checkpoint)?;
+    let mut cfg = crate::predict::model_config(checkpoint)?;
     let (device, what) = super::device_for(&mut cfg, checkpoint, a.device)?;
     let predictor = Predictor::load(checkpoint, &device, a.options)?;
     let out = match a.out {

@@ -1,0 +1,404 @@
+//! Ultralytics' weights in and out (docs/weights.md): [`load_ultralytics`] reads a YOLO26
+//! checkpoint as Ultralytics writes it (`.pt`: their pickled checkpoint or a plain state dict;
+//! `.safetensors`: a state dict) into our model; [`export_ultralytics`] writes ours under their
+//! names and shapes.
+
+mod names;
+mod read;
+
+pub use names::{Key, ultralytics_keys};
+
+use crate::model::{Scale, Task, Yolo};
+use crate::optim::tensors::replace_float_tensors;
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::prelude::*;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, thiserror::Error)]
+pub enum WeightsError {
+    #[error("cannot read weights {path}: {message}")]
+    Read { path: PathBuf, message: String },
+    #[error("weights {path} do not fit this model ({model}): {message}")]
+    Mismatch {
+        path: PathBuf,
+        model: String,
+        message: String,
+    },
+    #[error("cannot write weights {path}: {message}")]
+    Write { path: PathBuf, message: String },
+}
+
+/// What [`load_ultralytics`] did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LoadReport {
+    /// Tensors copied into the model.
+    pub loaded: usize,
+    /// The head kept its fresh initial weights because the file's head has another shape
+    /// (another `nc` or `kpt_shape`, or a detection file for a pose model); the first
+    /// difference, in words.
+    pub fresh_head: Option<String>,
+    /// The file's head tensors this model has no place for (a pose file's keypoint branches
+    /// and flow in a detection model).
+    pub unused: Vec<String>,
+}
+
+impl std::fmt::Display for LoadReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} tensors loaded", self.loaded)?;
+        if let Some(first) = self.unused.first() {
+            write!(
+                f,
+                "; {} of the file's head tensors have no place here and are not used ({first}, …)",
+                self.unused.len()
+            )?;
+        }
+        if let Some(why) = &self.fresh_head {
+            write!(
+                f,
+                "; backbone and neck loaded, the head (layer 23) starts fresh: {why}"
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Whether `path` holds Ultralytics weights rather than a burnpose checkpoint: a `.pt`/`.pth`
+/// file, or a `.safetensors` file without burnpose's checkpoint metadata (a state dict, e.g.
+/// one [`export_ultralytics`] wrote).
+pub fn is_ultralytics(path: &Path) -> bool {
+    let ext = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase);
+    match ext.as_deref() {
+        Some("pt" | "pth") => true,
+        Some("safetensors") => {
+            read::safetensors_metadata(path).is_some_and(|meta| !meta.contains_key("burnpose"))
+        }
+        _ => false,
+    }
+}
+
+/// The model a weights file was saved from, read off its tensors' shapes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileModel {
+    pub scale: Scale,
+    pub task: Task,
+    pub nc: usize,
+    /// `[17, 3]` for COCO keypoints; `[0, 0]` for detection.
+    pub kpt_shape: [usize; 2],
+}
+
+/// Scale, task, classes and keypoint layout of the YOLO26 weights at `path` (for `predict` and
+/// `val` on a file that carries no burnpose config).
+pub fn file_model(path: &Path) -> Result<FileModel, WeightsError> {
+    let file = read::read(path)?;
+    let dim = |key: &str| file.get(key).map(|t| t.shape[0]);
+    let unknown = |what: &str| WeightsError::Read {
+        path: path.to_path_buf(),
+        message: format!("not YOLO26 weights: {what}"),
+    };
+    let stem = dim("model.0.conv.weight").ok_or_else(|| unknown("no model.0.conv.weight"))?;
+    let scale = [Scale::N, Scale::S]
+        .into_iter()
+        .find(|s| s.channels(64) == stem)
+        .ok_or_else(|| unknown(&format!("a first layer of {stem} channels (n: 16, s: 32)")))?;
+    let nc = dim("model.23.cv3.0.2.weight").ok_or_else(|| unknown("no model.23.cv3.0.2.weight"))?;
+    let (task, kpt_shape) = match (
+        dim("model.23.cv4_kpts.0.weight"),
+        dim("model.23.cv4_sigma.0.weight"),
+    ) {
+        (Some(values), Some(sigmas))
+            if sigmas % 2 == 0 && sigmas > 0 && values % (sigmas / 2) == 0 =>
+        {
+            (Task::Pose, [sigmas / 2, values / (sigmas / 2)])
+        }
+        (None, None) => (Task::Detect, [0, 0]),
+        _ => return Err(unknown("keypoint layers of inconsistent shapes")),
+    };
+    Ok(FileModel {
+        scale,
+        task,
+        nc,
+        kpt_shape,
+    })
+}
+
+/// One tensor as read from a file, in FP32.
+#[derive(Clone, Debug)]
+pub(crate) struct Stored {
+    pub shape: Vec<usize>,
+    pub values: Vec<f32>,
+}
+
+/// Loads an Ultralytics YOLO26 checkpoint into `model` (parameters and BatchNorm running
+/// statistics; FP16 files are widened to FP32). Every tensor must map by name and shape, except
+/// that a head of another shape (layer 23: another `nc`, `kpt_shape` or task) is left as
+/// initialised, which the report says: head surgery for fine-tuning on other classes.
+pub fn load_ultralytics(model: Yolo, path: &Path) -> Result<(Yolo, LoadReport), WeightsError> {
+    let mut file = read::read(path)?;
+    let mismatch = |message: String| WeightsError::Mismatch {
+        path: path.to_path_buf(),
+        model: describe(&model),
+        message,
+    };
+    let ours = shapes(&model);
+    let paths: Vec<String> = ours.iter().map(|(p, _)| p.clone()).collect();
+    let keys = ultralytics_keys(&paths)
+        .map_err(|p| mismatch(format!("our tensor {p} has no Ultralytics name")))?;
+    check_constants(&mut file).map_err(mismatch)?;
+
+    let mut head_differs = None;
+    let mut plan = Vec::with_capacity(keys.len());
+    for ((ours_path, dims), key) in ours.iter().zip(&keys) {
+        let problem = match file.get(&key.name) {
+            None => Some(format!("{} is missing", key.name)),
+            Some(t) => {
+                let want = torch_shape(dims, key.transposed);
+                (t.shape != want)
+                    .then(|| format!("{} is {:?} in the file, {want:?} here", key.name, t.shape))
+            }
+        };
+        match problem {
+            Some(p) if ours_path.starts_with("head.") => {
+                head_differs.get_or_insert(p);
+            }
+            Some(p) => return Err(mismatch(p)),
+            None => plan.push((ours_path.clone(), key.clone())),
+        }
+    }
+    let used: std::collections::HashSet<&str> = keys.iter().map(|k| k.name.as_str()).collect();
+    let mut unused = Vec::new();
+    for k in file.keys() {
+        if used.contains(k.as_str()) || k.ends_with(".num_batches_tracked") {
+            continue;
+        }
+        if !k.starts_with("model.23.") {
+            return Err(mismatch(format!(
+                "{k} has no counterpart in this model (another architecture?)"
+            )));
+        }
+        unused.push(k.clone());
+    }
+    if head_differs.is_some() {
+        plan.retain(|(p, _)| !p.starts_with("head."));
+    }
+
+    let device = first_device(&model);
+    let mut values = HashMap::with_capacity(plan.len());
+    for (ours_path, key) in &plan {
+        let t = file.remove(&key.name).expect("checked above");
+        let data = if key.transposed {
+            transpose(&t)
+        } else {
+            t.values
+        };
+        let n = data.len();
+        values.insert(
+            ours_path.clone(),
+            Tensor::<1>::from_data(TensorData::new(data, [n]), &device),
+        );
+    }
+    let loaded = values.len();
+    let (model, missing) = replace_float_tensors(model, &mut values);
+    debug_assert!(
+        missing.is_empty(),
+        "paths came from this model: {missing:?}"
+    );
+    Ok((
+        model,
+        LoadReport {
+            loaded,
+            fresh_head: head_differs,
+            unused,
+        },
+    ))
+}
+
+/// The flow's fixed buffers (`loc`, `cov`, `mask`) are not weights of ours: our flow hard-codes
+/// a standard normal and alternating masks. A file whose buffers differ would compute another
+/// loss, so it is refused.
+fn check_constants(file: &mut BTreeMap<String, Stored>) -> Result<(), String> {
+    let expected: [(&str, &[f32]); 3] = [
+        ("model.23.flow_model.loc", &[0.0, 0.0]),
+        ("model.23.flow_model.cov", &[1.0, 0.0, 0.0, 1.0]),
+        (
+            "model.23.flow_model.mask",
+            &[0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0],
+        ),
+    ];
+    for (name, want) in expected {
+        if let Some(t) = file.remove(name)
+            && t.values != want
+        {
+            return Err(format!(
+                "{name} holds {:?}; burnpose's flow uses {want:?}",
+                t.values
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Writes `model` as an Ultralytics state dict (their names and shapes, FP32) to a safetensors
+/// file, with the buffers their modules also hold (`num_batches_tracked`, the flow's constants),
+/// so that their `load_state_dict(..., strict=True)` takes it. Written atomically.
+pub fn export_ultralytics(model: &Yolo, path: &Path) -> Result<usize, WeightsError> {
+    let model = model.valid();
+    let ours = shapes(&model);
+    let paths: Vec<String> = ours.iter().map(|(p, _)| p.clone()).collect();
+    let keys = ultralytics_keys(&paths).map_err(|p| WeightsError::Write {
+        path: path.to_path_buf(),
+        message: format!("our tensor {p} has no Ultralytics name"),
+    })?;
+    let flat = crate::optim::tensors::float_tensors(&model);
+    let mut tensors: BTreeMap<String, read::Owned> = BTreeMap::new();
+    for (((_, dims), key), (_, t)) in ours.iter().zip(&keys).zip(flat) {
+        let values: Vec<f32> = t
+            .into_data()
+            .convert::<f32>()
+            .try_into_vec::<f32>()
+            .expect("f32 after convert");
+        let shape = torch_shape(dims, key.transposed);
+        let values = if key.transposed {
+            // Ours `[in, out]` → `[out, in]`.
+            transpose(&Stored {
+                shape: dims.clone(),
+                values,
+            })
+        } else {
+            values
+        };
+        if key.name.ends_with("bn.running_var") {
+            let counter = key.name.replace("running_var", "num_batches_tracked");
+            tensors.insert(counter, read::Owned::i64(vec![], vec![0]));
+        }
+        tensors.insert(key.name.clone(), read::Owned::f32(shape, values));
+    }
+    if model.head.flow.is_some() {
+        let f = "model.23.flow_model";
+        tensors.insert(format!("{f}.loc"), read::Owned::f32(vec![2], vec![0.0; 2]));
+        tensors.insert(
+            format!("{f}.cov"),
+            read::Owned::f32(vec![2, 2], vec![1.0, 0.0, 0.0, 1.0]),
+        );
+        let mask = [0.0, 1.0, 1.0, 0.0].repeat(3);
+        tensors.insert(format!("{f}.mask"), read::Owned::f32(vec![6, 2], mask));
+    }
+    let n = tensors.len();
+    read::write_safetensors(tensors, path)?;
+    Ok(n)
+}
+
+/// `dims` as PyTorch holds the tensor: a `Linear` weight reversed.
+fn torch_shape(dims: &[usize], transposed: bool) -> Vec<usize> {
+    let mut d = dims.to_vec();
+    if transposed {
+        d.reverse();
+    }
+    d
+}
+
+/// A 2-D tensor transposed (row-major `[r, c]` → `[c, r]`).
+fn transpose(t: &Stored) -> Vec<f32> {
+    let [r, c] = [t.shape[0], t.shape[1]];
+    let mut out = vec![0.0; r * c];
+    for i in 0..r {
+        for j in 0..c {
+            out[j * r + i] = t.values[i * c + j];
+        }
+    }
+    out
+}
+
+fn describe(model: &Yolo) -> String {
+    let h = &model.head;
+    match h.flow {
+        Some(_) => format!("pose, nc={}, kpt_shape=[{}, {}]", h.nc, h.nk, h.kpt_dim),
+        None => format!("detect, nc={}", h.nc),
+    }
+}
+
+fn first_device(model: &Yolo) -> Device {
+    model.backbone.l0.conv.weight.val().device()
+}
+
+/// Every float tensor's path and shape, in visiting order (the order of
+/// [`crate::optim::tensors::float_tensors`]).
+fn shapes<M: Module>(module: &M) -> Vec<(String, Vec<usize>)> {
+    #[derive(Default)]
+    struct V {
+        path: Vec<String>,
+        out: Vec<(String, Vec<usize>)>,
+    }
+    impl ModuleVisitor for V {
+        fn enter_module(&mut self, name: &str, _: &str) {
+            self.path.push(name.to_string());
+        }
+        fn exit_module(&mut self, _: &str, _: &str) {
+            self.path.pop();
+        }
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            self.out
+                .push((self.path.join("."), param.lazy_shape().dims::<D>().to_vec()));
+        }
+    }
+    let mut v = V::default();
+    module.visit(&mut v);
+    v.out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stored(values: &[f32]) -> Stored {
+        Stored {
+            shape: vec![values.len()],
+            values: values.to_vec(),
+        }
+    }
+
+    #[test]
+    fn flow_constants_other_than_ours_are_refused() {
+        let ours = || {
+            BTreeMap::from([
+                ("model.23.flow_model.loc".to_string(), stored(&[0.0, 0.0])),
+                (
+                    "model.23.flow_model.cov".to_string(),
+                    stored(&[1.0, 0.0, 0.0, 1.0]),
+                ),
+            ])
+        };
+        let mut file = ours();
+        assert_eq!(check_constants(&mut file), Ok(()));
+        assert!(file.is_empty(), "the constants are taken out of the file");
+        let mut file = ours();
+        file.insert("model.23.flow_model.loc".into(), stored(&[0.5, 0.0]));
+        let err = check_constants(&mut file).unwrap_err();
+        assert!(
+            err.contains("model.23.flow_model.loc holds [0.5, 0.0]"),
+            "{err}"
+        );
+        let mut file = ours();
+        file.insert("model.23.flow_model.mask".into(), stored(&[1.0; 12]));
+        let err = check_constants(&mut file).unwrap_err();
+        assert!(err.contains("model.23.flow_model.mask"), "{err}");
+    }
+
+    #[test]
+    fn a_linear_weight_transposes_both_ways() {
+        let t = Stored {
+            shape: vec![2, 3],
+            values: vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0],
+        };
+        let tt = transpose(&t);
+        assert_eq!(tt, vec![1.0, 4.0, 2.0, 5.0, 3.0, 6.0]);
+        let back = transpose(&Stored {
+            shape: vec![3, 2],
+            values: tt,
+        });
+        assert_eq!(back, t.values);
+    }
+}
