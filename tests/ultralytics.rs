@@ -8,9 +8,10 @@
 mod common;
 
 use burn::prelude::*;
-use burnpose::data::Sample;
 use burnpose::data::letterbox::letterbox;
+use burnpose::data::{Instance, Sample};
 use burnpose::eval::postprocess::one2one;
+use burnpose::loss::E2eLoss;
 use burnpose::loss::assign::Anchors;
 use burnpose::model::{BranchOutput, Scale, Task, Yolo, YoloConfig};
 use burnpose::weights::{export_ultralytics, load_ultralytics};
@@ -571,4 +572,151 @@ fn predict_split_on_weights_needs_a_config() {
         !ok && text.contains("holds Ultralytics weights, which name no dataset"),
         "{text}"
     );
+}
+
+/// The fixtures' seeded targets (meta.json) per image.
+fn fixture_labels(keypoints: bool) -> Vec<Vec<Instance>> {
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("meta.json")).unwrap()).unwrap();
+    let mut labels = vec![Vec::new(), Vec::new()];
+    for t in meta["targets"].as_array().unwrap() {
+        let f = |v: &serde_json::Value| v.as_f64().unwrap() as f32;
+        let b: Vec<f32> = t["box"].as_array().unwrap().iter().map(f).collect();
+        let kpts = t["keypoints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|k| [f(&k[0]), f(&k[1]), f(&k[2])])
+            .collect();
+        labels[t["image"].as_u64().unwrap() as usize].push(Instance {
+            class: t["class"].as_u64().unwrap() as usize,
+            bbox: [b[0], b[1], b[2], b[3]],
+            keypoints: if keypoints { kpts } else { Vec::new() },
+        });
+    }
+    labels
+}
+
+/// Every parameter's gradient norm after `total.backward()`, by Ultralytics' name.
+fn grad_norms(m: &Yolo, grads: &burn::tensor::Gradients) -> std::collections::HashMap<String, f32> {
+    use burn::module::{ModuleVisitor, Param};
+    struct V<'a> {
+        grads: &'a burn::tensor::Gradients,
+        path: Vec<String>,
+        out: Vec<(String, f32)>,
+    }
+    impl ModuleVisitor for V<'_> {
+        fn enter_module(&mut self, name: &str, _: &str) {
+            self.path.push(name.to_string());
+        }
+        fn exit_module(&mut self, _: &str, _: &str) {
+            self.path.pop();
+        }
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            if let Some(g) = param.val().grad(self.grads) {
+                let norm = g.powi_scalar(2).sum().sqrt().into_scalar::<f32>();
+                self.out.push((self.path.join("."), norm));
+            }
+        }
+    }
+    let mut v = V {
+        grads,
+        path: Vec::new(),
+        out: Vec::new(),
+    };
+    m.visit(&mut v);
+    let paths: Vec<String> = v.out.iter().map(|(p, _)| p.clone()).collect();
+    let keys = burnpose::weights::ultralytics_keys(&paths).unwrap();
+    keys.into_iter()
+        .zip(v.out)
+        .map(|(k, (_, n))| (k.name, n))
+        .collect()
+}
+
+/// Ultralytics' E2E loss on the fixed batch (each logged term, the total) and every
+/// parameter's gradient norm against ours: terms within 1e-4, norms within 1e-3 (relative).
+fn loss_parity(task: Task, name: &str) {
+    let d = Device::flex().autodiff();
+    let Some(x) = input(&d) else { return };
+    let fx = Outputs::open();
+    let m = model(task, &d);
+    let out = m.forward(x);
+    let loss = E2eLoss::new(task, 17, [SIZE, SIZE]);
+    let targets = loss.targets(&out, &fixture_labels(task == Task::Pose));
+    let l = loss.compute(&out, &targets, m.head.flow.as_ref());
+    let total = l.total.clone().into_scalar::<f32>();
+    let items: Vec<f32> = l.items.clone().into_data().try_to_vec::<f32>().unwrap();
+    let (_, their_total) = fx.get(&format!("{name}.loss.total"));
+    let (_, their_items) = fx.get(&format!("{name}.loss.items"));
+    // Ultralytics logs the detection loss as (box, cls, dfl); ours is always the six terms.
+    let ours_items: Vec<f32> = match task {
+        Task::Pose => items.clone(),
+        Task::Detect => vec![items[0], items[3], items[4]],
+    };
+    let rel = |a: f32, b: f32| (a - b).abs() / b.abs().max(1e-6);
+    eprintln!(
+        "{name} loss: total {total} vs {}, terms {ours_items:?} vs {their_items:?}",
+        their_total[0]
+    );
+    let mut worst_term = rel(total, their_total[0]);
+    for (a, b) in ours_items.iter().zip(&their_items) {
+        worst_term = worst_term.max(rel(*a, *b));
+    }
+    let grads = l.total.backward();
+    let ours = grad_norms(&m, &grads);
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("meta.json")).unwrap()).unwrap();
+    let names: Vec<&str> = meta["grad_norm_names"][name]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    let (_, theirs) = fx.get(&format!("{name}.grad_norms"));
+    assert_eq!(names.len(), theirs.len());
+    // A gradient that is exactly zero (a bias that the next train-mode BatchNorm subtracts out:
+    // SPPF's first conv, the PSA blocks' last ones) is float noise in both: below float32's
+    // resolution of the largest norm it counts as zero; every other norm is compared relatively.
+    let largest = theirs.iter().fold(0.0f32, |m, t| m.max(*t));
+    let (zero, noise) = (1e-9 * largest, 1e-7 * largest);
+    let mut worst_grad = (0.0f32, String::new());
+    let mut zeros = 0;
+    for (n, t) in names.iter().zip(&theirs) {
+        let o = *ours
+            .get(*n)
+            .unwrap_or_else(|| panic!("no gradient for {n}"));
+        let e = if *t < zero {
+            zeros += 1;
+            assert!(o < noise, "{n}: {o}, exactly {t}");
+            0.0
+        } else {
+            (o - t).abs() / t
+        };
+        if e > worst_grad.0 {
+            worst_grad = (e, format!("{n}: {o} vs {t}"));
+        }
+    }
+    assert_eq!(ours.len(), names.len(), "parameters with a gradient");
+    eprintln!(
+        "{name} loss: worst term {worst_term:.2e}, worst gradient norm {:.2e} ({}); {zeros} \
+         gradients exactly zero",
+        worst_grad.0, worst_grad.1
+    );
+    assert!(worst_term <= 1e-4, "{worst_term:.3e}");
+    assert!(
+        worst_grad.0 <= 1e-3,
+        "{:.3e} at {}",
+        worst_grad.0,
+        worst_grad.1
+    );
+}
+
+#[test]
+fn pose_loss_and_gradients_match_ultralytics() {
+    loss_parity(Task::Pose, "pose");
+}
+
+#[test]
+fn detect_loss_and_gradients_match_ultralytics() {
+    loss_parity(Task::Detect, "detect");
 }

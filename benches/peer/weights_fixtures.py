@@ -13,7 +13,11 @@ weights the outputs were computed with), and writes into OUT:
   in train mode, the raw head outputs `{task}.{mode}.{one2many|one2one}.{boxes|scores|kpts|
   kpts_sigma}`, and in eval mode the end-to-end detections `{task}.eval.end2end`
   ([B, 300, 6 (+ nk)]: x1, y1, x2, y2, score, class, keypoints);
-- `meta.json`: versions, seed, size and the source images.
+- the training loss (Ultralytics' E2ELoss at its initial one-to-many weight) of both models on
+  fixed seeded targets (`meta.json`'s `targets`): `{task}.loss.total`, `{task}.loss.items` (the
+  one-to-one terms, gain-weighted, as Ultralytics logs them) and every parameter's gradient norm
+  `{task}.grad_norms` (names in `meta.json`'s `grad_norm_names`), all computed in float64;
+- `meta.json`: versions, seed, the calibration images, the targets.
 
 The input is two real COCO images letterboxed to 160 px by burnpose itself (the test builds the
 same tensor from `../shared/data`, so no image is committed): write it first with
@@ -104,8 +108,12 @@ def main():
     dsd = detect.state_dict()
     detect.load_state_dict({k: v for k, v in model.state_dict().items() if k in dsd}, strict=True)
 
+    targets = fixed_targets(args.seed + 1)
     for task, net in (("pose", model), ("detect", detect)):
         record(tensors, task, net, x)
+    names = {}
+    for task, net in (("pose", model), ("detect", detect)):
+        names[task] = record_loss(tensors, task, net, x, targets)
 
     args.out.mkdir(parents=True, exist_ok=True)
     yolo.model = model
@@ -118,6 +126,8 @@ def main():
         "size": args.size,
         "input_shape": list(x.shape),
         "calibration_images": [p.name for p in files[args.batch : args.batch + 8]],
+        "targets": targets,
+        "grad_norm_names": names,
         "script": "benches/peer/weights_fixtures.py",
     }
     (args.out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
@@ -141,6 +151,69 @@ def record(tensors, task, model, x):
         # Train mode normalises with the batch's statistics (and updates the running ones: a copy).
         train = copy.deepcopy(model).train()
         put(tensors, f"{task}.train", train(x))
+
+
+def fixed_targets(seed, size=160):
+    """Seeded people in the letterboxed images' pixels (multiples of 1/16 px, exact in both
+    languages): per instance the image, class, xyxy box and 17 keypoints (x, y, visibility 0/1/2)."""
+    g = torch.Generator().manual_seed(seed)
+    rnd = lambda: torch.rand(1, generator=g).item()
+    r = lambda v: round(v * 16) / 16
+    targets = []
+    for img in range(2):
+        for _ in range(2 + img):
+            w, h = 24 + 80 * rnd(), 40 + 90 * rnd()
+            x1, y1 = (size - w) * rnd(), (size - h) * rnd()
+            box = [r(x1), r(y1), r(x1 + w), r(y1 + h)]
+            kpts = []
+            for _ in range(17):
+                v = int(torch.randint(0, 3, (1,), generator=g).item())
+                if v == 0:
+                    kpts.append([0.0, 0.0, 0])
+                else:
+                    kx = r(box[0] + (box[2] - box[0]) * rnd())
+                    ky = r(box[1] + (box[3] - box[1]) * rnd())
+                    kpts.append([kx, ky, v])
+            targets.append({"image": img, "class": 0, "box": box, "keypoints": kpts})
+    return targets
+
+
+def record_loss(tensors, task, model, x, targets, size=160):
+    """Ultralytics' training loss (E2ELoss at its initial one-to-many weight 0.8) on `targets`,
+    in float64 (`torch.set_default_dtype`: the loss makes its own tensors), and every parameter's
+    gradient norm after `loss.sum().backward()`; returns the parameter names in order."""
+    from ultralytics.cfg import get_cfg
+
+    torch.set_default_dtype(torch.float64)
+    try:
+        m = copy.deepcopy(model).double().train()
+        m.args = get_cfg()
+        m.criterion = None
+        f = torch.float64
+        batch = {
+            "batch_idx": torch.tensor([t["image"] for t in targets], dtype=f),
+            "cls": torch.tensor([[t["class"]] for t in targets], dtype=f),
+            "bboxes": torch.tensor(
+                [
+                    [(b[0] + b[2]) / 2 / size, (b[1] + b[3]) / 2 / size, (b[2] - b[0]) / size, (b[3] - b[1]) / size]
+                    for b in (t["box"] for t in targets)
+                ],
+                dtype=f,
+            ),
+        }
+        if task == "pose":
+            batch["keypoints"] = torch.tensor(
+                [[[k[0] / size, k[1] / size, k[2]] for k in t["keypoints"]] for t in targets], dtype=f
+            )
+        loss, items = m.loss(batch, m(x.double()))
+        loss.sum().backward()
+        tensors[f"{task}.loss.total"] = loss.sum().detach().reshape(1).float()
+        tensors[f"{task}.loss.items"] = torch.stack(list(items.values())).float()
+        named = [(n, p) for n, p in m.named_parameters() if p.grad is not None]
+        tensors[f"{task}.grad_norms"] = torch.tensor([float(p.grad.norm()) for _, p in named], dtype=torch.float32)
+        return [n for n, _ in named]
+    finally:
+        torch.set_default_dtype(torch.float32)
 
 
 def put(tensors, prefix, preds):
