@@ -456,6 +456,24 @@ fn fit_val_and_predict_take_ultralytics_weights() {
     };
     assert_eq!(flat(&back), flat(&ema));
 
+    // Burn-native: shaped tensors under our module paths, read back through burn-store.
+    let native = dir.join("native.safetensors");
+    let (ok, text) = common::burnpose(&[
+        "export",
+        last.to_str().unwrap(),
+        "--format",
+        "burn",
+        "--out",
+        native.to_str().unwrap(),
+    ]);
+    assert!(ok, "{text}");
+    let (about, loaded) = burnpose::weights::load_burn(&native, &d).unwrap();
+    assert_eq!(
+        (about.scale, about.task, about.nc),
+        (Scale::N, Task::Pose, 1)
+    );
+    assert_eq!(flat(&loaded), flat(&ema));
+
     let (ok, text) = common::burnpose(&["val", cfg, "--checkpoint", pt]);
     assert!(ok && text.contains("Ultralytics weights"), "{text}");
 
@@ -479,6 +497,20 @@ fn fit_val_and_predict_take_ultralytics_weights() {
     ]);
     assert!(ok, "{text}");
     assert!(out.join("predictions.json").is_file(), "{text}");
+    // `predict` takes the Burn-native file as well.
+    let out = dir.join("predicted-native");
+    let (ok, text) = common::burnpose(&[
+        "predict",
+        native.to_str().unwrap(),
+        photo.to_str().unwrap(),
+        "--imgsz",
+        "64",
+        "--device",
+        "cpu",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(ok && out.join("predictions.json").is_file(), "{text}");
 }
 
 /// Each way a weights file can be wrong gets one error naming the file and what is wrong.

@@ -34,6 +34,9 @@ pub struct Cli {
 pub enum ExportFormat {
     /// A safetensors state dict under Ultralytics' names and shapes.
     Ultralytics,
+    /// Burn-native weights: shaped tensors under our module paths (burn-store's safetensors),
+    /// the model's scale, task, classes and keypoints in the metadata.
+    Burn,
 }
 
 #[derive(Subcommand, Debug)]
@@ -133,13 +136,15 @@ pub enum Command {
     ExportYolo { config: PathBuf, dir: PathBuf },
     /// Write a checkpoint's EMA model for another tool: `--format ultralytics` is a safetensors
     /// state dict under Ultralytics' names and shapes, which their `load_state_dict(strict=True)`
-    /// takes (docs/weights.md has the lines that make a `.pt` of it).
+    /// takes (docs/weights.md has the lines that make a `.pt` of it); `--format burn` shaped
+    /// tensors under our module paths for a Burn program (`weights::load_burn`).
     Export {
         /// A checkpoint written by `fit`.
         checkpoint: PathBuf,
         #[arg(long, value_enum)]
         format: ExportFormat,
-        /// File to write (default: the checkpoint's name with `.ultralytics.safetensors`).
+        /// File to write (default: the checkpoint's name with `.ultralytics.safetensors` or
+        /// `.burn.safetensors`).
         #[arg(long)]
         out: Option<PathBuf>,
     },
@@ -318,17 +323,40 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Export {
             checkpoint,
-            format: ExportFormat::Ultralytics,
+            format,
             out,
         } => {
-            let out = out.unwrap_or_else(|| checkpoint.with_extension("ultralytics.safetensors"));
-            let (_, model) =
+            let (cfg, model) =
                 crate::train::checkpoint::load_model(&checkpoint, &burn::prelude::Device::flex())?;
-            let n = crate::weights::export_ultralytics(&model, &out)?;
-            println!(
-                "wrote {} ({n} tensors under Ultralytics' names; docs/weights.md makes a .pt of it)",
-                out.display()
-            );
+            let suffix = match format {
+                ExportFormat::Ultralytics => "ultralytics.safetensors",
+                ExportFormat::Burn => "burn.safetensors",
+            };
+            let out = out.unwrap_or_else(|| checkpoint.with_extension(suffix));
+            match format {
+                ExportFormat::Ultralytics => {
+                    let n = crate::weights::export_ultralytics(&model, &out)?;
+                    println!(
+                        "wrote {} ({n} tensors under Ultralytics' names; docs/weights.md makes a \
+                         .pt of it)",
+                        out.display()
+                    );
+                }
+                ExportFormat::Burn => {
+                    let m = &cfg.model;
+                    let about = crate::weights::FileModel {
+                        scale: m.scale,
+                        task: m.task,
+                        nc: m.nc,
+                        kpt_shape: m.kpt_shape,
+                    };
+                    crate::weights::save_burn(&model, &about, &out)?;
+                    println!(
+                        "wrote {} (Burn-native weights: examples/predict_image.rs loads them)",
+                        out.display()
+                    );
+                }
+            }
             Ok(())
         }
         Command::ExportYolo { config, dir } => {

@@ -164,10 +164,18 @@ pub fn prepare(images: &[image::RgbImage], imgsz: usize) -> Prepared {
 /// describes them (scale, task, classes, keypoints read off their shapes; the rest defaults,
 /// `imgsz` 640, the built-in data).
 pub fn model_config(path: &Path) -> Result<Config, PredictError> {
+    if crate::weights::is_burn_native(path) {
+        return Ok(config_for(&crate::weights::burn_file_model(path)?));
+    }
     if !crate::weights::is_ultralytics(path) {
         return Ok(crate::train::checkpoint::read_config(path)?);
     }
-    let file = crate::weights::file_model(path)?;
+    Ok(config_for(&crate::weights::file_model(path)?))
+}
+
+/// A config for a model that comes without one (weights files): its model, the rest default,
+/// `imgsz` 640.
+pub fn config_for(file: &crate::weights::FileModel) -> Config {
     let mut cfg = Config::default();
     cfg.model.scale = file.scale;
     cfg.model.task = file.task;
@@ -176,7 +184,7 @@ pub fn model_config(path: &Path) -> Result<Config, PredictError> {
         cfg.model.kpt_shape = file.kpt_shape;
     }
     cfg.data.imgsz = 640;
-    Ok(cfg)
+    cfg
 }
 
 fn ultralytics_model(path: &Path, device: &Device) -> Result<(Config, Yolo), PredictError> {
@@ -210,7 +218,10 @@ impl Predictor {
         device: &Device,
         mut options: PredictOptions,
     ) -> Result<Self, PredictError> {
-        let (cfg, model) = if crate::weights::is_ultralytics(path) {
+        let (cfg, model) = if crate::weights::is_burn_native(path) {
+            let (about, model) = crate::weights::load_burn(path, device)?;
+            (config_for(&about), model)
+        } else if crate::weights::is_ultralytics(path) {
             ultralytics_model(path, device)?
         } else {
             crate::train::checkpoint::load_model(path, device)?

@@ -80,14 +80,90 @@ pub fn is_ultralytics(path: &Path) -> bool {
     }
 }
 
+/// Whether `path` holds Burn-native weights written by [`save_burn`].
+pub fn is_burn_native(path: &Path) -> bool {
+    read::safetensors_metadata(path).is_some_and(|meta| meta.contains_key(BURN_MODEL_KEY))
+}
+
+/// The metadata key of [`save_burn`]'s files: the [`FileModel`] as JSON.
+const BURN_MODEL_KEY: &str = "burnpose_model";
+
+/// Writes `model` as Burn-native weights: every tensor (parameters and BatchNorm running
+/// statistics) with its shape under its module path (`backbone.l0.conv.weight`), through
+/// burn-store's safetensors store, which a Burn program reads back with
+/// `Yolo::load_from(&mut SafetensorsStore::from_file(path))` into a model built from the
+/// metadata's [`FileModel`] ([`load_burn`] does both).
+pub fn save_burn(model: &Yolo, about: &FileModel, path: &Path) -> Result<(), WeightsError> {
+    use burn_store::{ModuleSnapshot, SafetensorsStore};
+    let err = |message: String| WeightsError::Write {
+        path: path.to_path_buf(),
+        message,
+    };
+    let json = serde_json::to_string(about).expect("FileModel serialises");
+    // The store writes a scratch file and renames it into place: a failed save keeps the old.
+    let mut store = SafetensorsStore::from_file(path)
+        .metadata(BURN_MODEL_KEY, json)
+        .overwrite(true);
+    model
+        .valid()
+        .save_into(&mut store)
+        .map_err(|e| err(e.to_string()))
+}
+
+/// Reads weights written by [`save_burn`] into a fresh model on `device`; every tensor must be
+/// present with its shape.
+pub fn load_burn(path: &Path, device: &Device) -> Result<(FileModel, Yolo), WeightsError> {
+    use burn_store::{ModuleSnapshot, SafetensorsStore};
+    let err = |message: String| WeightsError::Read {
+        path: path.to_path_buf(),
+        message,
+    };
+    let about = burn_file_model(path)?;
+    let mut model = about.config().init(device);
+    let result = model
+        .load_from(&mut SafetensorsStore::from_file(path))
+        .map_err(|e| err(e.to_string()))?;
+    if !result.missing.is_empty() {
+        return Err(err(format!("missing tensors: {:?}", result.missing)));
+    }
+    Ok((about, model))
+}
+
+/// The model of a [`save_burn`] file, from its metadata.
+pub fn burn_file_model(path: &Path) -> Result<FileModel, WeightsError> {
+    let err = |message: String| WeightsError::Read {
+        path: path.to_path_buf(),
+        message,
+    };
+    let meta =
+        read::safetensors_metadata(path).ok_or_else(|| err("not a safetensors file".into()))?;
+    let json = meta.get(BURN_MODEL_KEY).ok_or_else(|| {
+        err(format!(
+            "no {BURN_MODEL_KEY} metadata (not written by save_burn)"
+        ))
+    })?;
+    serde_json::from_str(json).map_err(|e| err(format!("{BURN_MODEL_KEY}: {e}")))
+}
+
 /// The model a weights file was saved from, read off its tensors' shapes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct FileModel {
     pub scale: Scale,
     pub task: Task,
     pub nc: usize,
     /// `[17, 3]` for COCO keypoints; `[0, 0]` for detection.
     pub kpt_shape: [usize; 2],
+}
+
+impl FileModel {
+    /// The model's config.
+    pub fn config(&self) -> crate::model::YoloConfig {
+        let c = crate::model::YoloConfig::new(self.scale, self.task).with_nc(self.nc);
+        match self.task {
+            Task::Pose => c.with_kpt_shape(self.kpt_shape),
+            Task::Detect => c,
+        }
+    }
 }
 
 /// Scale, task, classes and keypoint layout of the YOLO26 weights at `path` (for `predict` and
