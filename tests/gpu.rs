@@ -21,6 +21,10 @@ mod optim;
 mod repeat;
 #[path = "gpu/replay.rs"]
 mod replay;
+#[path = "gpu/weights.rs"]
+mod weights;
+
+mod common;
 
 fn cuda() -> Device {
     device::resolve(DeviceKind::Cuda, 0)

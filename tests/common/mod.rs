@@ -2,6 +2,8 @@
 //! allowance for the helpers a file does not use).
 #![allow(dead_code)]
 
+pub mod fixtures;
+
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -20,9 +22,9 @@ pub fn burnpose(args: &[&str]) -> (bool, String) {
 /// `../shared/data/<rel>` beside the project, or `None` with a visible notice when it is absent;
 /// under CI (`CI` set) its absence fails the test.
 pub fn shared_data(rel: &str) -> Option<PathBuf> {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/data")
-        .join(rel);
+    // Relative to the working directory: the package root under `cargo test`, and the working
+    // tree's copy on the GPU machine, where `.gpu/setup.sh` links `../shared/data`.
+    let path = std::path::Path::new("../shared/data").join(rel);
     if path.exists() {
         return Some(path);
     }
