@@ -151,7 +151,8 @@ pub fn prepare(images: &[image::RgbImage], imgsz: usize) -> Prepared {
                 true => letterbox_rect(sample, size, crate::model::STRIDES[2] as u32),
                 false => letterbox(sample, size),
             };
-            (s, Frame { scale, pad })
+            let size = [img.width() as f32, img.height() as f32];
+            (s, Frame { scale, pad, size })
         })
         .unzip();
     Prepared {
