@@ -4,7 +4,6 @@
 
 use super::common::fixtures::{Outputs, assert_close, compare, eval_rows, input, model};
 use super::cuda;
-use burn::prelude::*;
 use burnpose::model::Task;
 
 #[test]
