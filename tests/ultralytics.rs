@@ -323,6 +323,7 @@ fn fit_val_and_predict_take_ultralytics_weights() {
 
     let (ok, text) = common::burnpose(&["val", cfg, "--checkpoint", pt]);
     assert!(ok && text.contains("Ultralytics weights"), "{text}");
+    assert!(text.contains("one-to-one head"), "{text}");
 
     let photo = dir.join("photo.png");
     image::RgbImage::from_fn(100, 80, |x, y| {

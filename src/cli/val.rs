@@ -48,8 +48,14 @@ pub fn run(
         (crate::config::DataSource::Yolo, _) => "val",
         (_, s) => s,
     };
+    // Ultralytics' val scores the one-to-many head with NMS unless told `nms=False`: say which
+    // head these numbers are of, so that the two can be compared (docs/weights.md).
+    let head = match trainer.cfg.train.val_nms {
+        true => "one-to-many head + NMS (train.val_nms)",
+        false => "one-to-one head (Ultralytics' val: one-to-many + NMS, train.val_nms = true)",
+    };
     println!(
-        "val on {what}: {source}, {} images of split {split}",
+        "val on {what}: {source}, {} images of split {split}, {head}",
         trainer.val.len()
     );
     println!(
