@@ -260,6 +260,17 @@ fn a_fit_starts_from_the_weights_in_model_and_ema() {
             .val()
             .into_data()
     );
+
+    // Frozen layers hold the loaded weights (loading comes before freezing).
+    let mut cfg = burnpose::config::Config::load(&cfg_path).unwrap();
+    cfg.train.freeze = burnpose::config::Freeze::First(1);
+    let t = burnpose::train::Trainer::new(cfg, &cfg_path, Device::flex()).unwrap();
+    let w = t.model.backbone.l0.conv.weight.val();
+    assert!(!w.is_require_grad(), "layer 0 frozen");
+    assert_eq!(
+        w.into_data(),
+        want.backbone.l0.conv.weight.val().into_data()
+    );
 }
 
 /// `fit --weights`, `val --checkpoint` and `predict` take Ultralytics weights.
