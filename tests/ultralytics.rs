@@ -490,36 +490,29 @@ fn fixture_labels(keypoints: bool) -> Vec<Vec<Instance>> {
 
 /// Every parameter's gradient norm after `total.backward()`, by Ultralytics' name.
 fn grad_norms(m: &Yolo, grads: &burn::tensor::Gradients) -> std::collections::HashMap<String, f32> {
-    use burn::module::{ModuleVisitor, Param};
-    struct V<'a> {
+    use burn::module::Param;
+    use burnpose::model::{FloatSink, walk_floats};
+    struct Norms<'a> {
         grads: &'a burn::tensor::Gradients,
-        path: Vec<String>,
         out: Vec<(String, f32)>,
     }
-    impl ModuleVisitor for V<'_> {
-        fn enter_module(&mut self, name: &str, _: &str) {
-            self.path.push(name.to_string());
-        }
-        fn exit_module(&mut self, _: &str, _: &str) {
-            self.path.pop();
-        }
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+    impl FloatSink for Norms<'_> {
+        fn float<const D: usize>(&mut self, path: &str, param: &Param<Tensor<D>>) {
             if let Some(g) = param.val().grad(self.grads) {
                 let norm = g.powi_scalar(2).sum().sqrt().into_scalar::<f32>();
-                self.out.push((self.path.join("."), norm));
+                self.out.push((path.to_string(), norm));
             }
         }
     }
-    let mut v = V {
+    let mut norms = Norms {
         grads,
-        path: Vec::new(),
         out: Vec::new(),
     };
-    m.visit(&mut v);
-    let paths: Vec<String> = v.out.iter().map(|(p, _)| p.clone()).collect();
+    walk_floats(m, &mut norms);
+    let paths: Vec<String> = norms.out.iter().map(|(p, _)| p.clone()).collect();
     let keys = burnpose::weights::ultralytics_keys(&paths).unwrap();
     keys.into_iter()
-        .zip(v.out)
+        .zip(norms.out)
         .map(|(k, (_, n))| (k.name, n))
         .collect()
 }

@@ -15,6 +15,6 @@ pub mod yolo;
 
 pub use backbone::{Backbone, Features, Neck};
 pub use head::{BranchOutput, Head, HeadOutput, STRIDES};
-pub use params::{NamedParam, ParamCount, named_params};
+pub use params::{FloatSink, NamedParam, ParamCount, float_shapes, named_params, walk_floats};
 pub use scale::Scale;
 pub use yolo::{LAYERS, Task, Yolo, YoloConfig};

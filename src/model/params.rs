@@ -12,11 +12,69 @@ pub struct NamedParam {
     pub dims: Vec<usize>,
 }
 
+/// Receives each float tensor of a module with its dotted path ([`walk_floats`]).
+pub trait FloatSink {
+    fn float<const D: usize>(&mut self, path: &str, param: &Param<Tensor<D>>);
+}
+
+/// Hands `sink` every float tensor of `module` (parameters and BatchNorm running statistics)
+/// with its dotted path (`backbone.l0.bn.gamma`), in visiting order: the one walk behind
+/// [`named_params`], [`float_shapes`] and `optim::tensors`' readers.
+pub fn walk_floats<M: Module, S: FloatSink>(module: &M, sink: &mut S) {
+    struct Walk<'a, S> {
+        path: Vec<String>,
+        sink: &'a mut S,
+    }
+    impl<S: FloatSink> ModuleVisitor for Walk<'_, S> {
+        fn enter_module(&mut self, name: &str, _container_type: &str) {
+            self.path.push(name.to_string());
+        }
+        fn exit_module(&mut self, _name: &str, _container_type: &str) {
+            self.path.pop();
+        }
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            self.sink.float(&self.path.join("."), param);
+        }
+    }
+    module.visit(&mut Walk {
+        path: Vec::new(),
+        sink,
+    });
+}
+
 /// Every float parameter except BN running mean/variance, in visiting order.
 pub fn named_params<M: Module>(module: &M) -> Vec<NamedParam> {
-    let mut v = Named::default();
-    module.visit(&mut v);
-    v.params
+    struct Named(Vec<NamedParam>);
+    impl FloatSink for Named {
+        fn float<const D: usize>(&mut self, path: &str, param: &Param<Tensor<D>>) {
+            let leaf = path.rsplit('.').next();
+            if !matches!(leaf, Some("running_mean" | "running_var")) {
+                self.0.push(NamedParam {
+                    path: path.to_string(),
+                    id: param.id,
+                    dims: param.lazy_shape().dims::<D>().to_vec(),
+                });
+            }
+        }
+    }
+    let mut named = Named(Vec::new());
+    walk_floats(module, &mut named);
+    named.0
+}
+
+/// Every float tensor's path and shape (running statistics included), in visiting order,
+/// without reading any value.
+pub fn float_shapes<M: Module>(module: &M) -> Vec<(String, Vec<usize>)> {
+    struct Shapes(Vec<(String, Vec<usize>)>);
+    impl FloatSink for Shapes {
+        fn float<const D: usize>(&mut self, path: &str, param: &Param<Tensor<D>>) {
+            self.0
+                .push((path.to_string(), param.lazy_shape().dims::<D>().to_vec()));
+        }
+    }
+    let mut shapes = Shapes(Vec::new());
+    walk_floats(module, &mut shapes);
+    shapes.0
 }
 
 /// Trainable-parameter count of any module.
@@ -30,33 +88,6 @@ impl<M: Module> ParamCount for M {
             .iter()
             .map(|p| p.dims.iter().product::<usize>())
             .sum()
-    }
-}
-
-#[derive(Default)]
-struct Named {
-    path: Vec<String>,
-    params: Vec<NamedParam>,
-}
-
-impl ModuleVisitor for Named {
-    fn enter_module(&mut self, name: &str, _container_type: &str) {
-        self.path.push(name.to_string());
-    }
-
-    fn exit_module(&mut self, _name: &str, _container_type: &str) {
-        self.path.pop();
-    }
-
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-        let leaf = self.path.last().map(String::as_str);
-        if !matches!(leaf, Some("running_mean" | "running_var")) {
-            self.params.push(NamedParam {
-                path: self.path.join("."),
-                id: param.id,
-                dims: param.lazy_shape().dims::<D>().to_vec(),
-            });
-        }
     }
 }
 

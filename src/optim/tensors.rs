@@ -1,7 +1,8 @@
 //! Reading and replacing a module's float tensors by path (parameters and running stats),
 //! for hashing, EMA and checkpoints.
 
-use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
+use crate::model::{FloatSink, walk_floats};
+use burn::module::{Module, ModuleMapper, Param};
 use burn::prelude::*;
 use std::collections::HashMap;
 
@@ -16,31 +17,18 @@ pub fn float_tensors<M: Module>(module: &M) -> Vec<(String, Tensor<1>)> {
 
 /// [`float_tensors`] with whether each tensor requires a gradient (read before flattening).
 pub fn visit_floats<M: Module>(module: &M) -> Vec<(String, Tensor<1>, bool)> {
-    struct V {
-        path: Vec<String>,
-        out: Vec<(String, Tensor<1>, bool)>,
-    }
-    impl ModuleVisitor for V {
-        fn enter_module(&mut self, name: &str, _: &str) {
-            self.path.push(name.to_string());
-        }
-        fn exit_module(&mut self, _: &str, _: &str) {
-            self.path.pop();
-        }
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+    struct Floats(Vec<(String, Tensor<1>, bool)>);
+    impl FloatSink for Floats {
+        fn float<const D: usize>(&mut self, path: &str, param: &Param<Tensor<D>>) {
             let t = param.val();
             let tracked = t.is_require_grad();
             let n = t.shape().num_elements();
-            self.out
-                .push((self.path.join("."), t.reshape([n]), tracked));
+            self.0.push((path.to_string(), t.reshape([n]), tracked));
         }
     }
-    let mut v = V {
-        path: Vec::new(),
-        out: Vec::new(),
-    };
-    module.visit(&mut v);
-    v.out
+    let mut floats = Floats(Vec::new());
+    walk_floats(module, &mut floats);
+    floats.0
 }
 
 /// Replaces float tensors whose path is in `values` (given as `[numel]`, reshaped back). Ids are

@@ -8,9 +8,10 @@ mod read;
 
 pub use names::{Key, ultralytics_keys};
 
+use crate::model::float_shapes;
 use crate::model::{Scale, Task, Yolo};
 use crate::optim::tensors::replace_float_tensors;
-use burn::module::{Module, ModuleVisitor, Param};
+use burn::module::Module;
 use burn::prelude::*;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -67,11 +68,7 @@ impl std::fmt::Display for LoadReport {
 /// file, or a `.safetensors` file without burnpose's checkpoint metadata (a state dict, e.g.
 /// one [`export_ultralytics`] wrote).
 pub fn is_ultralytics(path: &Path) -> bool {
-    let ext = path
-        .extension()
-        .and_then(|e| e.to_str())
-        .map(str::to_ascii_lowercase);
-    match ext.as_deref() {
+    match read::extension(path).as_deref() {
         Some("pt" | "pth") => true,
         Some("safetensors") => {
             read::safetensors_metadata(path).is_some_and(|meta| !meta.contains_key("burnpose"))
@@ -219,7 +216,7 @@ pub fn load_ultralytics(model: Yolo, path: &Path) -> Result<(Yolo, LoadReport), 
         model: describe(&model),
         message,
     };
-    let ours = shapes(&model);
+    let ours = float_shapes(&model);
     let paths: Vec<String> = ours.iter().map(|(p, _)| p.clone()).collect();
     let keys = ultralytics_keys(&paths)
         .map_err(|p| mismatch(format!("our tensor {p} has no Ultralytics name")))?;
@@ -292,19 +289,23 @@ pub fn load_ultralytics(model: Yolo, path: &Path) -> Result<(Yolo, LoadReport), 
     ))
 }
 
-/// The flow's fixed buffers (`loc`, `cov`, `mask`) are not weights of ours: our flow hard-codes
-/// a standard normal and alternating masks. A file whose buffers differ would compute another
+/// The RLE flow's fixed buffers as Ultralytics' `RealNVP` registers them (name, shape, values):
+/// a standard normal's `loc` and `cov` and the alternating coupling masks, which our flow
+/// hard-codes rather than holds.
+const FLOW_CONSTANTS: [(&str, &[usize], &[f32]); 3] = [
+    ("model.23.flow_model.loc", &[2], &[0.0, 0.0]),
+    ("model.23.flow_model.cov", &[2, 2], &[1.0, 0.0, 0.0, 1.0]),
+    (
+        "model.23.flow_model.mask",
+        &[6, 2],
+        &[0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0],
+    ),
+];
+
+/// Takes the [`FLOW_CONSTANTS`] out of `file`. A file whose buffers differ would compute another
 /// loss, so it is refused.
 fn check_constants(file: &mut BTreeMap<String, Stored>) -> Result<(), String> {
-    let expected: [(&str, &[f32]); 3] = [
-        ("model.23.flow_model.loc", &[0.0, 0.0]),
-        ("model.23.flow_model.cov", &[1.0, 0.0, 0.0, 1.0]),
-        (
-            "model.23.flow_model.mask",
-            &[0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0],
-        ),
-    ];
-    for (name, want) in expected {
+    for (name, _, want) in FLOW_CONSTANTS {
         if let Some(t) = file.remove(name)
             && t.values != want
         {
@@ -322,7 +323,7 @@ fn check_constants(file: &mut BTreeMap<String, Stored>) -> Result<(), String> {
 /// so that their `load_state_dict(..., strict=True)` takes it. Written atomically.
 pub fn export_ultralytics(model: &Yolo, path: &Path) -> Result<usize, WeightsError> {
     let model = model.valid();
-    let ours = shapes(&model);
+    let ours = float_shapes(&model);
     let paths: Vec<String> = ours.iter().map(|(p, _)| p.clone()).collect();
     let keys = ultralytics_keys(&paths).map_err(|p| WeightsError::Write {
         path: path.to_path_buf(),
@@ -353,14 +354,12 @@ pub fn export_ultralytics(model: &Yolo, path: &Path) -> Result<usize, WeightsErr
         tensors.insert(key.name.clone(), read::Owned::f32(shape, values));
     }
     if model.head.flow.is_some() {
-        let f = "model.23.flow_model";
-        tensors.insert(format!("{f}.loc"), read::Owned::f32(vec![2], vec![0.0; 2]));
-        tensors.insert(
-            format!("{f}.cov"),
-            read::Owned::f32(vec![2, 2], vec![1.0, 0.0, 0.0, 1.0]),
-        );
-        let mask = [0.0, 1.0, 1.0, 0.0].repeat(3);
-        tensors.insert(format!("{f}.mask"), read::Owned::f32(vec![6, 2], mask));
+        for (name, shape, values) in FLOW_CONSTANTS {
+            tensors.insert(
+                name.into(),
+                read::Owned::f32(shape.to_vec(), values.to_vec()),
+            );
+        }
     }
     let n = tensors.len();
     read::write_safetensors(tensors, path)?;
@@ -398,31 +397,6 @@ fn describe(model: &Yolo) -> String {
 
 fn first_device(model: &Yolo) -> Device {
     model.backbone.l0.conv.weight.val().device()
-}
-
-/// Every float tensor's path and shape, in visiting order (the order of
-/// [`crate::optim::tensors::float_tensors`]).
-fn shapes<M: Module>(module: &M) -> Vec<(String, Vec<usize>)> {
-    #[derive(Default)]
-    struct V {
-        path: Vec<String>,
-        out: Vec<(String, Vec<usize>)>,
-    }
-    impl ModuleVisitor for V {
-        fn enter_module(&mut self, name: &str, _: &str) {
-            self.path.push(name.to_string());
-        }
-        fn exit_module(&mut self, _: &str, _: &str) {
-            self.path.pop();
-        }
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            self.out
-                .push((self.path.join("."), param.lazy_shape().dims::<D>().to_vec()));
-        }
-    }
-    let mut v = V::default();
-    module.visit(&mut v);
-    v.out
 }
 
 #[cfg(test)]

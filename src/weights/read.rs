@@ -17,11 +17,7 @@ pub(crate) fn read(path: &Path) -> Result<BTreeMap<String, Stored>, WeightsError
         path: path.to_path_buf(),
         message,
     };
-    let ext = path
-        .extension()
-        .and_then(|e| e.to_str())
-        .map(str::to_ascii_lowercase);
-    let tensors = match ext.as_deref() {
+    let tensors = match extension(path).as_deref() {
         Some("safetensors") => read_safetensors(path).map_err(err)?,
         Some("pt" | "pth") => read_pt(path).map_err(err)?,
         _ => {
@@ -39,6 +35,13 @@ pub(crate) fn read(path: &Path) -> Result<BTreeMap<String, Stored>, WeightsError
         ));
     }
     Ok(tensors)
+}
+
+/// `path`'s extension in lower case (`.PT` is a `.pt`).
+pub(crate) fn extension(path: &Path) -> Option<String> {
+    path.extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase)
 }
 
 /// An Ultralytics checkpoint holds the model under `ema` (while training) or `model`; a state
