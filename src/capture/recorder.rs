@@ -12,19 +12,22 @@
 //! statistics, and the backward graph the stage's gradients, into one flat buffer each. The
 //! statistics are copied out with one launch and handed back as views; the gradients are handed
 //! back as views of the recorder's own buffer, which a holder past the next backward copies
-//! ([`FlatGrads::copy`]).
+//! ([`FlatGrads::copy`]). The features stage's seeds share that buffer: the recorded backward
+//! reads them first and gathers the gradients last.
 
 use super::copy::{copy_into, duplicate};
 use super::tape::{leaf, seeded_root};
 use crate::config::Scope;
 use crate::model::Yolo;
+use crate::model::ops::segment;
 use crate::optim::grads::{FlatGrads, get_flat};
 use crate::optim::groups::{ParamInfo, param_table};
-use crate::optim::layout::Layout;
+use crate::optim::layout::{Layout, f32_of};
 use crate::optim::tensors::{float_tensors, replace_float_tensors};
 use burn::backend::{Backend, BackendTensor, Dispatch, DispatchTensor, DispatchTensorKind};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
+use burn::tensor::DType;
 use burn_cubecl::tensor::CubeTensor;
 use std::collections::HashMap;
 
@@ -139,14 +142,21 @@ struct Recorded {
     /// and the backward's seed buffers. `None`: the outputs' buffers take the seeds
     /// ([`Scope::Network`]: the head's outputs, which nothing in the recorded backward reads
     /// back, and which the head's backward is done with when the seeds are written). The
-    /// features stage keeps its own: its outputs are also inputs of later neck layers, whose
-    /// weight gradients read them.
+    /// features stage keeps its own, views of `pool`: its outputs are also inputs of later neck
+    /// layers, whose weight gradients read them.
     outputs: Vec<Tensor<4>>,
     seeds: Option<Vec<Tensor<4>>>,
+    /// The buffer behind the seeds (features stage) and `grad_flat`: the recorded backward
+    /// reads every seed before its first gradient and gathers the gradients at its end, so one
+    /// buffer serves both.
+    pool: Tensor<1>,
+    /// Bytes in use before recording and after each of its stages ([`Recorder::recording`]).
+    growth: Vec<(&'static str, u64)>,
     /// The stage's parameters with a gradient, in the order of `grad_layout`.
     grad_params: Vec<ParamInfo>,
     /// Where each gradient sits in `grad_flat`, the buffer the recorded backward gathers them in.
     grad_layout: Layout,
+    /// A view of `pool`'s first `grad_layout.len` values.
     grad_flat: Tensor<1>,
 }
 
@@ -187,6 +197,19 @@ fn same_tensor(a: &CubeTensor, b: &CubeTensor) -> bool {
         && a.dtype == b.dtype
 }
 
+/// The memory pool's bytes in use on `device` (0 where it has no pool).
+fn in_use(device: &Device) -> u64 {
+    device.memory_pool_usage().map_or(0, |u| u.bytes_in_use)
+}
+
+/// `parts` (FP32 or not) written into their segments of `dst` (a `[layout.len]` buffer) by
+/// our copy kernel, which allocates nothing: the padding between segments keeps what it held.
+fn gather_into(layout: &Layout, parts: Vec<Tensor<1>>, dst: &Tensor<1>) {
+    for (i, part) in parts.into_iter().enumerate() {
+        write(f32_of(part), &layout.view(dst, i));
+    }
+}
+
 /// `stats` gathered into one flat buffer, and where each sits in it.
 fn gather_stats(stats: &[(String, Tensor<1>)], device: &Device) -> (Layout, Tensor<1>) {
     let layout = Layout::new(stats.iter().map(|(_, t)| t.dims()[0]).collect());
@@ -194,15 +217,13 @@ fn gather_stats(stats: &[(String, Tensor<1>)], device: &Device) -> (Layout, Tens
     (layout, flat)
 }
 
-/// The stage's parameter gradients in `all` (table order), gathered into one flat buffer.
-fn gather_grads(
-    all: &GradientsParams,
-    params: &[ParamInfo],
-    layout: &Layout,
-    device: &Device,
-) -> Tensor<1> {
-    let parts = params.iter().map(|p| get_flat(all, p)).collect();
-    layout.gather(parts, device)
+/// The stage's parameter gradients in `all` (table order) written into `flat`.
+fn gather_grads(all: &GradientsParams, params: &[ParamInfo], layout: &Layout, flat: &Tensor<1>) {
+    let parts = params
+        .iter()
+        .map(|p| get_flat(all, p).expect("a parameter with a gradient"))
+        .collect();
+    gather_into(layout, parts, flat);
 }
 
 fn is_running_stat(path: &str) -> bool {
@@ -276,6 +297,11 @@ impl Recorder {
             return Vec::new();
         };
         let sum = |ts: &[Tensor<4>]| ts.iter().map(bytes_of).sum();
+        let pool = if r.seeds.is_some() {
+            "seeds and gradients (one buffer)"
+        } else {
+            "gradients"
+        };
         vec![
             (
                 "parameters and statistics",
@@ -283,10 +309,27 @@ impl Recorder {
             ),
             ("input", bytes_of(&r.input)),
             ("outputs", sum(&r.outputs)),
-            ("seeds", r.seeds.as_deref().map_or(0, sum)),
-            ("gradients", bytes_of(&r.grad_flat)),
+            (pool, bytes_of(&r.pool)),
             ("statistics out", bytes_of(&r.stats_flat)),
         ]
+    }
+
+    /// Bytes in use before recording, then what each stage of recording added (negative: freed),
+    /// by stage; nothing before the first forward.
+    pub fn recording(&self) -> Vec<(&'static str, i64)> {
+        let Some(r) = &self.state else {
+            return Vec::new();
+        };
+        let mut last = 0i64;
+        r.growth
+            .iter()
+            .map(|(what, b)| {
+                let now = *b as i64;
+                let step = now - last;
+                last = now;
+                (*what, step)
+            })
+            .collect()
     }
 
     /// Replays the forward graph on `images` (recording it first on the first call) and returns
@@ -384,6 +427,7 @@ fn record(
     let err = |what: &str, e: &dyn std::fmt::Debug| RecordError(format!("{what}: {e:?}"));
     let inner = device.clone().inner();
     let dispatch = inner.as_dispatch();
+    let mut growth = vec![("before", in_use(&inner))];
     // A private copy with its own buffers and its own BatchNorm state (`valid()` detaches the
     // running statistics, which a plain clone would share), and the same parameter ids, so its
     // gradients key like the trainer's.
@@ -398,12 +442,6 @@ fn record(
     };
     let input = copy_of(images.inner());
     let run = |net: &Yolo| outputs(net, &input, scope, control);
-    // The warm-ups' seeds, and the recorded backward's unless the outputs' buffers take them.
-    let seeds: Vec<Tensor<4>> = run(&net)
-        .iter()
-        // Burn's `zeros` pitches rows (an 80-wide FP32 row takes 512 bytes); a copy is packed.
-        .map(|t| copy_of(Tensor::zeros(t.dims(), &inner)))
-        .collect();
     let stage_tensors = |net: &Yolo, keep: fn(&str) -> bool| -> Vec<(String, Tensor<1>)> {
         float_tensors(&net.valid())
             .into_iter()
@@ -427,6 +465,29 @@ fn record(
     let backward_of = |net: &Yolo, f: &[Tensor<4>], seeds: &[Tensor<4>]| {
         GradientsParams::from_grads(seeded_root(f, seeds).backward(), net)
     };
+    // The seeds and, at most as long as every stage parameter together, the gathered gradients,
+    // in one buffer (features stage); the network stage's seeds are the outputs' buffers, and
+    // separate ones serve only the warm-ups.
+    let dims: Vec<[usize; 4]> = run(&net).iter().map(|t| t.dims()).collect();
+    let seed_layout = Layout::new(dims.iter().map(|d| d.iter().product()).collect());
+    let grad_room = Layout::new(stage_params.iter().map(ParamInfo::numel).collect()).len;
+    let own_seeds = scope != Scope::Network;
+    let pool_len = if own_seeds {
+        seed_layout.len.max(grad_room)
+    } else {
+        grad_room
+    };
+    let pool = Tensor::<1>::zeros([pool_len], (&inner, DType::F32));
+    let seeds: Vec<Tensor<4>> = dims
+        .iter()
+        .enumerate()
+        .map(|(i, d)| match own_seeds {
+            true => seed_layout.view(&pool, i).reshape(*d),
+            // Burn's `zeros` pitches rows (an 80-wide FP32 row takes 512 bytes); a copy is packed.
+            false => copy_of(Tensor::zeros(*d, &inner)),
+        })
+        .collect();
+    growth.push(("private copy, input, seeds and gradients", in_use(&inner)));
 
     Dispatch::graph_prepare(dispatch).map_err(|e| err("prepare", &e))?;
     let mut grad_params = Vec::new();
@@ -436,15 +497,17 @@ fn record(
         let all = backward_of(&net, &f, &seeds);
         grad_params = with_grad(&all);
         grad_layout = Layout::new(grad_params.iter().map(ParamInfo::numel).collect());
-        let flat = gather_grads(&all, &grad_params, &grad_layout, &inner);
+        let flat = segment(pool.clone(), 0, grad_layout.len, grad_layout.len);
+        gather_grads(&all, &grad_params, &grad_layout, &flat);
         let (_, stats) = gather_stats(&stage_tensors(&net, is_running_stat), &inner);
         inner.sync().map_err(|e| err("warm-up sync", &e))?;
-        drop((f, all, flat, stats));
+        drop((f, all, stats));
     }
     // What the recorded forward reads. `valid()` also merges the warm-ups' pending running-stat
     // updates now, outside the window.
     let sources = stage_tensors(&net, |_| true);
     inner.sync().map_err(|e| err("sync", &e))?;
+    growth.push(("warm-ups", in_use(&inner)));
 
     Dispatch::graph_start_capture(dispatch).map_err(|e| err("start forward capture", &e))?;
     let taped = run(&net);
@@ -465,8 +528,10 @@ fn record(
         write(t.clone(), &sources[*i].1);
     }
     let forward = Dispatch::graph_stop_capture(dispatch).map_err(|e| err("forward capture", &e))?;
+    growth.push(("forward graph", in_use(&inner)));
 
     Dispatch::graph_prepare(dispatch).map_err(|e| err("prepare backward", &e))?;
+    let grad_flat = segment(pool.clone(), 0, grad_layout.len, grad_layout.len);
     // The forward graph now holds its pages; the backward needs room outside them. One more
     // eager forward + backward (on a twin with its own autodiff leaves, so the recorded tape's
     // parameter leaves stay unconsumed) makes the pool grow by what the backward allocates.
@@ -474,16 +539,22 @@ fn record(
         let twin = net.valid().train();
         let f = run(&twin);
         let all = backward_of(&twin, &f, &seeds);
-        let flat = gather_grads(&all, &grad_params, &grad_layout, &inner);
+        gather_grads(&all, &grad_params, &grad_layout, &grad_flat);
         inner.sync().map_err(|e| err("backward warm-up sync", &e))?;
-        drop((f, all, flat, twin));
+        drop((f, all, twin));
     }
     let outputs: Vec<Tensor<4>> = taped.iter().map(|t| t.clone().inner()).collect();
-    let seeds = (scope != Scope::Network).then_some(seeds);
+    let seeds = own_seeds.then_some(seeds);
     Dispatch::graph_start_capture(dispatch).map_err(|e| err("start backward capture", &e))?;
     let all = backward_of(&net, &taped, seeds.as_ref().unwrap_or(&outputs));
     let captured = with_grad(&all);
-    let grad_flat = gather_grads(&all, &grad_params, &grad_layout, &inner);
+    if captured
+        .iter()
+        .map(|p| p.id)
+        .eq(grad_params.iter().map(|p| p.id))
+    {
+        gather_grads(&all, &grad_params, &grad_layout, &grad_flat);
+    }
     // Dropped inside the window: the graph holds every buffer it wrote that is still alive when
     // it closes, so the per-parameter gradients would stay allocated beside `grad_flat`.
     drop(all);
@@ -500,6 +571,7 @@ fn record(
     }
     inner.sync().map_err(|e| err("sync after capture", &e))?;
     drop(taped);
+    growth.push(("backward graph", in_use(&inner)));
     Ok(Recorded {
         forward,
         backward,
@@ -512,6 +584,8 @@ fn record(
         stats_flat,
         outputs,
         seeds,
+        pool,
+        growth,
         grad_params,
         grad_layout,
         grad_flat,

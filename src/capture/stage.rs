@@ -79,6 +79,15 @@ impl FeatureStage {
         }
     }
 
+    /// [`Recorder::recording`] of a replayed stage; empty for a native one.
+    pub fn recording(&self) -> Vec<(&'static str, i64)> {
+        match self {
+            FeatureStage::Native(_) => Vec::new(),
+            #[cfg(feature = "cuda")]
+            FeatureStage::Replay(r) => r.recording(),
+        }
+    }
+
     pub fn is_replay(&self) -> bool {
         !matches!(self, FeatureStage::Native(_))
     }

@@ -174,6 +174,14 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
             at.join(", ")
         );
     }
+    if let Some(by) = timing.padding_in_step_by_sample() {
+        let at: Vec<String> = IN_STEP_SAMPLES
+            .iter()
+            .zip(by)
+            .map(|(p, b)| format!("{} {:.1}", PHASES[*p as usize], mib(b)))
+            .collect();
+        println!("padding in use within a step (MiB): {}", at.join(", "));
+    }
     // Medians per block of steps, from the first: shows warm-up, and any drift a
     // growing pool or tape would cause.
     let blocks: Vec<String> = timing
@@ -219,6 +227,14 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
             .map(|(what, b)| format!("{what} {:.1}", mib(*b)))
             .collect();
         println!("replay buffers (MiB): {}", parts.join(", "));
+    }
+    let growth = t.stage.recording();
+    if !growth.is_empty() {
+        let parts: Vec<String> = growth
+            .iter()
+            .map(|(what, b)| format!("{what} {:+.1}", *b as f64 / (1024.0 * 1024.0)))
+            .collect();
+        println!("recording, MiB in use: {}", parts.join(", "));
     }
     Ok(())
 }

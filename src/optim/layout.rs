@@ -77,7 +77,7 @@ impl Layout {
     }
 }
 
-pub(super) fn f32_of(t: Tensor<1>) -> Tensor<1> {
+pub(crate) fn f32_of(t: Tensor<1>) -> Tensor<1> {
     if t.dtype() == DType::F32 {
         t
     } else {

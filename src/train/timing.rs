@@ -33,11 +33,18 @@ pub struct StepTiming {
     /// Per step (with `in_step_memory`), the bytes in use read at the end of each of
     /// [`IN_STEP_SAMPLES`] (0 where a phase read nothing).
     pub in_step: Vec<[u64; IN_STEP_SAMPLES.len()]>,
+    /// The same reads' padding: bytes inside the slices in use that no tensor asked for.
+    pub in_step_padding: Vec<[u64; IN_STEP_SAMPLES.len()]>,
 }
 
-/// The phases at whose end [`StepTiming::in_step_memory`] reads the pool: the forward's and the
-/// loss's tensors all alive, then the backward's gradients, then the optimizer's.
-pub const IN_STEP_SAMPLES: [Phase; 4] = [
+/// The phases at whose end [`StepTiming::in_step_memory`] reads the pool: the batch on the
+/// device, the stage's outputs and saved tensors, then the head's, the assignment's and the
+/// loss's (all alive: usually the peak), then the backward's gradients, then the optimizer's.
+pub const IN_STEP_SAMPLES: [Phase; 8] = [
+    Phase::Augment,
+    Phase::Features,
+    Phase::Head,
+    Phase::Assign,
     Phase::Loss,
     Phase::HeadBackward,
     Phase::FeatureBackward,
@@ -63,8 +70,12 @@ impl StepTiming {
     /// Per sample of [`IN_STEP_SAMPLES`], the largest bytes in use read over the steps: where in
     /// the step the peak falls.
     pub fn peak_in_step_by_sample(&self) -> Option<[u64; IN_STEP_SAMPLES.len()]> {
-        (!self.in_step.is_empty())
-            .then(|| std::array::from_fn(|i| self.in_step.iter().map(|s| s[i]).max().unwrap_or(0)))
+        largest_by_sample(&self.in_step)
+    }
+
+    /// Per sample of [`IN_STEP_SAMPLES`], the largest padding read over the steps.
+    pub fn padding_in_step_by_sample(&self) -> Option<[u64; IN_STEP_SAMPLES.len()]> {
+        largest_by_sample(&self.in_step_padding)
     }
 
     /// "N with an optimizer step: median X ms; M accumulating only: median Y ms" over the steps
@@ -118,6 +129,8 @@ impl StepTiming {
         self.event_ms.truncate(keep(self.event_ms.len()));
         self.phase_ms.truncate(keep(self.phase_ms.len()));
         self.in_step.truncate(keep(self.in_step.len()));
+        self.in_step_padding
+            .truncate(keep(self.in_step_padding.len()));
     }
 }
 
@@ -134,6 +147,12 @@ pub fn median(v: &[f64]) -> f64 {
     }
     v.sort_by(f64::total_cmp);
     v[((v.len() - 1) as f64 * 0.5).round() as usize]
+}
+
+/// Per column, the largest value over `rows` (`None` without rows).
+fn largest_by_sample<const N: usize>(rows: &[[u64; N]]) -> Option<[u64; N]> {
+    (!rows.is_empty())
+        .then(|| std::array::from_fn(|i| rows.iter().map(|s| s[i]).max().unwrap_or(0)))
 }
 
 /// The phases of [`Trainer::train_step`](super::Trainer::train_step) that [`StepTiming::phases`] times.
@@ -201,6 +220,7 @@ pub(super) struct PhaseClock {
     /// The bytes in use read so far in this step, per [`IN_STEP_SAMPLES`] (`None`: no pool to
     /// read).
     pub(super) in_use: Option<[u64; IN_STEP_SAMPLES.len()]>,
+    pub(super) padding: [u64; IN_STEP_SAMPLES.len()],
 }
 
 impl PhaseClock {
@@ -216,6 +236,7 @@ impl PhaseClock {
             ms: [0.0; PHASES.len()],
             memory: timing.filter(|t| t.in_step_memory).map(|_| device.clone()),
             in_use: None,
+            padding: [0; IN_STEP_SAMPLES.len()],
         }
     }
 
@@ -233,6 +254,7 @@ impl PhaseClock {
             && let Some(u) = d.memory_pool_usage()
         {
             self.in_use.get_or_insert_default()[i] = u.bytes_in_use;
+            self.padding[i] = u.bytes_padding;
         }
     }
 }

@@ -365,6 +365,7 @@ impl Trainer {
             }
             if let Some(bytes) = clock.in_use {
                 t.in_step.push(bytes);
+                t.in_step_padding.push(clock.padding);
             }
         }
         let items = [items[0], items[1], items[2], items[3], items[4], items[5]];

@@ -12,10 +12,12 @@ use burnpose::optim::tensors::float_tensors;
 use burnpose::train::{StateHashes, Trainer};
 use std::path::Path;
 
-/// `task` is "pose", "detect", or "pose-network" (a pose model with `capture.scope = "network"`).
+/// `task` is "pose", "detect", "pose-network" (a pose model with `capture.scope = "network"`)
+/// or "pose-per-tensor" (`optim.flat_update = false`: the per-tensor update).
 fn config_for(task: &str, precision: &str, capture: bool) -> Config {
     let (task, scope) = match task {
         "pose-network" => ("pose", "[capture]\nscope = \"network\"\n"),
+        "pose-per-tensor" => ("pose", "[optim]\nflat_update = false\n"),
         other => (other, ""),
     };
     let text = format!(
@@ -323,6 +325,14 @@ fn keeping_unreached_gradients_breaks_parity() {
     );
     assert_ne!(native.model, broken.model);
     assert_ne!(native.optimizer, broken.optimizer);
+}
+
+/// The per-tensor update (MuSGD's, and `optim.flat_update = false`): the recorder copies its
+/// new parameter tensors in after every optimizer step, as it does the flat update's views.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn replay_matches_native_with_the_per_tensor_update() {
+    assert_parity_of("pose-per-tensor", "bf16");
 }
 
 /// Negative control: replay copies a parameter in only when the trainer holds a new tensor for
