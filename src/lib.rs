@@ -1,6 +1,5 @@
 //! burnpose: a YOLO-style pose (and detection) trainer on Burn.
 
-pub mod capture;
 pub mod cli;
 pub mod config;
 pub mod data;
@@ -9,5 +8,6 @@ pub mod loss;
 pub mod model;
 pub mod optim;
 pub mod predict;
+pub mod replay;
 pub mod train;
 pub mod weights;

@@ -393,7 +393,7 @@ fn config_prints_the_defaults_and_a_filled_in_config() {
     let (ok, text) = burnpose(&["config"]);
     assert!(ok, "{text}");
     assert!(
-        text.contains("[capture]") && text.contains("# scope = "),
+        text.contains("[replay]") && text.contains("# scope = "),
         "{text}"
     );
     assert_eq!(text, burnpose::config::DEFAULTS);
@@ -402,7 +402,7 @@ fn config_prints_the_defaults_and_a_filled_in_config() {
     let path = dir.join("mine.toml");
     std::fs::write(
         &path,
-        "[train]\nepochs = 7\n[capture]\nscope = \"network\"\n",
+        "[train]\nepochs = 7\n[replay]\nscope = \"network\"\n",
     )
     .unwrap();
     let (ok, text) = burnpose(&["config", path.to_str().unwrap()]);

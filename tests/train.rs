@@ -335,14 +335,14 @@ fn empty_batch_skips_box_branches_in_detection() {
     });
 }
 
-/// With the whole network as the stage (`capture.scope = "network"`), the tape is cut at the
+/// With the whole network as the stage (`replay.scope = "network"`), the tape is cut at the
 /// head's outputs: the keypoint outputs the loss did not read must leave the point stems
 /// without gradient, as when the head runs in autodiff.
 #[test]
 fn empty_batch_skips_point_stems_with_the_head_in_the_stage() {
     for scope in [Scope::Features, Scope::Network] {
         let mut cfg = empty_batch_config();
-        cfg.capture.scope = Some(scope);
+        cfg.replay.scope = Some(scope);
         empty_batch_moves_only_classes(&cfg, |t| {
             let pose = t.model.head.one2many.pose.as_ref().unwrap();
             pose.point_stems[0].cv1.conv.weight.val().into_data()
@@ -592,7 +592,7 @@ fn freeze_keeps_the_frozen_layers_and_their_statistics() {
 #[test]
 fn frozen_feature_layers_turn_replay_off_with_their_names() {
     let why = |extra: &str| {
-        let cfg = config(&format!("{extra}\n[model]\ncapture_network = true\n"));
+        let cfg = config(&format!("{extra}\n[replay]\nenabled = true\n"));
         trainer(&cfg).replay_off.expect("replay refused on the CPU")
     };
     let e = why("freeze = 2");

@@ -18,7 +18,7 @@ use std::time::Instant;
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct FitReport {
     pub replay: bool,
-    /// Why the feature stage ran natively, if it did.
+    /// Why the stage ran natively, if it did.
     pub replay_off: Option<String>,
     pub fit_s: f64,
     /// Of `fit_s`: building the trainer (model, optimizer, datasets, RAM cache).

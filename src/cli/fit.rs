@@ -18,9 +18,9 @@ pub struct FitOptions {
     /// Override `model.weights` (not with `resume`).
     pub weights: Option<PathBuf>,
     pub device: Option<DeviceKind>,
-    /// Override `model.capture_network`.
+    /// Override `replay.enabled`.
     pub replay: Option<bool>,
-    /// Override `capture.scope`; on `--resume` it must equal the checkpoint's.
+    /// Override `replay.scope`; on `--resume` it must equal the checkpoint's.
     pub scope: Option<crate::config::Scope>,
     /// Write a benchmark report (JSON, `bench::FitReport`) here; also times every step.
     pub report: Option<PathBuf>,
@@ -52,12 +52,12 @@ pub fn run(config_path: &Path, o: FitOptions) -> anyhow::Result<()> {
             let given = Config::load(config_path)?;
             if let Some(s) = scope {
                 anyhow::ensure!(
-                    s == stored.capture_scope(),
+                    s == stored.replay_scope(),
                     "--scope {} differs from the scope {} was trained with ({}): the scope \
                      decides the order gradients are added in, so a resumed fit keeps it",
                     format!("{s:?}").to_lowercase(),
                     ckpt.display(),
-                    format!("{:?}", stored.capture_scope()).to_lowercase()
+                    format!("{:?}", stored.replay_scope()).to_lowercase()
                 );
             }
             let differ = config_differences(&stored, &given);
@@ -73,7 +73,7 @@ pub fn run(config_path: &Path, o: FitOptions) -> anyhow::Result<()> {
         }
         None => {
             let mut cfg = Config::load(config_path)?;
-            cfg.capture.scope = scope.or(cfg.capture.scope);
+            cfg.replay.scope = scope.or(cfg.replay.scope);
             if let Some(w) = weights {
                 cfg.model.weights = Some(
                     std::path::absolute(&w)
@@ -98,7 +98,7 @@ pub fn run(config_path: &Path, o: FitOptions) -> anyhow::Result<()> {
         }
     }
     if let Some(r) = replay {
-        cfg.model.capture_network = r;
+        cfg.replay.enabled = r;
     }
     let (device, what) = super::device_for(&mut cfg, config_path, device_arg)?;
     let run_dir = cfg.output.dir.join(&cfg.output.name);
@@ -199,8 +199,8 @@ pub fn config_differences(stored: &Config, given: &Config) -> Vec<String> {
         if let Some(t) = v.as_table_mut() {
             t.remove("device");
             t.remove("output");
-            if let Some(m) = t.get_mut("model").and_then(|m| m.as_table_mut()) {
-                m.remove("capture_network");
+            if let Some(r) = t.get_mut("replay").and_then(|r| r.as_table_mut()) {
+                r.remove("enabled");
             }
         }
         v

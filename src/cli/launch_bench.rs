@@ -134,7 +134,7 @@ fn burn_arm(device: &Device, o: &Options, autodiff: bool) -> anyhow::Result<Arm>
 #[cfg(feature = "cuda")]
 mod cube {
     use super::{Arm, Options, sync, time};
-    use crate::capture::recorder::cube;
+    use crate::replay::recorder::cube;
     use burn::prelude::*;
     use cudarc::driver::{CudaContext, DevicePtr};
 
@@ -143,7 +143,7 @@ mod cube {
         let dst = cube(Tensor::<1>::zeros([o.elements], device));
         time("cubecl", o.launches, sync(device), |n| {
             for _ in 0..n {
-                crate::capture::copy::copy_into(src.clone(), &dst);
+                crate::replay::copy::copy_into(src.clone(), &dst);
             }
             Ok(())
         })

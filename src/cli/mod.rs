@@ -56,10 +56,10 @@ pub enum Command {
         /// Override the config's device.
         #[arg(long, value_enum)]
         device: Option<DeviceKind>,
-        /// Override `model.capture_network` (feature replay).
+        /// Override `replay.enabled` (feature replay).
         #[arg(long)]
         replay: Option<bool>,
-        /// Override `capture.scope` (what replay records and where the tape is cut).
+        /// Override `replay.scope` (what replay records and where the tape is cut).
         #[arg(long, value_enum)]
         scope: Option<crate::config::Scope>,
         /// Write a benchmark report (JSON) to this file; every step is then timed between
@@ -207,7 +207,7 @@ pub enum Command {
         #[command(flatten)]
         plan: bench::Plan,
     },
-    /// Post-warm-up training step time of a config (native or replayed feature stage).
+    /// Post-warm-up training step time of a config (native or replayed stage).
     BenchStep {
         config: PathBuf,
         #[command(flatten)]

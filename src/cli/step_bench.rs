@@ -1,5 +1,5 @@
 //! `burnpose bench-step`: post-warm-up training step time of a config, native or replayed
-//! feature stage, with the device synchronised at both ends of every timed step
+//! stage, with the device synchronised at both ends of every timed step
 //! (`Trainer::timed_step`), and the memory pool's peak use. One process measures one variant;
 //! run variants alternately in fresh processes (docs/bench.md).
 
@@ -13,10 +13,10 @@ use std::path::Path;
 pub struct Options {
     #[arg(long, value_enum)]
     pub device: Option<DeviceKind>,
-    /// Override `model.capture_network`.
+    /// Override `replay.enabled`.
     #[arg(long)]
     pub replay: Option<bool>,
-    /// Override `capture.scope`.
+    /// Override `replay.scope`.
     #[arg(long, value_enum)]
     pub scope: Option<crate::config::Scope>,
     /// Override `train.precision`.
@@ -67,10 +67,10 @@ pub struct Options {
 pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
     let (mut cfg, device, what) = super::config_and_device(config_path, o.device)?;
     if let Some(r) = o.replay {
-        cfg.model.capture_network = r;
+        cfg.replay.enabled = r;
     }
     if let Some(s) = o.scope {
-        cfg.capture.scope = Some(s);
+        cfg.replay.scope = Some(s);
     }
     if let Some(p) = o.precision {
         cfg.train.precision = p;
@@ -218,7 +218,7 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
         print_census(&report, host.as_deref(), o.census_csv.as_deref())?;
     }
     if let Some(why) = &t.replay_off {
-        println!("feature stage native: {why}");
+        println!("stage native (no replay): {why}");
     }
     let buffers = t.stage.buffer_bytes();
     if !buffers.is_empty() {

@@ -41,7 +41,7 @@ pub struct Config {
     #[serde(default)]
     pub optim: OptimSection,
     #[serde(default)]
-    pub capture: CaptureSection,
+    pub replay: ReplaySection,
     #[serde(default)]
     pub device: DeviceSection,
     #[serde(default)]
@@ -60,9 +60,6 @@ pub struct ModelSection {
     /// Keypoints per object and values per keypoint, 3 (x, y, visibility) or 2; pose only
     /// (default [17, 3]).
     pub kpt_shape: [usize; 2],
-    /// Feature replay: record the feature stage (`capture.scope`) into CUDA graphs once and
-    /// replay it every step (CUDA only; default false).
-    pub capture_network: bool,
     /// Start from Ultralytics YOLO26 weights of the same scale: their checkpoint (`.pt`, e.g.
     /// `yolo26n-pose.pt`) or a state dict (`.pt`, `.safetensors`). A head of another `nc`,
     /// `kpt_shape` or task starts fresh (docs/weights.md). A relative path not found from the
@@ -78,7 +75,6 @@ impl Default for ModelSection {
             task: Task::Pose,
             nc: 1,
             kpt_shape: [17, 3],
-            capture_network: false,
             weights: None,
         }
     }
@@ -364,17 +360,22 @@ impl Default for OptimSection {
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct CaptureSection {
-    /// Where a training step's autodiff tape is cut, and what feature replay
-    /// (`model.capture_network`) records: "features" (backbone + neck; the head runs in Burn
+pub struct ReplaySection {
+    /// Feature replay: record the stage below the cut (`replay.scope`) into CUDA graphs on the
+    /// first training step and replay them on every later one, byte-identical to the native loop
+    /// (CUDA only; elsewhere, and where a fit cannot be replayed, the stage runs natively and the
+    /// fit says why; default false).
+    pub enabled: bool,
+    /// Where a training step's autodiff tape is cut, and what replay records: "features"
+    /// (backbone + neck; the head runs in Burn
     /// autodiff; pose only) or "network" (the whole network but the pose loss's flow; only
     /// assignment and losses run in Burn autodiff). Default unset: "features" for pose,
     /// "network" for detection. Native and replayed fits of one scope are byte-identical; the two scopes sum
-    /// gradients in different orders, so their results differ by rounding (docs/capture.md).
+    /// gradients in different orders, so their results differ by rounding (docs/replay.md).
     pub scope: Option<Scope>,
 }
 
-/// What the feature stage of a step computes before the tape is cut (`capture.scope`).
+/// What the stage of a step computes before the tape is cut (`replay.scope`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Scope {
@@ -464,10 +465,15 @@ impl Config {
     pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
         let config: Config = toml::from_str(text).map_err(|e| {
             let mut message = e.to_string().trim_end().to_string();
-            if message.contains("warmup_steps") {
+            if message.contains("unknown field `capture_network`") {
                 message.push_str(
-                    "\n`capture.warmup_steps` was removed: it was never read (recording always \
-                     runs its own eager warm-ups); delete the line",
+                    "\n`model.capture_network` is now `replay.enabled` (the same true/false, \
+                     under `[replay]`); move the key",
+                );
+            } else if message.contains("unknown field `capture`") {
+                message.push_str(
+                    "\nthe `[capture]` section is now `[replay]`: rename it (`scope` keeps its \
+                     name; `warmup_steps` was removed, it was never read: delete it)",
                 );
             }
             // serde names the type, not what to write.
@@ -493,12 +499,24 @@ impl Config {
 
     /// A config stored by an earlier version (a checkpoint's): keys that version wrote and this
     /// one no longer has are dropped (`capture.warmup_steps`, never read) or renamed
-    /// (`device.kernels` → `device.conv_bn_ops`), the rest as [`toml`] reads it, without the
-    /// checks of [`Config::parse`] (the run was checked when it started).
+    /// (`device.kernels` → `device.conv_bn_ops`, `model.capture_network` → `replay.enabled`,
+    /// `[capture]` → `[replay]`), the rest as [`toml`] reads it, without the checks of
+    /// [`Config::parse`] (the run was checked when it started).
     pub fn from_stored(text: &str) -> Result<Self, toml::de::Error> {
         let mut value: toml::Table = toml::from_str(text)?;
-        if let Some(toml::Value::Table(capture)) = value.get_mut("capture") {
+        if let Some(toml::Value::Table(mut capture)) = value.remove("capture") {
             capture.remove("warmup_steps");
+            value.insert("replay".into(), capture.into());
+        }
+        if let Some(toml::Value::Table(model)) = value.get_mut("model")
+            && let Some(v) = model.remove("capture_network")
+        {
+            let replay = value
+                .entry("replay")
+                .or_insert_with(|| toml::Table::new().into());
+            if let Some(t) = replay.as_table_mut() {
+                t.insert("enabled".into(), v);
+            }
         }
         if let Some(toml::Value::Table(device)) = value.get_mut("device")
             && let Some(v) = device.remove("kernels")
@@ -508,9 +526,9 @@ impl Config {
         value.try_into()
     }
 
-    /// The feature stage's scope: `capture.scope`, or the task's default.
-    pub fn capture_scope(&self) -> Scope {
-        self.capture.scope.unwrap_or(match self.model.task {
+    /// The stage's scope: `replay.scope`, or the task's default.
+    pub fn replay_scope(&self) -> Scope {
+        self.replay.scope.unwrap_or(match self.model.task {
             Task::Pose => Scope::Features,
             Task::Detect => Scope::Network,
         })
@@ -544,9 +562,9 @@ impl Config {
                 ),
             );
         }
-        if m.task == Task::Detect && self.capture.scope == Some(Scope::Features) {
+        if m.task == Task::Detect && self.replay.scope == Some(Scope::Features) {
             return bad(
-                "capture.scope",
+                "replay.scope",
                 "\"features\" applies to pose models; a detection model's stage is its whole \
                  network (\"network\")"
                     .into(),

@@ -8,17 +8,17 @@ fn parse(text: &str) -> Result<Config, ConfigError> {
 fn empty_config_gives_defaults() {
     let c = parse("").unwrap();
     assert_eq!(c, Config::default());
-    assert!(!c.model.capture_network);
+    assert!(!c.replay.enabled);
     assert_eq!(c.model.yolo().name(), "yolo26n-pose");
 }
 
 #[test]
-fn capture_scope_defaults_by_task() {
-    assert_eq!(parse("").unwrap().capture_scope(), Scope::Features);
+fn replay_scope_defaults_by_task() {
+    assert_eq!(parse("").unwrap().replay_scope(), Scope::Features);
     let detect = parse("[model]\ntask = \"detect\"\n").unwrap();
-    assert_eq!(detect.capture_scope(), Scope::Network);
-    let pose = parse("[capture]\nscope = \"network\"\n").unwrap();
-    assert_eq!(pose.capture_scope(), Scope::Network);
+    assert_eq!(detect.replay_scope(), Scope::Network);
+    let pose = parse("[replay]\nscope = \"network\"\n").unwrap();
+    assert_eq!(pose.replay_scope(), Scope::Network);
 }
 
 #[test]
@@ -45,21 +45,16 @@ fn bench_configs_differ_from_the_seed_shape_only_in_their_key() {
     b16.output.name = seed.output.name.clone();
     assert_eq!(b16, seed);
     let mut network = Config::load(&dir.join("bench_seed_network.toml")).unwrap();
-    assert_eq!(network.capture_scope(), Scope::Network);
-    network.capture.scope = None;
+    assert_eq!(network.replay_scope(), Scope::Network);
+    network.replay.scope = None;
     network.output.name = seed.output.name.clone();
     assert_eq!(network, seed);
 }
 
 #[test]
 fn unknown_key_names_key_and_file() {
-    let e = parse("[model]\ncapture_netwrk = true\n")
-        .unwrap_err()
-        .to_string();
-    assert!(
-        e.contains("cfg.toml") && e.contains("capture_netwrk"),
-        "{e}"
-    );
+    let e = parse("[model]\nscael = \"n\"\n").unwrap_err().to_string();
+    assert!(e.contains("cfg.toml") && e.contains("scael"), "{e}");
     let e = parse("[trainer]\nepochs = 1\n").unwrap_err().to_string();
     assert!(e.contains("trainer"), "{e}");
 }
@@ -89,10 +84,10 @@ fn bad_values_name_the_key() {
         ("[augment]\nhsv_v = -0.1\n", "augment.hsv_v"),
         ("[model]\nkpt_shape = [5, 3]\n", "model.kpt_shape"),
         (
-            "[model]\ntask = \"detect\"\n[capture]\nscope = \"features\"\n",
-            "capture.scope",
+            "[model]\ntask = \"detect\"\n[replay]\nscope = \"features\"\n",
+            "replay.scope",
         ),
-        ("[capture]\nscope = \"head\"\n", "scope"),
+        ("[replay]\nscope = \"head\"\n", "scope"),
     ] {
         let e = parse(text).unwrap_err().to_string();
         assert!(e.contains(key) && e.contains("cfg.toml"), "{text}: {e}");
@@ -143,28 +138,57 @@ fn every_optimizer_is_selectable() {
     assert!(cfg.contains("optimizer") || cfg.contains("adam"), "{cfg}");
 }
 
-/// `capture.warmup_steps` was never read and is gone: a config file naming it is told so; a
-/// checkpoint that stored it (every earlier one did) still loads.
+/// The replay keys of earlier versions (`model.capture_network`, the `[capture]` section with its
+/// `scope` and the never-read `warmup_steps`): a config file naming them is told where each went;
+/// a checkpoint that stored them (every earlier one did) still loads, with their values.
 #[test]
-fn removed_warmup_steps_is_explained_and_old_stored_configs_load() {
-    let e = parse("[capture]\nwarmup_steps = 3\n")
-        .unwrap_err()
-        .to_string();
-    assert!(
-        e.contains("cfg.toml") && e.contains("capture.warmup_steps") && e.contains("removed"),
-        "{e}"
+fn old_replay_keys_are_explained_and_old_stored_configs_load() {
+    let told = |text: &str, what: &[&str]| {
+        let e = parse(text).unwrap_err().to_string();
+        assert!(e.contains("cfg.toml"), "{e}");
+        for w in what {
+            assert!(e.contains(w), "{e} does not say {w}");
+        }
+    };
+    told(
+        "[capture]\nwarmup_steps = 3\n",
+        &["[replay]", "warmup_steps", "removed"],
+    );
+    told(
+        "[capture]\nscope = \"network\"\n",
+        &["[capture]", "[replay]"],
+    );
+    told(
+        "[model]\ncapture_network = true\n",
+        &["model.capture_network", "replay.enabled"],
     );
     let mut cfg = Config::default();
-    cfg.capture.scope = Some(Scope::Network);
+    cfg.replay.scope = Some(Scope::Network);
+    cfg.replay.enabled = true;
     let mut old: toml::Table = toml::from_str(&toml::to_string(&cfg).unwrap()).unwrap();
-    let capture = old.entry("capture").or_insert(toml::Table::new().into());
-    capture
-        .as_table_mut()
+    old.remove("replay");
+    let capture: toml::Table = toml::from_str("scope = \"network\"\nwarmup_steps = 3\n").unwrap();
+    old.insert("capture".into(), capture.into());
+    old.get_mut("model")
+        .and_then(|m| m.as_table_mut())
         .unwrap()
-        .insert("warmup_steps".into(), 3.into());
+        .insert("capture_network".into(), true.into());
     let text = toml::to_string(&old).unwrap();
-    assert!(text.contains("warmup_steps = 3"), "{text}");
+    assert!(
+        text.contains("warmup_steps = 3") && text.contains("capture_network = true"),
+        "{text}"
+    );
     assert_eq!(Config::from_stored(&text).unwrap(), cfg);
+    // Only `model.capture_network`, without a `[capture]` section.
+    let mut only: toml::Table =
+        toml::from_str(&toml::to_string(&Config::default()).unwrap()).unwrap();
+    only.remove("replay");
+    only.get_mut("model")
+        .and_then(|m| m.as_table_mut())
+        .unwrap()
+        .insert("capture_network".into(), true.into());
+    let loaded = Config::from_stored(&toml::to_string(&only).unwrap()).unwrap();
+    assert!(loaded.replay.enabled && loaded.replay.scope.is_none());
     assert!(Config::from_stored("[capture]\nbogus = 1\n").is_err());
 }
 
@@ -198,11 +222,11 @@ fn the_defaults_file_holds_every_key_at_its_default() {
     };
     let mut every = Config::default();
     every.data.path = Some("x".into());
-    every.capture.scope = Some(Scope::Features);
+    every.replay.scope = Some(Scope::Features);
     every.model.weights = Some("x.pt".into());
     assert_eq!(keys(&uncommented), keys(&every.to_toml()));
     // Only the optional keys differ from the defaults once uncommented.
-    assert!(full.data.path.is_some() && full.capture.scope.is_some());
+    assert!(full.data.path.is_some() && full.replay.scope.is_some());
     assert!(full.model.weights.is_some());
     assert_eq!(
         Config {
@@ -210,7 +234,7 @@ fn the_defaults_file_holds_every_key_at_its_default() {
                 path: None,
                 ..full.data.clone()
             },
-            capture: CaptureSection::default(),
+            replay: ReplaySection::default(),
             model: ModelSection {
                 weights: None,
                 ..full.model.clone()

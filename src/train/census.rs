@@ -508,7 +508,7 @@ mod tests {
         raw.calls[head].insert("cuMemcpyHtoDAsync_v2".into(), 2);
         raw.calls[head].insert("cuFuncSetAttribute".into(), 6);
         raw.calls[2].insert("cuGraphLaunch".into(), 2);
-        // Correlation 1 and 2: head launches; 3: the feature stage's graph launch.
+        // Correlation 1 and 2: head launches; 3: the stage's graph launch.
         raw.phase_of = vec![BETWEEN as u8, head as u8, head as u8, 2];
         raw.gpu = vec![
             record(GpuKind::Kernel, 1, 2_000_000, "conv"),

@@ -4,9 +4,6 @@
 use super::dist::{Collective, all_reduce_grads, broadcast_buffers};
 pub use super::timing::{PHASES, StepTiming, median};
 use super::timing::{Phase, PhaseClock};
-use crate::capture::FeatureStage;
-use crate::capture::eligibility::{self, Setup};
-use crate::capture::stage::{Scope, merge};
 use crate::config::{Config, LastBatch, OptimizerKind, Precision};
 use crate::data::augment::mosaic_active;
 use crate::data::loader::batches_per_epoch;
@@ -18,6 +15,9 @@ use crate::model::{Task, Yolo};
 use crate::optim::grads::{self, FlatGrads};
 use crate::optim::hash::{StateHasher, module_hash};
 use crate::optim::{Ema, LossScaler, Optimizer, Rule, Schedule};
+use crate::replay::Stage;
+use crate::replay::eligibility::{self, Setup};
+use crate::replay::stage::{Scope, merge};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 use rand::SeedableRng;
@@ -110,9 +110,9 @@ pub struct Trainer {
     pub collective: Option<Arc<dyn Collective>>,
     /// Dynamic loss scaling; present exactly when training in FP16.
     pub scaler: Option<LossScaler>,
-    /// Backbone + neck: native or replayed from CUDA graphs (`model.capture_network`).
-    pub stage: FeatureStage,
-    /// Why the feature stage is native (`None` while replaying).
+    /// Backbone + neck: native or replayed from CUDA graphs (`replay.enabled`).
+    pub stage: Stage,
+    /// Why the stage is native (`None` while replaying).
     pub replay_off: Option<String>,
     /// When set, every training step is timed between two device syncs (benchmarks).
     pub timing: Option<StepTiming>,
@@ -547,16 +547,16 @@ impl Trainer {
     }
 }
 
-/// The feature stage a fit uses, and why it is native when it is. A refusal of a requested
+/// The stage a fit uses, and why it is native when it is. A refusal of a requested
 /// replay is logged here, once.
 fn choose_stage(
     cfg: &Config,
     model: &Yolo,
     device: &Device,
     multi_device: bool,
-) -> (FeatureStage, Option<String>) {
-    let enabled = cfg.model.capture_network;
-    let scope = cfg.capture_scope();
+) -> (Stage, Option<String>) {
+    let enabled = cfg.replay.enabled;
+    let scope = cfg.replay_scope();
     let verdict = eligibility::check(&Setup {
         enabled,
         device,
@@ -574,20 +574,20 @@ fn choose_stage(
                 };
                 eprintln!("feature replay off: {why}; {stage} natively");
             }
-            (FeatureStage::Native(scope), Some(why))
+            (Stage::Native(scope), Some(why))
         }
     }
 }
 
 #[cfg(feature = "cuda")]
-fn replay_stage(device: &Device, scope: Scope) -> FeatureStage {
-    FeatureStage::Replay(Box::new(crate::capture::recorder::Recorder::new(
+fn replay_stage(device: &Device, scope: Scope) -> Stage {
+    Stage::Replay(Box::new(crate::replay::recorder::Recorder::new(
         device, scope,
     )))
 }
 
 #[cfg(not(feature = "cuda"))]
-fn replay_stage(_device: &Device, _scope: Scope) -> FeatureStage {
+fn replay_stage(_device: &Device, _scope: Scope) -> Stage {
     unreachable!("eligibility refuses replay without the CUDA backend")
 }
 

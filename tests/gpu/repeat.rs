@@ -63,7 +63,7 @@ fn replay_matches_native_at_batch_3_on_coco() {
     );
     let config = |capture: bool| {
         let text = format!(
-            "[model]\ncapture_network = {capture}\n[data]\nsource = \"coco\"\npath = \"{}\"\nval_split = \"train2017\"\nimgsz = 416\nworkers = 0\n[augment]\nhsv_device = true\n[train]\nbatch = 3\nnbs = 6\nepochs = 2\nclose_mosaic = 1\nseed = 2\nprecision = \"bf16\"\n",
+            "[replay]\nenabled = {capture}\n[data]\nsource = \"coco\"\npath = \"{}\"\nval_split = \"train2017\"\nimgsz = 416\nworkers = 0\n[augment]\nhsv_device = true\n[train]\nbatch = 3\nnbs = 6\nepochs = 2\nclose_mosaic = 1\nseed = 2\nprecision = \"bf16\"\n",
             root.display()
         );
         Config::parse(&text, Path::new("coco_b3.toml")).unwrap()

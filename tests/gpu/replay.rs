@@ -3,37 +3,38 @@
 
 use super::cuda;
 use burn::module::Module;
-use burnpose::capture::FeatureStage;
-use burnpose::capture::recorder::{Control, Recorder};
 use burnpose::config::Config;
 use burnpose::data::Batch;
 use burnpose::model::Yolo;
 use burnpose::optim::tensors::float_tensors;
+use burnpose::replay::Stage;
+use burnpose::replay::recorder::{Control, Recorder};
 use burnpose::train::{StateHashes, Trainer};
 use std::path::Path;
 
-/// `task` is "pose", "detect", "pose-network" (a pose model with `capture.scope = "network"`)
+/// `task` is "pose", "detect", "pose-network" (a pose model with `replay.scope = "network"`)
 /// or "pose-per-tensor" (`optim.flat_update = false`: the per-tensor update).
 fn config_for(task: &str, precision: &str, capture: bool) -> Config {
     let (task, scope) = match task {
-        "pose-network" => ("pose", "[capture]\nscope = \"network\"\n"),
+        "pose-network" => ("pose", "[replay]\nscope = \"network\"\n"),
         "pose-per-tensor" => ("pose", "[optim]\nflat_update = false\n"),
         other => (other, ""),
     };
     let text = format!(
-        "{scope}[model]\ntask = \"{task}\"\ncapture_network = {capture}\n[data]\nimgsz = 256\ntrain_images = 24\nval_images = 4\n[train]\nbatch = 4\nnbs = 8\nepochs = 2\nclose_mosaic = 1\nseed = 11\nprecision = \"{precision}\"\n"
+        "{scope}[model]\ntask = \"{task}\"\n[data]\nimgsz = 256\ntrain_images = 24\nval_images = 4\n[train]\nbatch = 4\nnbs = 8\nepochs = 2\nclose_mosaic = 1\nseed = 11\nprecision = \"{precision}\"\n"
     );
-    Config::parse(&text, Path::new("replay.toml")).unwrap()
+    let mut cfg = Config::parse(&text, Path::new("replay.toml")).unwrap();
+    cfg.replay.enabled = capture;
+    cfg
 }
 
 fn trainer(cfg: &Config, control: Control) -> Trainer {
     let mut t = Trainer::new(cfg.clone(), Path::new("replay.toml"), cuda()).unwrap();
-    if cfg.model.capture_network {
+    if cfg.replay.enabled {
         assert!(t.stage.is_replay(), "replay refused: {:?}", t.replay_off);
         if control != Control::None {
-            let scope = cfg.capture_scope();
-            t.stage =
-                FeatureStage::Replay(Box::new(Recorder::with_control(&t.device, scope, control)));
+            let scope = cfg.replay_scope();
+            t.stage = Stage::Replay(Box::new(Recorder::with_control(&t.device, scope, control)));
         }
     } else {
         assert!(!t.stage.is_replay());
@@ -265,7 +266,7 @@ fn recording_the_point_stems_breaks_parity() {
     assert_ne!(native.optimizer, broken.optimizer);
 }
 
-/// Detection records the whole network (docs/capture.md): byte parity over two epochs.
+/// Detection records the whole network (docs/replay.md): byte parity over two epochs.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn detection_replay_matches_native_fp32() {
@@ -286,7 +287,7 @@ fn detection_replay_matches_native_on_an_empty_batch() {
     assert_empty_parity("detect");
 }
 
-/// A pose model whose stage is the whole network (`capture.scope = "network"`: the head
+/// A pose model whose stage is the whole network (`replay.scope = "network"`: the head
 /// recorded too, only assignment and losses in autodiff): byte parity over two epochs.
 #[test]
 #[ignore = "needs a CUDA GPU"]

@@ -1,6 +1,6 @@
 //! `Recorder`: the stage below the cut — backbone + neck of the pose model, the whole detection
 //! network ([`Scope`]) — recorded into two CUDA graphs on the first training step and replayed on
-//! every later one (docs/capture.md).
+//! every later one (docs/replay.md).
 //!
 //! The graphs run on a private copy of the stage whose tensors are static buffers.
 //! Before each forward replay the trainer's current parameters and BatchNorm running statistics
@@ -34,7 +34,7 @@ use std::collections::HashMap;
 type Graph = burn::backend::BackendGraph<Dispatch>;
 
 /// Eager forward + seeded backward runs before each recording: they settle every allocation the
-/// recorded launches will reuse (burn_capture.md §2.5).
+/// recorded launches will reuse (docs/replay.md, "Recording").
 const WARMUPS: usize = 3;
 
 /// Why recording failed; the trainer then stays native and says so.
@@ -57,7 +57,7 @@ pub enum Control {
     None,
     /// Hands the BatchNorm statistics of the private copy, as the warm-up and recording runs
     /// left them, to the trainer (no rollback): what recording on the trainer's own modules
-    /// would do, without graphs that share tensors with the trainer (docs/capture.md).
+    /// would do, without graphs that share tensors with the trainer (docs/replay.md).
     #[cfg(feature = "controls")]
     SkipRollback,
     /// Records the one-to-many point stems too: their recorded backward always writes a

@@ -1,4 +1,4 @@
-//! Whether a fit may replay its feature stage, decided before anything is recorded. Every "no"
+//! Whether a fit may replay its stage, decided before anything is recorded. Every "no"
 //! carries the reason, which the trainer logs once and keeps (`Trainer::replay_off`).
 
 use crate::config::device::is_cuda;
@@ -11,16 +11,16 @@ pub struct Setup<'a> {
     pub enabled: bool,
     pub device: &'a Device,
     pub multi_device: bool,
-    /// What the stage would record (`capture.scope`).
+    /// What the stage would record (`replay.scope`).
     pub scope: super::Scope,
     pub model: &'a Yolo,
 }
 
-/// `Ok` when the feature stage may be recorded; otherwise why not. The device is checked last so
+/// `Ok` when the stage may be recorded; otherwise why not. The device is checked last so
 /// that every other rule can be tested on the CPU.
 pub fn check(s: &Setup) -> Result<(), String> {
     if !s.enabled {
-        return Err("model.capture_network = false".into());
+        return Err("replay.enabled = false".into());
     }
     if s.multi_device {
         return Err("data-parallel training (multi-device) replays per rank untested".into());
@@ -73,8 +73,8 @@ pub fn frozen_params(model: &Yolo) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::capture::Scope;
     use crate::model::{Scale, Task, YoloConfig};
+    use crate::replay::Scope;
 
     fn pose(nc: usize, kpts: usize) -> Yolo {
         YoloConfig::new(Scale::N, Task::Pose)
@@ -100,7 +100,7 @@ mod tests {
                 enabled: false,
                 ..ok
             })
-            .contains("capture_network = false")
+            .contains("replay.enabled = false")
         );
         assert!(
             why(Setup {

@@ -1,4 +1,4 @@
-//! The feature stage of a training step: the part of the network below the cut (`capture.scope`:
+//! The stage of a training step: the part of the network below the cut (`replay.scope`:
 //! backbone + neck, or the whole network, the default for detection) — run natively in Burn
 //! autodiff or replayed from CUDA graphs. Both paths cut the autodiff tape at the same tensors,
 //! so every gradient is summed in the same order and the two are byte-identical: the rest of the
@@ -19,7 +19,7 @@ use super::tape::{leaf, seeded_root};
 #[cfg(feature = "cuda")]
 use super::recorder::Recorder;
 
-/// What the stage computes before the tape is cut (`capture.scope`).
+/// What the stage computes before the tape is cut (`replay.scope`).
 pub use crate::config::Scope;
 
 impl Scope {
@@ -41,7 +41,7 @@ impl Scope {
 }
 
 /// Where the stage of a step runs.
-pub enum FeatureStage {
+pub enum Stage {
     Native(Scope),
     #[cfg(feature = "cuda")]
     Replay(Box<Recorder>),
@@ -49,7 +49,7 @@ pub enum FeatureStage {
 
 /// The stage's outputs for one step: leaves for the rest of the step, and what the stage's
 /// backward needs.
-pub struct StepFeatures {
+pub struct StageOutputs {
     scope: Scope,
     /// Leaves sharing the outputs' buffers: P3/P4/P5 (then the one-to-many point stems' outputs
     /// under the `RecordStems` negative control), or the head's outputs.
@@ -59,53 +59,53 @@ pub struct StepFeatures {
     taped: Option<Vec<Tensor<4>>>,
 }
 
-impl FeatureStage {
+impl Stage {
     /// Whether the next forward records (replay not yet recorded): a step that must not run
     /// inside a profiling window.
     pub fn records_next(&self) -> bool {
         match self {
-            FeatureStage::Native(_) => false,
+            Stage::Native(_) => false,
             #[cfg(feature = "cuda")]
-            FeatureStage::Replay(r) => !r.is_recorded(),
+            Stage::Replay(r) => !r.is_recorded(),
         }
     }
 
     /// [`Recorder::buffer_bytes`] of a replayed stage; empty for a native one.
     pub fn buffer_bytes(&self) -> Vec<(&'static str, u64)> {
         match self {
-            FeatureStage::Native(_) => Vec::new(),
+            Stage::Native(_) => Vec::new(),
             #[cfg(feature = "cuda")]
-            FeatureStage::Replay(r) => r.buffer_bytes(),
+            Stage::Replay(r) => r.buffer_bytes(),
         }
     }
 
     /// [`Recorder::recording`] of a replayed stage; empty for a native one.
     pub fn recording(&self) -> Vec<(&'static str, i64)> {
         match self {
-            FeatureStage::Native(_) => Vec::new(),
+            Stage::Native(_) => Vec::new(),
             #[cfg(feature = "cuda")]
-            FeatureStage::Replay(r) => r.recording(),
+            Stage::Replay(r) => r.recording(),
         }
     }
 
     pub fn is_replay(&self) -> bool {
-        !matches!(self, FeatureStage::Native(_))
+        !matches!(self, Stage::Native(_))
     }
 
     /// The stage on `images` (autodiff device). The replay path also writes the updated
     /// BatchNorm running statistics into `model`.
-    pub fn forward(&mut self, model: &mut Yolo, images: Tensor<4>) -> StepFeatures {
+    pub fn forward(&mut self, model: &mut Yolo, images: Tensor<4>) -> StageOutputs {
         match self {
-            FeatureStage::Native(scope) => {
+            Stage::Native(scope) => {
                 let taped = scope.run(model, images);
-                StepFeatures {
+                StageOutputs {
                     scope: *scope,
                     leaves: taped.iter().map(leaf).collect(),
                     taped: Some(taped),
                 }
             }
             #[cfg(feature = "cuda")]
-            FeatureStage::Replay(r) => StepFeatures {
+            Stage::Replay(r) => StageOutputs {
                 scope: r.scope(),
                 leaves: r.forward(model, images),
                 taped: None,
@@ -120,25 +120,24 @@ impl FeatureStage {
     pub fn backward(
         &mut self,
         model: &Yolo,
-        features: StepFeatures,
+        features: StageOutputs,
         grads: &Gradients,
     ) -> (GradientsParams, Option<FlatGrads>) {
         let found: Vec<Option<Tensor<4>>> = features.leaves.iter().map(|l| l.grad(grads)).collect();
         let unreached: Vec<bool> = found.iter().map(Option::is_none).collect();
         let seeds = seeds(&features.leaves, found);
         #[cfg(feature = "cuda")]
-        let keep_unreached =
-            matches!(self, FeatureStage::Replay(r) if r.control().keeps_unreached());
+        let keep_unreached = matches!(self, Stage::Replay(r) if r.control().keeps_unreached());
         #[cfg(not(feature = "cuda"))]
         let keep_unreached = false;
         let (mut out, mut flat): (GradientsParams, Option<FlatGrads>) = match (self, features.taped)
         {
-            (FeatureStage::Native(_), Some(taped)) => {
+            (Stage::Native(_), Some(taped)) => {
                 let root = seeded_root(&taped, &seeds);
                 (GradientsParams::from_grads(root.backward(), model), None)
             }
             #[cfg(feature = "cuda")]
-            (FeatureStage::Replay(r), None) => {
+            (Stage::Replay(r), None) => {
                 let flat = r.backward(seeds);
                 let mut out = GradientsParams::new();
                 flat.put_views(&mut out);
@@ -164,7 +163,7 @@ impl FeatureStage {
     }
 }
 
-impl StepFeatures {
+impl StageOutputs {
     /// The head's output on these leaves: the complete head on P3/P4/P5 (and on the given
     /// point-stem outputs, if any), or the recorded head outputs themselves.
     pub fn head(&self, head: &Head) -> HeadOutput {
@@ -282,7 +281,7 @@ mod tests {
             &device,
         );
         let whole = GradientsParams::from_grads(loss(model.forward(x.clone())).backward(), &model);
-        let mut stage = FeatureStage::Native(scope);
+        let mut stage = Stage::Native(scope);
         let f = stage.forward(&mut model, x);
         let rest = loss(f.head(&model.head)).backward();
         let (below, _) = stage.backward(&model, f, &rest);

@@ -1,0 +1,14 @@
+//! Feature replay (docs/replay.md): the backbone and neck of a pose model recorded into CUDA
+//! graphs once and replayed every step, with the head, assignment and losses native. One public
+//! entry, [`Stage`]: `Native` or `Replay`, byte-identical by construction and by test.
+
+pub mod eligibility;
+pub mod stage;
+mod tape;
+
+#[cfg(feature = "cuda")]
+pub(crate) mod copy;
+#[cfg(feature = "cuda")]
+pub mod recorder;
+
+pub use stage::{Scope, Stage, StageOutputs};
