@@ -8,10 +8,10 @@ use crate::config::{Config, ModelSection};
 use crate::optim::grads::{get_flat, put_flat};
 use crate::optim::tensors::{float_tensors, replace_float_tensors};
 use crate::optim::{LossScaler, Rule};
+use crate::weights::Owned;
 use burn::optim::GradientsParams;
 use burn::prelude::*;
-use safetensors::tensor::{Dtype, SafeTensors, View};
-use std::borrow::Cow;
+use safetensors::tensor::{Dtype, SafeTensors};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -61,33 +61,13 @@ struct Meta {
 
 const FORMAT: &str = "burnpose-checkpoint-1";
 
-struct F32View {
-    shape: Vec<usize>,
-    bytes: Vec<u8>,
-}
-
-impl View for F32View {
-    fn dtype(&self) -> Dtype {
-        Dtype::F32
-    }
-    fn shape(&self) -> &[usize] {
-        &self.shape
-    }
-    fn data(&self) -> Cow<'_, [u8]> {
-        Cow::Borrowed(&self.bytes)
-    }
-    fn data_len(&self) -> usize {
-        self.bytes.len()
-    }
-}
-
 /// Reads `tensors` from the device in one transaction (one wait for the device, not one per
 /// tensor: a checkpoint holds ~1,500 of them) as FP32 views; a tensor marked `true` must be
 /// finite, so a diverged model never replaces a saved one.
 fn read_views(
     tensors: Vec<(String, Tensor<1>, bool)>,
     path: &Path,
-) -> Result<Vec<(String, F32View)>, CheckpointError> {
+) -> Result<Vec<(String, Owned)>, CheckpointError> {
     let mut transaction = burn::tensor::Transaction::default();
     let mut names = Vec::with_capacity(tensors.len());
     for (name, t, finite) in tensors {
@@ -117,7 +97,7 @@ fn read_views(
                 });
             }
             let shape = vec![data.num_elements()];
-            Ok((name, F32View { shape, bytes }))
+            Ok((name, Owned::f32_bytes(shape, bytes)))
         })
         .collect()
 }
@@ -170,9 +150,11 @@ pub fn save(trainer: &Trainer, path: &Path) -> Result<(), CheckpointError> {
         serde_json::to_string(&meta).expect("meta"),
     )]);
     let bytes =
-        safetensors::serialize(tensors, Some(info)).map_err(|e| CheckpointError::Format {
-            path: path.to_path_buf(),
-            message: e.to_string(),
+        safetensors::serialize(tensors.iter().map(|(n, t)| (n, t)), Some(info)).map_err(|e| {
+            CheckpointError::Format {
+                path: path.to_path_buf(),
+                message: e.to_string(),
+            }
         })?;
     write_atomic(path, &bytes).map_err(|error| CheckpointError::Write {
         path: path.to_path_buf(),

@@ -6,6 +6,8 @@
 mod names;
 mod read;
 
+pub(crate) use read::Owned;
+
 pub use names::{Key, ultralytics_keys};
 
 use crate::model::float_shapes;
@@ -166,7 +168,7 @@ impl FileModel {
 /// Scale, task, classes and keypoint layout of the YOLO26 weights at `path` (for `predict` and
 /// `val` on a file that carries no burnpose config).
 pub fn file_model(path: &Path) -> Result<FileModel, WeightsError> {
-    let file = read::read(path)?;
+    let file = read::read(path, read::Content::Shapes)?;
     let dim = |key: &str| file.get(key).map(|t| t.shape[0]);
     let unknown = |what: &str| WeightsError::Read {
         path: path.to_path_buf(),
@@ -202,6 +204,7 @@ pub fn file_model(path: &Path) -> Result<FileModel, WeightsError> {
 #[derive(Clone, Debug)]
 pub(crate) struct Stored {
     pub shape: Vec<usize>,
+    /// Empty when only the shapes were read ([`read::Content::Shapes`]).
     pub values: Vec<f32>,
 }
 
@@ -210,7 +213,7 @@ pub(crate) struct Stored {
 /// that a head of another shape (layer 23: another `nc`, `kpt_shape` or task) is left as
 /// initialised, which the report says: head surgery for fine-tuning on other classes.
 pub fn load_ultralytics(model: Yolo, path: &Path) -> Result<(Yolo, LoadReport), WeightsError> {
-    let mut file = read::read(path)?;
+    let mut file = read::read(path, read::Content::Values)?;
     let mismatch = |message: String| WeightsError::Mismatch {
         path: path.to_path_buf(),
         model: describe(&model),
@@ -401,6 +404,36 @@ fn first_device(model: &Yolo) -> Device {
 
 #[cfg(test)]
 mod tests {
+    /// Reading only the shapes (what `predict` and `val` need to build the model before the
+    /// one full read) gives the full read's keys and shapes, for a `.pt` checkpoint and a
+    /// `.safetensors` state dict.
+    #[test]
+    fn a_shapes_only_read_matches_the_full_read() {
+        use super::read::{Content, read};
+        let pt = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/ultralytics/yolo26n-pose.pt");
+        let dir = std::env::temp_dir().join(format!("burnpose-shapes-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let st = dir.join("exported.safetensors");
+        let device = Default::default();
+        let model = crate::model::YoloConfig::new(crate::model::Scale::N, Task::Detect)
+            .with_nc(3)
+            .init(&device);
+        export_ultralytics(&model, &st).unwrap();
+        for path in [pt.as_path(), st.as_path()] {
+            let full = read(path, Content::Values).unwrap();
+            let shapes = read(path, Content::Shapes).unwrap();
+            assert_eq!(full.len(), shapes.len(), "{}", path.display());
+            for ((k, f), (k2, s)) in full.iter().zip(&shapes) {
+                assert_eq!((k, &f.shape), (k2, &s.shape));
+                assert_eq!(f.values.len(), f.shape.iter().product::<usize>());
+                assert!(s.values.is_empty());
+            }
+        }
+        assert_eq!(file_model(&st).unwrap().nc, 3);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
     use super::*;
 
     fn stored(values: &[f32]) -> Stored {

@@ -10,16 +10,29 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::Path;
 
+/// What [`read`] takes from a file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Content {
+    /// Every tensor's values, widened to FP32.
+    Values,
+    /// Only the shapes (`Stored::values` empty): enough to tell which model a file holds, without
+    /// reading and widening millions of values.
+    Shapes,
+}
+
 /// The file's floating-point tensors by key, keys starting at Ultralytics' `model.` (the layer
 /// list); integer tensors (`num_batches_tracked`) are dropped.
-pub(crate) fn read(path: &Path) -> Result<BTreeMap<String, Stored>, WeightsError> {
+pub(crate) fn read(
+    path: &Path,
+    content: Content,
+) -> Result<BTreeMap<String, Stored>, WeightsError> {
     let err = |message: String| WeightsError::Read {
         path: path.to_path_buf(),
         message,
     };
     let tensors = match extension(path).as_deref() {
-        Some("safetensors") => read_safetensors(path).map_err(err)?,
-        Some("pt" | "pth") => read_pt(path).map_err(err)?,
+        Some("safetensors") => read_safetensors(path, content).map_err(err)?,
+        Some("pt" | "pth") => read_pt(path, content).map_err(err)?,
         _ => {
             return Err(err(
                 "expected a .pt or .pth file (Ultralytics' checkpoint or a state dict) or a \
@@ -46,7 +59,7 @@ pub(crate) fn extension(path: &Path) -> Option<String> {
 
 /// An Ultralytics checkpoint holds the model under `ema` (while training) or `model`; a state
 /// dict holds the tensors at its root.
-fn read_pt(path: &Path) -> Result<BTreeMap<String, Stored>, String> {
+fn read_pt(path: &Path, content: Content) -> Result<BTreeMap<String, Stored>, String> {
     let mut last = None;
     for key in [Some("ema"), Some("model"), None] {
         let reader = match key {
@@ -54,7 +67,7 @@ fn read_pt(path: &Path) -> Result<BTreeMap<String, Stored>, String> {
             None => PytorchReader::new(path),
         };
         match reader {
-            Ok(r) if !r.is_empty() => return tensors_of(r),
+            Ok(r) if !r.is_empty() => return tensors_of(r, content),
             Ok(_) => {}
             Err(e @ (PytorchError::Io(_) | PytorchError::Zip(_) | PytorchError::Tar(_))) => {
                 return Err(e.to_string());
@@ -68,7 +81,7 @@ fn read_pt(path: &Path) -> Result<BTreeMap<String, Stored>, String> {
     })
 }
 
-fn tensors_of(reader: PytorchReader) -> Result<BTreeMap<String, Stored>, String> {
+fn tensors_of(reader: PytorchReader, content: Content) -> Result<BTreeMap<String, Stored>, String> {
     let mut out = BTreeMap::new();
     for (name, t) in reader.into_tensors() {
         use burn_store::pytorch_reader::DType as T;
@@ -79,13 +92,20 @@ fn tensors_of(reader: PytorchReader) -> Result<BTreeMap<String, Stored>, String>
             T::F64 => DType::F64,
             _ => continue,
         };
-        let bytes = t.read().map_err(|e| e.to_string())?;
-        out.insert(name, widen(bytes, t.shape().to_vec(), dtype));
+        let shape = t.shape().to_vec();
+        let stored = match content {
+            Content::Shapes => Stored {
+                shape,
+                values: Vec::new(),
+            },
+            Content::Values => widen(t.read().map_err(|e| e.to_string())?, shape, dtype),
+        };
+        out.insert(name, stored);
     }
     Ok(out)
 }
 
-fn read_safetensors(path: &Path) -> Result<BTreeMap<String, Stored>, String> {
+fn read_safetensors(path: &Path, content: Content) -> Result<BTreeMap<String, Stored>, String> {
     let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
     let st = SafeTensors::deserialize(&bytes).map_err(|e| e.to_string())?;
     let mut out = BTreeMap::new();
@@ -97,10 +117,15 @@ fn read_safetensors(path: &Path) -> Result<BTreeMap<String, Stored>, String> {
             Dtype::F64 => DType::F64,
             _ => continue,
         };
-        out.insert(
-            name,
-            widen(view.data().to_vec(), view.shape().to_vec(), dtype),
-        );
+        let shape = view.shape().to_vec();
+        let stored = match content {
+            Content::Shapes => Stored {
+                shape,
+                values: Vec::new(),
+            },
+            Content::Values => widen(view.data().to_vec(), shape, dtype),
+        };
+        out.insert(name, stored);
     }
     Ok(out)
 }
@@ -152,7 +177,7 @@ pub(crate) fn safetensors_metadata(
     Some(serde_json::from_value(meta).unwrap_or_default())
 }
 
-/// A tensor to write.
+/// A tensor to write into a safetensors file: an export's, a checkpoint's.
 pub(crate) struct Owned {
     dtype: Dtype,
     shape: Vec<usize>,
@@ -162,6 +187,15 @@ pub(crate) struct Owned {
 impl Owned {
     pub fn f32(shape: Vec<usize>, values: Vec<f32>) -> Self {
         let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        Self {
+            dtype: Dtype::F32,
+            shape,
+            bytes,
+        }
+    }
+
+    /// FP32 values already as little-endian bytes (a device read's).
+    pub fn f32_bytes(shape: Vec<usize>, bytes: Vec<u8>) -> Self {
         Self {
             dtype: Dtype::F32,
             shape,
