@@ -36,7 +36,7 @@ fn main() -> anyhow::Result<()> {
         picture.height(),
         found[0].len(),
         about.task,
-        about.config().name()
+        about.name()
     );
     for f in &found[0] {
         println!("  {}", serde_json::to_string(f)?);

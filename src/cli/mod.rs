@@ -343,14 +343,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                     );
                 }
                 ExportFormat::Burn => {
-                    let m = &cfg.model;
-                    let about = crate::weights::FileModel {
-                        scale: m.scale,
-                        task: m.task,
-                        nc: m.nc,
-                        kpt_shape: m.kpt_shape,
-                    };
-                    crate::weights::save_burn(&model, &about, &out)?;
+                    crate::weights::save_burn(&model, &cfg.model.yolo(), &out)?;
                     println!(
                         "wrote {} (Burn-native weights: examples/predict_image.rs loads them)",
                         out.display()

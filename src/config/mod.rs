@@ -104,10 +104,23 @@ impl ModelSection {
         self.weights.as_ref().map(|w| beside_config(w, config_path))
     }
 
+    /// The network these keys describe. `[model]` is its TOML face: the same four keys, each
+    /// with a default, beside the run-level `weights`.
     pub fn yolo(&self) -> YoloConfig {
         YoloConfig::new(self.scale, self.task)
             .with_nc(self.nc)
             .with_kpt_shape(self.kpt_shape)
+    }
+
+    /// Sets the network keys to `model`'s (`kpt_shape` only for pose: a detection model's is
+    /// unused and stays as it was).
+    pub fn set_network(&mut self, model: &YoloConfig) {
+        self.scale = model.scale;
+        self.task = model.task;
+        self.nc = model.nc;
+        if model.task == Task::Pose {
+            self.kpt_shape = model.kpt_shape;
+        }
     }
 }
 

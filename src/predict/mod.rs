@@ -176,14 +176,9 @@ pub fn model_config(path: &Path) -> Result<Config, PredictError> {
 
 /// A config for a model that comes without one (weights files): its model, the rest default,
 /// `imgsz` 640.
-pub fn config_for(file: &crate::weights::FileModel) -> Config {
+pub fn config_for(model: &crate::model::YoloConfig) -> Config {
     let mut cfg = Config::default();
-    cfg.model.scale = file.scale;
-    cfg.model.task = file.task;
-    cfg.model.nc = file.nc;
-    if file.task == crate::model::Task::Pose {
-        cfg.model.kpt_shape = file.kpt_shape;
-    }
+    cfg.model.set_network(model);
     cfg.data.imgsz = 640;
     cfg
 }

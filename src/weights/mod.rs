@@ -11,7 +11,7 @@ pub(crate) use read::Owned;
 pub use names::{Key, ultralytics_keys};
 
 use crate::model::float_shapes;
-use crate::model::{Scale, Task, Yolo};
+use crate::model::{Scale, Task, Yolo, YoloConfig};
 use crate::optim::tensors::replace_float_tensors;
 use burn::module::Module;
 use burn::prelude::*;
@@ -84,21 +84,21 @@ pub fn is_burn_native(path: &Path) -> bool {
     read::safetensors_metadata(path).is_some_and(|meta| meta.contains_key(BURN_MODEL_KEY))
 }
 
-/// The metadata key of [`save_burn`]'s files: the [`FileModel`] as JSON.
+/// The metadata key of [`save_burn`]'s files: the model's [`YoloConfig`] as JSON.
 const BURN_MODEL_KEY: &str = "burnpose_model";
 
 /// Writes `model` as Burn-native weights: every tensor (parameters and BatchNorm running
 /// statistics) with its shape under its module path (`backbone.l0.conv.weight`), through
 /// burn-store's safetensors store, which a Burn program reads back with
 /// `Yolo::load_from(&mut SafetensorsStore::from_file(path))` into a model built from the
-/// metadata's [`FileModel`] ([`load_burn`] does both).
-pub fn save_burn(model: &Yolo, about: &FileModel, path: &Path) -> Result<(), WeightsError> {
+/// metadata's [`YoloConfig`] ([`load_burn`] does both).
+pub fn save_burn(model: &Yolo, about: &YoloConfig, path: &Path) -> Result<(), WeightsError> {
     use burn_store::{ModuleSnapshot, SafetensorsStore};
     let err = |message: String| WeightsError::Write {
         path: path.to_path_buf(),
         message,
     };
-    let json = serde_json::to_string(about).expect("FileModel serialises");
+    let json = serde_json::to_string(about).expect("a YoloConfig serialises");
     // The store writes a scratch file and renames it into place: a failed save keeps the old.
     let mut store = SafetensorsStore::from_file(path)
         .metadata(BURN_MODEL_KEY, json)
@@ -111,14 +111,14 @@ pub fn save_burn(model: &Yolo, about: &FileModel, path: &Path) -> Result<(), Wei
 
 /// Reads weights written by [`save_burn`] into a fresh model on `device`; every tensor must be
 /// present with its shape.
-pub fn load_burn(path: &Path, device: &Device) -> Result<(FileModel, Yolo), WeightsError> {
+pub fn load_burn(path: &Path, device: &Device) -> Result<(YoloConfig, Yolo), WeightsError> {
     use burn_store::{ModuleSnapshot, SafetensorsStore};
     let err = |message: String| WeightsError::Read {
         path: path.to_path_buf(),
         message,
     };
     let about = burn_file_model(path)?;
-    let mut model = about.config().init(device);
+    let mut model = about.init(device);
     let result = model
         .load_from(&mut SafetensorsStore::from_file(path))
         .map_err(|e| err(e.to_string()))?;
@@ -129,7 +129,7 @@ pub fn load_burn(path: &Path, device: &Device) -> Result<(FileModel, Yolo), Weig
 }
 
 /// The model of a [`save_burn`] file, from its metadata.
-pub fn burn_file_model(path: &Path) -> Result<FileModel, WeightsError> {
+pub fn burn_file_model(path: &Path) -> Result<YoloConfig, WeightsError> {
     let err = |message: String| WeightsError::Read {
         path: path.to_path_buf(),
         message,
@@ -144,30 +144,9 @@ pub fn burn_file_model(path: &Path) -> Result<FileModel, WeightsError> {
     serde_json::from_str(json).map_err(|e| err(format!("{BURN_MODEL_KEY}: {e}")))
 }
 
-/// The model a weights file was saved from, read off its tensors' shapes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct FileModel {
-    pub scale: Scale,
-    pub task: Task,
-    pub nc: usize,
-    /// `[17, 3]` for COCO keypoints; `[0, 0]` for detection.
-    pub kpt_shape: [usize; 2],
-}
-
-impl FileModel {
-    /// The model's config.
-    pub fn config(&self) -> crate::model::YoloConfig {
-        let c = crate::model::YoloConfig::new(self.scale, self.task).with_nc(self.nc);
-        match self.task {
-            Task::Pose => c.with_kpt_shape(self.kpt_shape),
-            Task::Detect => c,
-        }
-    }
-}
-
 /// Scale, task, classes and keypoint layout of the YOLO26 weights at `path` (for `predict` and
 /// `val` on a file that carries no burnpose config).
-pub fn file_model(path: &Path) -> Result<FileModel, WeightsError> {
+pub fn file_model(path: &Path) -> Result<YoloConfig, WeightsError> {
     let file = read::read(path, read::Content::Shapes)?;
     let dim = |key: &str| file.get(key).map(|t| t.shape[0]);
     let unknown = |what: &str| WeightsError::Read {
@@ -180,24 +159,22 @@ pub fn file_model(path: &Path) -> Result<FileModel, WeightsError> {
         .find(|s| s.channels(64) == stem)
         .ok_or_else(|| unknown(&format!("a first layer of {stem} channels (n: 16, s: 32)")))?;
     let nc = dim("model.23.cv3.0.2.weight").ok_or_else(|| unknown("no model.23.cv3.0.2.weight"))?;
-    let (task, kpt_shape) = match (
+    let config = YoloConfig::new(scale, Task::Pose).with_nc(nc);
+    match (
         dim("model.23.cv4_kpts.0.weight"),
         dim("model.23.cv4_sigma.0.weight"),
     ) {
         (Some(values), Some(sigmas))
             if sigmas % 2 == 0 && sigmas > 0 && values % (sigmas / 2) == 0 =>
         {
-            (Task::Pose, [sigmas / 2, values / (sigmas / 2)])
+            Ok(config.with_kpt_shape([sigmas / 2, values / (sigmas / 2)]))
         }
-        (None, None) => (Task::Detect, [0, 0]),
-        _ => return Err(unknown("keypoint layers of inconsistent shapes")),
-    };
-    Ok(FileModel {
-        scale,
-        task,
-        nc,
-        kpt_shape,
-    })
+        (None, None) => Ok(YoloConfig {
+            task: Task::Detect,
+            ..config
+        }),
+        _ => Err(unknown("keypoint layers of inconsistent shapes")),
+    }
 }
 
 /// One tensor as read from a file, in FP32.
@@ -404,6 +381,27 @@ fn first_device(model: &Yolo) -> Device {
 
 #[cfg(test)]
 mod tests {
+    /// Burn-native files name their model as JSON with exactly the keys scale, task, nc and
+    /// kpt_shape (what files written before `YoloConfig` took this role hold too).
+    #[test]
+    fn the_burn_native_model_json_keeps_its_four_keys() {
+        let model = YoloConfig::new(Scale::S, Task::Detect).with_nc(3);
+        let json = serde_json::to_value(&model).unwrap();
+        let mut keys: Vec<&str> = json
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(|k| k.as_str())
+            .collect();
+        keys.sort();
+        assert_eq!(keys, ["kpt_shape", "nc", "scale", "task"]);
+        let back: YoloConfig = serde_json::from_value(json).unwrap();
+        assert_eq!(
+            (back.scale, back.task, back.nc),
+            (Scale::S, Task::Detect, 3)
+        );
+    }
+
     /// Reading only the shapes (what `predict` and `val` need to build the model before the
     /// one full read) gives the full read's keys and shapes, for a `.pt` checkpoint and a
     /// `.safetensors` state dict.
