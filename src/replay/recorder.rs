@@ -548,6 +548,8 @@ fn record(
     Dispatch::graph_start_capture(dispatch).map_err(|e| err("start backward capture", &e))?;
     let all = backward_of(&net, &taped, seeds.as_ref().unwrap_or(&outputs));
     let captured = with_grad(&all);
+    // Other parameters than the warm-ups' are refused below, once the window is closed (an
+    // error inside it would leave the stream recording).
     if captured
         .iter()
         .map(|p| p.id)
