@@ -29,8 +29,16 @@ impl HostValues {
     }
 }
 
-/// `t`'s values as an owned vector: its own storage when nothing else holds it (no copy).
+/// `t`'s values as an owned vector. The flat buffers this reads are always shared (the model's
+/// or the optimizer state's views hold them), so `into_data` would copy them out and
+/// `try_into_vec` copy them again; a contiguous FP32 tensor is copied once, from where it lies.
 pub(super) fn take_host(t: Tensor<1>) -> Vec<f32> {
+    use burn::backend::{BackendTensor, DispatchTensorKind};
+    if let DispatchTensorKind::Flex(BackendTensor::Float(f)) = t.clone().into_dispatch().kind
+        && let Some(values) = f.as_slice::<f32>()
+    {
+        return values.to_vec();
+    }
     t.into_data()
         .convert::<f32>()
         .try_into_vec::<f32>()
