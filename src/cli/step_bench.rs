@@ -162,25 +162,24 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
         h.optimizer,
         h.losses
     );
-    if let (Some(b), Some(by)) = (timing.peak_in_step(), timing.peak_in_step_by_sample()) {
-        let at: Vec<String> = IN_STEP_SAMPLES
+    // "phase MiB, …" over the in-step samples, with `digits` decimals.
+    let at = |by: [u64; IN_STEP_SAMPLES.len()], digits: usize| -> String {
+        let parts: Vec<String> = IN_STEP_SAMPLES
             .iter()
             .zip(by)
-            .map(|(p, b)| format!("{} {:.0}", PHASES[*p as usize], mib(b)))
+            .map(|(p, b)| format!("{} {:.digits$}", PHASES[*p as usize], mib(b)))
             .collect();
+        parts.join(", ")
+    };
+    if let (Some(b), Some(by)) = (timing.peak_in_step(), timing.peak_in_step_by_sample()) {
         println!(
             "peak in use within a step: {:.0} MiB (largest at the end of: {})",
             mib(b),
-            at.join(", ")
+            at(by, 0)
         );
     }
     if let Some(by) = timing.padding_in_step_by_sample() {
-        let at: Vec<String> = IN_STEP_SAMPLES
-            .iter()
-            .zip(by)
-            .map(|(p, b)| format!("{} {:.1}", PHASES[*p as usize], mib(b)))
-            .collect();
-        println!("padding in use within a step (MiB): {}", at.join(", "));
+        println!("padding in use within a step (MiB): {}", at(by, 1));
     }
     // Medians per block of steps, from the first: shows warm-up, and any drift a
     // growing pool or tape would cause.

@@ -12,13 +12,10 @@ pub(super) enum HostValues {
 
 impl HostValues {
     pub(super) fn of(t: Tensor<1>) -> Self {
-        use burn::backend::{BackendTensor, DispatchTensorKind};
-        if let DispatchTensorKind::Flex(BackendTensor::Float(f)) = t.clone().into_dispatch().kind
-            && f.as_slice::<f32>().is_some()
-        {
-            return Self::InPlace(f);
+        match contiguous_f32(&t) {
+            Some(f) => Self::InPlace(f),
+            None => Self::Copied(take_host(t)),
         }
-        Self::Copied(take_host(t))
     }
 
     pub(super) fn values(&self) -> &[f32] {
@@ -33,14 +30,22 @@ impl HostValues {
 /// or the optimizer state's views hold them), so `into_data` would copy them out and
 /// `try_into_vec` copy them again; a contiguous FP32 tensor is copied once, from where it lies.
 pub(super) fn take_host(t: Tensor<1>) -> Vec<f32> {
-    use burn::backend::{BackendTensor, DispatchTensorKind};
-    if let DispatchTensorKind::Flex(BackendTensor::Float(f)) = t.clone().into_dispatch().kind
-        && let Some(values) = f.as_slice::<f32>()
-    {
-        return values.to_vec();
+    if let Some(f) = contiguous_f32(&t) {
+        return f.as_slice::<f32>().expect("checked").to_vec();
     }
     t.into_data()
         .convert::<f32>()
         .try_into_vec::<f32>()
         .expect("f32 data after convert")
+}
+
+/// `t`'s burn-flex storage when it holds contiguous FP32 values readable in place.
+fn contiguous_f32(t: &Tensor<1>) -> Option<burn::backend::flex::FlexTensor> {
+    use burn::backend::{BackendTensor, DispatchTensorKind};
+    match t.clone().into_dispatch().kind {
+        DispatchTensorKind::Flex(BackendTensor::Float(f)) if f.as_slice::<f32>().is_some() => {
+            Some(f)
+        }
+        _ => None,
+    }
 }

@@ -449,8 +449,8 @@ fn record(
             .collect()
     };
 
-    // The stage's parameters that get a gradient, and the flat buffer the backward gathers
-    // them in (gathered in every warm-up too, so that the pool has room for it).
+    // The stage's parameters that get a gradient; every warm-up gathers them as the recorded
+    // backward will (into the buffer that holds the seeds, allocating nothing).
     let stage_params: Vec<ParamInfo> = param_table(&net)
         .into_iter()
         .filter(|p| is_recorded(&p.path, scope, control))
