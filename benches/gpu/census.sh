@@ -13,11 +13,7 @@ set -u
 CONFIG=${CONFIG:-configs/bench_seed.toml}; SKIP=${SKIP:-16}; STEPS=${STEPS:-24}; CENSUS=${CENSUS:-4}
 LIMIT=${LIMIT:-150}
 work=$OUT/census; mkdir -p "$work"
-# CUPTI ships with the toolkit (extras/CUPTI) and in the nvidia-cuda-cupti wheel.
-for d in /usr/local/cuda/extras/CUPTI/lib64 /usr/local/cuda/lib64 \
-  $(python3 -c 'import nvidia.cuda_cupti, os; print(os.path.join(list(nvidia.cuda_cupti.__path__)[0], "lib"))' 2>/dev/null); do
-  ls "$d"/libcupti.so* >/dev/null 2>&1 && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}" && echo "cupti: $d" && break
-done
+. "$(dirname "$0")/cupti.sh"
 [ "${WARMUP:-1}" = 1 ] && timeout 200 burnpose warmup "$CONFIG" > "$work/warmup.log" 2>&1; tail -1 "$work/warmup.log"
 [ "${LAUNCH:-1}" = 1 ] && timeout 60 burnpose bench-launch --rounds 2 2>&1 | tee "$work/launch.log"
 run() { # name, extra args

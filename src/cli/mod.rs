@@ -1,6 +1,7 @@
 //! Command-line interface: argument types and the commands behind them.
 
 mod bench;
+mod conv_bench;
 mod fit;
 mod info;
 mod launch_bench;
@@ -213,6 +214,13 @@ pub enum Command {
         #[command(flatten)]
         options: step_bench::Options,
     },
+    /// Every convolution of a config's training step, each pass timed on its own (GPU busy
+    /// time on CUDA), with its TFLOP/s and GB/s: the worst first.
+    BenchConv {
+        config: PathBuf,
+        #[command(flatten)]
+        options: conv_bench::Options,
+    },
     /// Host cost of one tiny kernel launch through Burn, Burn with autodiff, CubeCL and the
     /// CUDA driver (docs/bench.md).
     BenchLaunch {
@@ -305,6 +313,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         } => smoke::run(device, batch, imgsz, steps),
         Command::BenchStep { config, options } => step_bench::run(&config, options),
         Command::BenchLaunch { options } => launch_bench::run(options),
+        Command::BenchConv { config, options } => conv_bench::run(&config, options),
         Command::Val {
             config,
             checkpoint,

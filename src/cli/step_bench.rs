@@ -28,6 +28,10 @@ pub struct Options {
     /// Override `device.conv_bn_ops`.
     #[arg(long, value_enum)]
     pub conv_bn_ops: Option<crate::model::ops::ConvBnOps>,
+    /// Run the reduced-precision convolutions with this CubeCL routine (`bench-conv
+    /// --routines`; CUDA only).
+    #[arg(long)]
+    pub conv_routine: Option<String>,
     /// Also read the memory pool inside every step (at the ends of loss, backward and optimizer)
     /// and print the largest bytes in use.
     #[arg(long)]
@@ -78,6 +82,12 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
     if let Some(b) = o.batch {
         cfg.train.batch = b;
         cfg.train.nbs = b;
+    }
+    if let Some(name) = &o.conv_routine {
+        #[cfg(feature = "cuda")]
+        crate::model::ops::conv::routine::choose(name).map_err(|e| anyhow::anyhow!(e))?;
+        #[cfg(not(feature = "cuda"))]
+        anyhow::bail!("--conv-routine {name}: CubeCL's routines run on CUDA only");
     }
     if let Some(k) = o.conv_bn_ops {
         cfg.device.conv_bn_ops = k;

@@ -9,7 +9,7 @@
 
 use crate::config::Config;
 use crate::eval::postprocess::head_outputs;
-use crate::model::ops::trace::{ConvCall, convolutions_of};
+use crate::model::ops::trace::{ConvCall, convolutions_counted, convolutions_of};
 use crate::model::precision::autocast;
 use burn::prelude::*;
 
@@ -22,6 +22,34 @@ const TRACE_PX: usize = 32;
 /// chunk), at `data.imgsz`. Sets the process's operations to `device.conv_bn_ops`, as a
 /// trainer of `cfg` does: only ours are traced (Burn's own, `"stock"`, are not).
 pub fn convolutions(cfg: &Config) -> Vec<ConvCall> {
+    let (model, train) = traced_step(cfg);
+    let mut calls: Vec<ConvCall> = train.into_iter().map(|(c, _)| c).collect();
+    // Validation runs the EMA without gradients, in FP32 (`eval::postprocess::detect`).
+    let eval = model.valid();
+    let (_, val) =
+        convolutions_of(|| head_outputs(&eval, images(&Device::flex()), cfg.train.val_nms));
+    let (batch, scale) = (cfg.train.batch.max(1), cfg.data.imgsz / TRACE_PX);
+    for c in val.iter().map(|c| c.resized(2 * batch, scale)) {
+        if !calls.contains(&c) {
+            calls.push(c);
+        }
+    }
+    calls
+}
+
+/// The distinct convolutions of a training step of `cfg` at `train.batch` and `data.imgsz`,
+/// each with the number of times the step's forward runs it (as [`convolutions`] sets the
+/// operations).
+pub fn step_convolutions(cfg: &Config) -> Vec<(ConvCall, usize)> {
+    traced_step(cfg).1
+}
+
+fn images(device: &Device) -> Tensor<4> {
+    Tensor::<4>::zeros([1, 3, TRACE_PX, TRACE_PX], device)
+}
+
+/// The model of `cfg` on the CPU and its training forward's convolutions at the fit's shapes.
+fn traced_step(cfg: &Config) -> (crate::model::Yolo, Vec<(ConvCall, usize)>) {
     crate::model::ops::set_conv_bn_ops(cfg.device.conv_bn_ops);
     let scale = cfg.data.imgsz / TRACE_PX;
     let device = Device::flex().autodiff();
@@ -30,23 +58,16 @@ pub fn convolutions(cfg: &Config) -> Vec<ConvCall> {
         .yolo()
         .init(&device)
         .freeze_layers(&cfg.train.freeze.layers());
-    let images = |device: &Device| Tensor::<4>::zeros([1, 3, TRACE_PX, TRACE_PX], device);
-    let (_, train) = convolutions_of(|| {
+    let (_, train) = convolutions_counted(|| {
         let _reduced = autocast(cfg.train.precision.compute_dtype());
         model.forward(images(&device))
     });
-    // Validation runs the EMA without gradients, in FP32 (`eval::postprocess::detect`).
-    let eval = model.valid();
-    let (_, val) =
-        convolutions_of(|| head_outputs(&eval, images(&Device::flex()), cfg.train.val_nms));
     let batch = cfg.train.batch.max(1);
-    let mut calls: Vec<ConvCall> = train.iter().map(|c| c.resized(batch, scale)).collect();
-    for c in val.iter().map(|c| c.resized(2 * batch, scale)) {
-        if !calls.contains(&c) {
-            calls.push(c);
-        }
-    }
-    calls
+    let train = train
+        .into_iter()
+        .map(|(c, n)| (c.resized(batch, scale), n))
+        .collect();
+    (model, train)
 }
 
 /// A name for compiling `calls` with this build of burnpose (its version and the calls' hash):
@@ -115,6 +136,30 @@ mod tests {
         assert_eq!(shared.len(), calls.len());
         shared.retain(|c| !calls.contains(c));
         assert!(shared.is_empty());
+    }
+
+    /// The step's convolutions are the training calls of [`convolutions`], counted: repeated
+    /// blocks run one shape several times, and every convolution of the forward is counted once.
+    #[test]
+    fn step_convolutions_count_each_call() {
+        let cfg = config("");
+        let counted = step_convolutions(&cfg);
+        let train: Vec<ConvCall> = convolutions(&cfg)
+            .into_iter()
+            .filter(|c| c.weight_grad)
+            .collect();
+        let distinct: Vec<ConvCall> = counted.iter().map(|(c, _)| c.clone()).collect();
+        assert_eq!(distinct, train);
+        assert!(counted.iter().any(|(_, n)| *n > 1), "{counted:#?}");
+        // Every Conv2d of the model runs once per forward (the one-to-many and one-to-one head
+        // branches are separate modules).
+        let device = Device::flex();
+        let model = cfg.model.yolo().init(&device);
+        let convs = crate::model::float_shapes(&model)
+            .iter()
+            .filter(|(path, dims)| dims.len() == 4 && path.ends_with(".weight"))
+            .count();
+        assert_eq!(counted.iter().map(|(_, n)| n).sum::<usize>(), convs);
     }
 
     /// The work's name follows what would be compiled: equal for equal configs, another one for

@@ -146,6 +146,45 @@ fn fast_convolutions_match_stock_on_cuda() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
+/// Every implicit-GEMM routine `bench-conv --routines` compares computes the reduced-precision
+/// convolution and its data gradient within BF16's bound of the FP32 reference, at odd channel
+/// counts (85: padded to 88) and an odd size; the default routine is among them.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn every_conv_routine_matches_the_reference_on_cuda() {
+    use burnpose::model::ops::conv::routine;
+    let d = cuda().autodiff();
+    d.seed(9);
+    let mut failures = vec![];
+    for (ci, co, k, st, hw) in [(85, 85, 3, 1, 37), (64, 85, 3, 1, 20), (48, 64, 1, 1, 23)] {
+        let conv = Conv2dConfig::new([ci, co], [k, k])
+            .with_stride([st, st])
+            .with_padding(PaddingConfig2d::Explicit(k / 2, k / 2, k / 2, k / 2))
+            .with_bias(false)
+            .init(&d);
+        let conv = Conv2d {
+            weight: Param::from_tensor(conv.weight.val().detach()),
+            ..conv
+        };
+        let x = Tensor::<4>::random([3, ci, hw, hw], Distribution::Normal(0.0, 1.0), &d);
+        let reference = conv_run(&conv, &x, FloatDType::F32, false, &d);
+        for (name, _, _) in routine::ROUTINES {
+            routine::choose(name).unwrap();
+            let o = conv_run(&conv, &x, FloatDType::BF16, true, &d);
+            let errs = [
+                rel(o.y, reference.y.clone()),
+                rel(o.dx, reference.dx.clone()),
+            ];
+            println!("{name} conv {ci}->{co} k{k} {hw}px: error (y, dx) {errs:?}");
+            if errs.iter().any(|e| e.is_nan() || *e >= 2e-2) {
+                failures.push(format!("{name} conv {ci}->{co} k{k} {hw}px: {errs:?}"));
+            }
+        }
+    }
+    routine::choose(routine::ROUTINES[routine::DEFAULT].0).unwrap();
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn fast_batch_norm_matches_stock_on_cuda() {

@@ -27,6 +27,7 @@ pub fn options(conv: &Conv2d) -> ConvOptions<2> {
 pub mod gemm {
     use super::super::channels::channels_last;
     use super::super::depthwise;
+    use super::routine;
     use burn::backend::ops::ConvOptions;
     use burn::backend::{DType, FloatDType, Shape, TensorMetadata};
     use burn_cubecl::kernel::conv::{self, ConvStrategy};
@@ -54,8 +55,7 @@ pub mod gemm {
             let (n, ci, co) = (x.shape()[0], x.shape()[1], weight.shape()[0]);
             let xp = channels_last(x.clone(), n, padded(ci), d);
             let wp = channels_last(weight.clone(), padded(co), padded(ci), d);
-            let y =
-                conv::conv_forward::<2>(xp, wp, None, options.clone(), ConvStrategy::ImplicitGemm);
+            let y = routine::forward(xp, wp, &options);
             if let Ok(y) = y {
                 return channels_last(y, n, co, DType::F32);
             }
@@ -135,13 +135,7 @@ pub mod gemm {
             let gp = channels_last(grad.clone(), n, padded(co), d);
             let wp = channels_last(weight.clone(), padded(co), padded(ci), d);
             let shape_p = Shape::new([n, padded(ci), shape[2], shape[3]]);
-            let dx = conv::conv_data_backward(
-                gp,
-                wp,
-                shape_p,
-                options.clone(),
-                ConvStrategy::ImplicitGemm,
-            );
+            let dx = routine::data_grad(gp, wp, shape_p, &options);
             if let Ok(dx) = dx {
                 return channels_last(dx, n, ci, DType::F32);
             }
@@ -172,5 +166,177 @@ pub mod gemm {
         }
         conv::conv_weight_backward::<2>(x, grad, weight.shape(), options, ConvStrategy::Direct)
             .expect("direct convolution weight gradient")
+    }
+}
+
+/// Which of CubeCL's implicit-GEMM routines (cubek's convolution algorithms) runs the reduced-
+/// precision convolutions of [`gemm::forward_in`] and their stride-1 data gradients. Every
+/// routine computes the same convolution; they differ in how the operands reach shared memory
+/// and tensor cores, hence in speed (`burnpose bench-conv --routines`, docs/kernels.md), and in
+/// the order of the additions, hence in the last bits.
+#[cfg(feature = "cuda")]
+pub mod routine {
+    use burn::backend::ops::ConvOptions;
+    use burn::backend::{DType, Shape};
+    use burn_cubecl::ops::numeric::empty_device_dtype;
+    use burn_cubecl::ops::{
+        permute_nchw_to_nhwc, permute_nchw_to_nhwc_shape, permute_nhwc_to_nchw,
+    };
+    use burn_cubecl::tensor::CubeTensor;
+    use cubek::convolution::components::ConvSetupError;
+    use cubek::convolution::{
+        AcceleratedTileKind, ConvAlgorithm, ConvolutionArgs, ConvolutionInputs, Strategy,
+        launch_ref,
+    };
+    use cubek::matmul::definition::{MatmulElems, MatmulGlobalElems};
+    use cubek::std::InputBinding;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// The routines, by name; the first is the one burn-cubecl 0.22.1 runs.
+    pub const ROUTINES: [(&str, ConvAlgorithm, AcceleratedTileKind); 12] = {
+        use AcceleratedTileKind::{Cmma, Mma};
+        use ConvAlgorithm::*;
+        [
+            ("sync-cyclic-cmma", SimpleSyncCyclic, Cmma),
+            ("sync-cyclic-mma", SimpleSyncCyclic, Mma),
+            ("sync-strided-cmma", SimpleSyncStrided, Cmma),
+            ("sync-strided-mma", SimpleSyncStrided, Mma),
+            ("sync-tilewise-cmma", SimpleSyncTilewise, Cmma),
+            ("sync-tilewise-mma", SimpleSyncTilewise, Mma),
+            ("async-cyclic-cmma", SimpleAsyncCyclic, Cmma),
+            ("async-cyclic-mma", SimpleAsyncCyclic, Mma),
+            ("async-strided-cmma", SimpleAsyncStrided, Cmma),
+            ("async-strided-mma", SimpleAsyncStrided, Mma),
+            ("async-tma-cmma", SimpleAsyncTma, Cmma),
+            ("async-tma-mma", SimpleAsyncTma, Mma),
+        ]
+    };
+
+    /// The routine our convolutions run unless another is chosen: on the H200 it took the 16
+    /// heaviest such passes of the seed step from 5.60 to 2.13 ms of GPU time, where the first
+    /// (burn-cubecl's) was the slowest but two (docs/kernels.md, "Implicit-GEMM routines").
+    pub const DEFAULT: usize = 3;
+
+    static CHOSEN: AtomicUsize = AtomicUsize::new(DEFAULT);
+
+    /// Runs every later convolution of this process with routine `name` (one of [`ROUTINES`]).
+    pub fn choose(name: &str) -> Result<(), String> {
+        let i = ROUTINES.iter().position(|r| r.0 == name).ok_or_else(|| {
+            let names: Vec<&str> = ROUTINES.iter().map(|r| r.0).collect();
+            format!("unknown convolution routine {name:?}: expected one of {names:?}")
+        })?;
+        CHOSEN.store(i, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The routine in use, by name.
+    pub fn chosen() -> &'static str {
+        ROUTINES[CHOSEN.load(Ordering::Relaxed)].0
+    }
+
+    fn strategy() -> Strategy {
+        let (_, algorithm, tile_kind) = ROUTINES[CHOSEN.load(Ordering::Relaxed)];
+        Strategy::Inferred {
+            algorithm,
+            tile_kind,
+        }
+    }
+
+    fn elems(lhs: DType, rhs: DType, out: DType) -> MatmulElems {
+        let s = burn::backend::cubecl::dtype_to_storage_type;
+        MatmulElems::from_globals(&MatmulGlobalElems {
+            lhs: s(lhs),
+            rhs: s(rhs),
+            out: s(out),
+        })
+    }
+
+    fn binding(t: CubeTensor) -> InputBinding {
+        let dtype = burn::backend::cubecl::dtype_to_storage_type(t.dtype);
+        InputBinding::new(t.binding(), dtype)
+    }
+
+    fn args(options: &ConvOptions<2>) -> ConvolutionArgs<2> {
+        ConvolutionArgs {
+            stride: options.stride,
+            padding: options.padding_begin(),
+            dilation: options.dilation,
+        }
+    }
+
+    /// The convolution of `[N, C, H, W]` `x` (channels-last strides) by `weight`, without bias
+    /// or groups, in `x`'s dtype.
+    pub fn forward(
+        x: CubeTensor,
+        weight: CubeTensor,
+        options: &ConvOptions<2>,
+    ) -> Result<CubeTensor, ConvSetupError> {
+        if options.groups != 1 {
+            return Err(ConvSetupError::Groups(options.groups));
+        }
+        let (x, weight) = (permute_nchw_to_nhwc(x), permute_nchw_to_nhwc(weight));
+        let xs = x.meta.shape().clone();
+        let ws = weight.meta.shape().clone();
+        let size = |i: usize| {
+            let (before, after) = options.padding[i];
+            (xs[1 + i] + before + after - options.dilation[i] * (ws[1 + i] - 1) - 1)
+                / options.stride[i]
+                + 1
+        };
+        let out = empty_device_dtype(
+            x.client.clone(),
+            x.device.clone(),
+            Shape::new([xs[0], size(0), size(1), ws[0]]),
+            x.dtype,
+        );
+        let client = x.client.clone();
+        let dtypes = elems(x.dtype, weight.dtype, x.dtype);
+        launch_ref::<2>(
+            &strategy(),
+            &client,
+            ConvolutionInputs::Forward {
+                input: binding(x),
+                weight: binding(weight),
+                bias: None,
+                out: out.clone().binding(),
+            },
+            args(options),
+            dtypes,
+        )?;
+        Ok(permute_nhwc_to_nchw(out))
+    }
+
+    /// The data gradient of a stride-1 convolution without groups: `grad` `[N, C_out, H, W]`
+    /// and `weight` with channels-last strides, the result `in_shape` in `grad`'s dtype.
+    pub fn data_grad(
+        grad: CubeTensor,
+        weight: CubeTensor,
+        in_shape: Shape,
+        options: &ConvOptions<2>,
+    ) -> Result<CubeTensor, ConvSetupError> {
+        if options.groups != 1 || options.stride.iter().any(|&s| s != 1) {
+            return Err(ConvSetupError::Groups(options.groups));
+        }
+        let (grad, weight) = (permute_nchw_to_nhwc(grad), permute_nchw_to_nhwc(weight));
+        let in_grad = empty_device_dtype(
+            grad.client.clone(),
+            grad.device.clone(),
+            permute_nchw_to_nhwc_shape(in_shape),
+            grad.dtype,
+        );
+        let client = grad.client.clone();
+        let dtypes = elems(grad.dtype, weight.dtype, grad.dtype);
+        launch_ref::<2>(
+            &strategy(),
+            &client,
+            ConvolutionInputs::BackwardData {
+                out_grad: binding(grad),
+                weights: binding(weight),
+                in_grad: in_grad.clone().binding(),
+            },
+            args(options),
+            dtypes,
+        )?;
+        Ok(permute_nhwc_to_nchw(in_grad))
     }
 }

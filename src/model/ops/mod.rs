@@ -22,7 +22,7 @@ mod batch_norm;
 #[cfg(feature = "cuda")]
 #[path = "../../../kernels/channels.rs"]
 mod channels;
-mod conv;
+pub mod conv;
 mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;

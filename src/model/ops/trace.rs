@@ -47,7 +47,7 @@ pub(super) fn note(
                 dilation: options.dilation,
                 groups: options.groups,
                 reduced: dtype,
-                input_grad: x.is_require_grad(),
+                input_grad: x.is_tracked(),
                 weight_grad: weight.is_require_grad(),
             })
         }
@@ -57,20 +57,113 @@ pub(super) fn note(
 /// Runs `f` and returns, with its result, the distinct convolutions it ran on this thread, in
 /// the order they first ran.
 pub fn convolutions_of<R>(f: impl FnOnce() -> R) -> (R, Vec<ConvCall>) {
+    let (result, counted) = convolutions_counted(f);
+    (result, counted.into_iter().map(|(c, _)| c).collect())
+}
+
+/// [`convolutions_of`] with the number of times `f` ran each.
+pub fn convolutions_counted<R>(f: impl FnOnce() -> R) -> (R, Vec<(ConvCall, usize)>) {
     TRACE.with(|trace| *trace.borrow_mut() = Some(Vec::new()));
     let result = f();
     let calls = TRACE
         .with(|trace| trace.borrow_mut().take())
         .unwrap_or_default();
-    let mut seen = std::collections::HashSet::new();
-    let distinct = calls
-        .into_iter()
-        .filter(|c| seen.insert(c.clone()))
-        .collect();
+    let mut distinct: Vec<(ConvCall, usize)> = Vec::new();
+    let mut at: std::collections::HashMap<ConvCall, usize> = std::collections::HashMap::new();
+    for c in calls {
+        match at.get(&c) {
+            Some(&i) => distinct[i].1 += 1,
+            None => {
+                at.insert(c.clone(), distinct.len());
+                distinct.push((c, 1));
+            }
+        }
+    }
     (result, distinct)
 }
 
+/// One pass of a convolution, as a training step runs it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pass {
+    Forward,
+    /// The input's gradient.
+    DataGrad,
+    /// The weight's gradient.
+    WeightGrad,
+}
+
 impl ConvCall {
+    /// The passes a training step runs: the forward, and each gradient it asks for.
+    pub fn passes(&self) -> Vec<Pass> {
+        let mut passes = vec![Pass::Forward];
+        if self.input_grad {
+            passes.push(Pass::DataGrad);
+        }
+        if self.weight_grad {
+            passes.push(Pass::WeightGrad);
+        }
+        passes
+    }
+
+    /// `[height, width]` of the output.
+    pub fn output_size(&self) -> [usize; 2] {
+        let dim = |i: usize| {
+            let (before, after) = self.padding[i];
+            let reach = self.dilation[i] * (self.weight[2 + i] - 1) + 1;
+            (self.input[2 + i] + before + after - reach) / self.stride[i] + 1
+        };
+        [dim(0), dim(1)]
+    }
+
+    /// `[batch, c_out, height, width]` of the output.
+    pub fn output(&self) -> [usize; 4] {
+        let [h, w] = self.output_size();
+        [self.input[0], self.weight[0], h, w]
+    }
+
+    /// Floating-point operations of one pass (each pass is the same number of multiply-adds,
+    /// two operations each): `2 · N · Ho · Wo · C_out · C_in/groups · k_h · k_w`.
+    pub fn flops(&self) -> f64 {
+        let [n, c_out, h, w] = self.output();
+        let [_, c_in, kh, kw] = self.weight;
+        2.0 * (n * h * w * c_out * c_in * kh * kw) as f64
+    }
+
+    /// Bytes one pass must move at least through its FP32 interface: every pass reads two of
+    /// input, weight and output and writes the third, once each.
+    pub fn min_bytes(&self) -> f64 {
+        let count = |d: [usize; 4]| d.iter().product::<usize>();
+        4.0 * (count(self.input) + count(self.weight) + count(self.output())) as f64
+    }
+
+    /// Launches `pass` on `x` (the input), `weight` and `grad` (the output's gradient) on a
+    /// plain device, as the step's backward calls it; asynchronous.
+    pub fn launch(
+        &self,
+        pass: Pass,
+        x: &Tensor<4>,
+        weight: &Tensor<4>,
+        grad: &Tensor<4>,
+    ) -> Tensor<4> {
+        use super::FastOps;
+        use burn::backend::Dispatch;
+        let options =
+            ConvOptions::new_with_padding(self.stride, self.padding, self.dilation, self.groups);
+        let d = |t: &Tensor<4>| t.clone().into_dispatch();
+        let out = match (pass, self.reduced) {
+            (Pass::Forward, None) => Dispatch::conv(d(x), d(weight), options),
+            (Pass::Forward, Some(dtype)) => Dispatch::conv_in(d(x), d(weight), options, dtype),
+            (Pass::DataGrad, None) => Dispatch::conv_x_backward(d(x), d(weight), d(grad), options),
+            (Pass::DataGrad, Some(dtype)) => {
+                Dispatch::conv_in_x_backward(d(x), d(weight), d(grad), options, dtype)
+            }
+            (Pass::WeightGrad, _) => {
+                Dispatch::conv_weight_backward(d(x), d(weight), d(grad), options)
+            }
+        };
+        Tensor::from_dispatch(out)
+    }
+
     /// The same convolution on an input `scale` times as high and wide, in batches of `batch`.
     pub fn resized(&self, batch: usize, scale: usize) -> Self {
         let [_, c, h, w] = self.input;
