@@ -12,6 +12,7 @@ pub mod hsv;
 pub mod letterbox;
 pub mod loader;
 pub mod mosaic;
+pub mod resize;
 pub mod source;
 pub mod yolo;
 

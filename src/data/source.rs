@@ -3,7 +3,7 @@
 //! with ground truth for COCO-style evaluation.
 
 use super::coco::{CocoAnnotation, CocoDataset};
-use super::letterbox::{letterbox, resize_long_side};
+use super::letterbox::{letterbox, letterbox_into, resize_for_loading};
 use super::yolo::YoloDataset;
 use super::{BuiltinDataset, DataError, Instance, Sample};
 use crate::config::{CacheMode, Config, DataSource};
@@ -71,7 +71,8 @@ pub struct Source {
 #[derive(Debug)]
 pub struct Prepared {
     pub sample: Sample,
-    pub scale: f32,
+    /// `[new width / width, new height / height]` of the resize.
+    pub scale: [f32; 2],
     /// Width and height of the decoded original.
     pub original: (u32, u32),
 }
@@ -158,7 +159,8 @@ impl Source {
         self.len() == 0
     }
 
-    /// Image `i` decoded and resized (long side = `size`), from the cache when it is on.
+    /// Image `i` decoded and resized as Ultralytics loads it (long side = `size`, sides rounded
+    /// up), from the cache when it is on.
     pub fn prepared(&self, i: usize) -> Result<Arc<Prepared>, DataError> {
         let Some(cache) = &self.cache else {
             return self.prepare(i).map(Arc::new);
@@ -178,7 +180,7 @@ impl Source {
             Dataset::Yolo(y) => y.get(i)?,
         };
         let original = raw.image.dimensions();
-        let (sample, scale) = resize_long_side(raw, self.size);
+        let (sample, scale) = resize_for_loading(raw, self.size);
         Ok(Prepared {
             sample,
             scale,
@@ -198,21 +200,62 @@ impl Source {
     }
 
     fn load(&self, i: usize, truth: bool) -> Result<(Sample, Frame, Vec<GtAnn>), DataError> {
+        self.load_into(i, truth, None)
+    }
+
+    /// Ultralytics' rectangular validation batches (`data/base.py::set_rectangle`): the
+    /// images in order of aspect ratio (height / width; equal ratios in index order), cut into
+    /// batches of `batch`, each with the canvas `[width, height]` its images share: the long
+    /// side `size`, the other fitted to the batch's extreme ratio, rounded up to a multiple of
+    /// `stride` after adding half a stride.
+    pub fn rect_batches(&self, batch: usize, stride: u32) -> Result<Vec<RectBatch>, DataError> {
+        let mut ratios = Vec::with_capacity(self.len());
+        for i in 0..self.len() {
+            let (w, h) = self.prepared(i)?.original;
+            ratios.push(h as f64 / w as f64);
+        }
+        Ok(rect_plan(&ratios, batch, self.size, stride))
+    }
+
+    /// Image `i` letterboxed into a [`Source::rect_batches`] canvas, with its frame and its
+    /// ground truth in original pixels, as Ultralytics validates it.
+    pub fn sample_rect_with_truth(
+        &self,
+        i: usize,
+        canvas: [u32; 2],
+    ) -> Result<(Sample, Frame, Vec<GtAnn>), DataError> {
+        self.load_into(i, true, Some(canvas))
+    }
+
+    /// Image `i` letterboxed into the square `size` or `canvas`, its frame (Ultralytics maps
+    /// predictions back with the height's scale, `scale_boxes`' `ratio_pad[0][0]`) and, when
+    /// `truth`, its ground truth.
+    fn load_into(
+        &self,
+        i: usize,
+        truth: bool,
+        canvas: Option<[u32; 2]>,
+    ) -> Result<(Sample, Frame, Vec<GtAnn>), DataError> {
         let image_id = self.image_id(i);
         let prepared = self.prepared(i)?;
         let gts = match (&self.dataset, truth) {
             (_, false) => Vec::new(),
             // From the sample already prepared, not a second rendering of the image.
             (Dataset::Builtin(_), true) => {
-                let s = prepared.scale;
+                let [sx, sy] = prepared.scale;
                 let original: Vec<Instance> = prepared
                     .sample
                     .instances
                     .iter()
                     .map(|inst| Instance {
                         class: inst.class,
-                        bbox: inst.bbox.map(|v| v / s),
-                        keypoints: inst.mapped_keypoints(|x, y| [x / s, y / s]),
+                        bbox: [
+                            inst.bbox[0] / sx,
+                            inst.bbox[1] / sy,
+                            inst.bbox[2] / sx,
+                            inst.bbox[3] / sy,
+                        ],
+                        keypoints: inst.mapped_keypoints(|x, y| [x / sx, y / sy]),
                     })
                     .collect();
                 builtin_truth(image_id, &original)
@@ -220,9 +263,12 @@ impl Source {
             (Dataset::Coco(c), true) => coco_truth(&c.records[i].annotations),
             (Dataset::Yolo(y), true) => builtin_truth(image_id, &y.instances(i, prepared.original)),
         };
-        let (s, scale, pad) = letterbox(prepared.sample.clone(), self.size);
+        let (s, scale, pad) = match canvas {
+            Some(c) => letterbox_into(prepared.sample.clone(), c),
+            None => letterbox(prepared.sample.clone(), self.size),
+        };
         let frame = Frame {
-            scale: prepared.scale * scale,
+            scale: prepared.scale[1] * scale,
             pad,
             size: [prepared.original.0 as f32, prepared.original.1 as f32],
         };
@@ -252,6 +298,37 @@ impl Source {
             _ => i as u64 + 1,
         }
     }
+}
+
+/// One of [`Source::rect_batches`]: image indices and the canvas `[width, height]` they share.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RectBatch {
+    pub images: Vec<usize>,
+    pub canvas: [u32; 2],
+}
+
+/// [`Source::rect_batches`] from each image's height / width.
+fn rect_plan(ratios: &[f64], batch: usize, size: u32, stride: u32) -> Vec<RectBatch> {
+    let mut order: Vec<usize> = (0..ratios.len()).collect();
+    order.sort_by(|&a, &b| ratios[a].total_cmp(&ratios[b]));
+    let side = |f: f64| ((f * size as f64 / stride as f64 + 0.5).ceil() as u32) * stride;
+    order
+        .chunks(batch.max(1))
+        .map(|part| {
+            let (min, max) = (ratios[part[0]], ratios[part[part.len() - 1]]);
+            let [fh, fw] = if max < 1.0 {
+                [max, 1.0]
+            } else if min > 1.0 {
+                [1.0, 1.0 / min]
+            } else {
+                [1.0, 1.0]
+            };
+            RectBatch {
+                images: part.to_vec(),
+                canvas: [side(fw), side(fh)],
+            }
+        })
+        .collect()
 }
 
 /// Share of its box that a person's segmentation covers on average: the area Ultralytics gives a
@@ -418,6 +495,32 @@ mod truth_tests {
         // Past the left and bottom borders (a box reaching out of the image): on the border.
         assert_eq!(f.to_original(-5.0, 60.0), (0.0, 100.0));
         assert_eq!(f.to_original(70.0, 0.0), (200.0, 0.0));
+    }
+
+    /// Ultralytics' `set_rectangle` on the same ratios gives these batches and canvases
+    /// (computed with its numpy formula): landscape batches shrink the height, portrait ones the
+    /// width, mixed ones stay square, and half a stride is added before rounding up.
+    #[test]
+    fn rect_batches_follow_ultralytics_shapes() {
+        let ratios = [0.75, 0.5625, 1.0, 1.5, 4.0 / 3.0, 0.6671875];
+        let plan: Vec<(Vec<usize>, [u32; 2])> = rect_plan(&ratios, 2, 640, 32)
+            .into_iter()
+            .map(|b| (b.images, b.canvas))
+            .collect();
+        assert_eq!(
+            plan,
+            vec![
+                (vec![1, 5], [672, 448]),
+                (vec![0, 2], [672, 672]),
+                (vec![4, 3], [512, 672]),
+            ]
+        );
+        // A batch of one, shorter than the batch size.
+        let one = RectBatch {
+            images: vec![0],
+            canvas: [352, 192],
+        };
+        assert_eq!(rect_plan(&[0.5], 4, 320, 32), vec![one]);
     }
 
     #[test]

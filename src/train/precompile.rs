@@ -18,18 +18,20 @@ use burn::prelude::*;
 const TRACE_PX: usize = 32;
 
 /// The distinct convolutions a fit of `cfg` runs: its training step's forward (with the
-/// gradients its backward asks for) at `train.batch`, then validation's at twice that (its
-/// chunk), at `data.imgsz`. Sets the process's operations to `device.conv_bn_ops`, as a
+/// gradients its backward asks for) at `train.batch` and `data.imgsz`, then validation's at
+/// twice that batch, on a square canvas of `data.imgsz + 32`. Sets the process's operations to `device.conv_bn_ops`, as a
 /// trainer of `cfg` does: only ours are traced (Burn's own, `"stock"`, are not).
 pub fn convolutions(cfg: &Config) -> Vec<ConvCall> {
     let (model, train) = traced_step(cfg);
     let mut calls: Vec<ConvCall> = train.into_iter().map(|(c, _)| c).collect();
-    // Validation runs the EMA without gradients, in FP32 (`eval::postprocess::detect`).
+    // Validation runs the EMA without gradients, in FP32 (`eval::postprocess::detect`), on
+    // rectangular batches (`Source::rect_batches`): a batch of square images, or of mixed
+    // orientations, is `imgsz + 32` on each side; other shapes compile on first use.
     let eval = model.valid();
     let (_, val) =
         convolutions_of(|| head_outputs(&eval, images(&Device::flex()), cfg.train.val_nms));
     let (batch, scale) = (cfg.train.batch.max(1), cfg.data.imgsz / TRACE_PX);
-    for c in val.iter().map(|c| c.resized(2 * batch, scale)) {
+    for c in val.iter().map(|c| c.resized(2 * batch, scale + 1)) {
         if !calls.contains(&c) {
             calls.push(c);
         }
@@ -116,7 +118,7 @@ mod tests {
 
     /// The trace at 32 px, resized, gives the shapes a step at the fit's size runs: the first
     /// convolution sees the images, and every training call is at the batch, every validation
-    /// call at twice it.
+    /// call at twice it on the square rectangular-batch canvas (416 + 32 px).
     #[test]
     fn convolutions_have_the_fits_shapes() {
         let calls = convolutions(&config(""));
@@ -126,9 +128,11 @@ mod tests {
         assert!(train.len() > 20 && !val.is_empty(), "{calls:#?}");
         assert!(train.iter().all(|c| c.input[0] == 3));
         assert!(val.iter().all(|c| c.input[0] == 6 && !c.input_grad));
-        // The deepest maps of a 416-px input are 13 px.
-        assert!(calls.iter().any(|c| c.input[2..] == [13, 13]));
-        assert!(calls.iter().all(|c| c.input[2] % 13 == 0));
+        // The deepest maps of a 416-px input are 13 px, of a 448-px one 14 px.
+        assert!(train.iter().any(|c| c.input[2..] == [13, 13]));
+        assert!(train.iter().all(|c| c.input[2] % 13 == 0));
+        assert!(val.iter().any(|c| c.input[2..] == [14, 14]));
+        assert!(val.iter().all(|c| c.input[2] % 14 == 0));
         // Distinct, and shared out whole.
         let unique: std::collections::HashSet<_> = calls.iter().collect();
         assert_eq!(unique.len(), calls.len());

@@ -55,13 +55,16 @@ pub fn validate(
     let mut gts: Vec<GtAnn> = Vec::new();
     let mut dts: Vec<DtAnn> = Vec::new();
     let mut ids = Vec::new();
+    // Ultralytics' batches: twice the training batch, rectangular (its trainer's and its
+    // `val`'s default), so each image is padded only to its batch's shape.
     let chunk = (2 * cfg.train.batch).max(1);
-    let indices: Vec<usize> = (0..val.len()).collect();
-    for part in indices.chunks(chunk) {
+    let stride = *crate::model::STRIDES.last().expect("strides") as u32;
+    for batch in val.rect_batches(chunk, stride)? {
+        let (part, canvas) = (batch.images, batch.canvas);
         let mut samples = Vec::new();
         let mut frames: Vec<Frame> = Vec::new();
-        for &i in part {
-            let (s, f, truth) = val.sample_with_truth(i)?;
+        for &i in &part {
+            let (s, f, truth) = val.sample_rect_with_truth(i, canvas)?;
             samples.push(s);
             frames.push(f);
             gts.extend(truth);
