@@ -59,6 +59,21 @@ fn conv_run(conv: &Conv2d, x: &Tensor<4>, dtype: FloatDType, fast: bool, device:
     }
 }
 
+/// A `k×k` convolution without bias, "same" padding, its weight a leaf that autodiff tracks
+/// only where a test asks.
+fn test_conv(channels: [usize; 2], k: usize, stride: usize, groups: usize, d: &Device) -> Conv2d {
+    let conv = Conv2dConfig::new(channels, [k, k])
+        .with_stride([stride, stride])
+        .with_groups(groups)
+        .with_padding(PaddingConfig2d::Explicit(k / 2, k / 2, k / 2, k / 2))
+        .with_bias(false)
+        .init(d);
+    Conv2d {
+        weight: Param::from_tensor(conv.weight.val().detach()),
+        ..conv
+    }
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -89,16 +104,7 @@ fn fast_convolutions_match_stock_on_cuda() {
     ];
     let mut failures = vec![];
     for (ci, co, k, st, g, hw) in shapes {
-        let conv = Conv2dConfig::new([ci, co], [k, k])
-            .with_stride([st, st])
-            .with_groups(g)
-            .with_padding(PaddingConfig2d::Explicit(k / 2, k / 2, k / 2, k / 2))
-            .with_bias(false)
-            .init(&d);
-        let conv = Conv2d {
-            weight: Param::from_tensor(conv.weight.val().detach()),
-            ..conv
-        };
+        let conv = test_conv([ci, co], k, st, g, &d);
         let x = Tensor::<4>::random([4, ci, hw, hw], Distribution::Normal(0.0, 1.0), &d);
         let reference = conv_run(&conv, &x, FloatDType::F32, false, &d);
         for dtype in [FloatDType::F32, FloatDType::BF16] {
@@ -157,15 +163,7 @@ fn every_conv_routine_matches_the_reference_on_cuda() {
     d.seed(9);
     let mut failures = vec![];
     for (ci, co, k, st, hw) in [(85, 85, 3, 1, 37), (64, 85, 3, 1, 20), (48, 64, 1, 1, 23)] {
-        let conv = Conv2dConfig::new([ci, co], [k, k])
-            .with_stride([st, st])
-            .with_padding(PaddingConfig2d::Explicit(k / 2, k / 2, k / 2, k / 2))
-            .with_bias(false)
-            .init(&d);
-        let conv = Conv2d {
-            weight: Param::from_tensor(conv.weight.val().detach()),
-            ..conv
-        };
+        let conv = test_conv([ci, co], k, st, 1, &d);
         let x = Tensor::<4>::random([3, ci, hw, hw], Distribution::Normal(0.0, 1.0), &d);
         let reference = conv_run(&conv, &x, FloatDType::F32, false, &d);
         for (name, _, _) in routine::ROUTINES {
