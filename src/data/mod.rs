@@ -115,6 +115,30 @@ pub fn open_rgb(path: &std::path::Path) -> Result<image::RgbImage, DataError> {
     Ok(image.to_rgb8())
 }
 
+/// Width and height of the image at `path` as [`open_rgb`] returns it (turned by its EXIF
+/// orientation), read from its header without decoding the pixels.
+pub fn rgb_dimensions(path: &std::path::Path) -> Result<(u32, u32), DataError> {
+    use image::ImageDecoder;
+    use image::metadata::Orientation;
+    let bad = |e: image::ImageError| DataError::Image {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    };
+    let mut decoder = image::ImageReader::open(path)
+        .map_err(|e| bad(image::ImageError::IoError(e)))?
+        .into_decoder()
+        .map_err(bad)?;
+    let (w, h) = decoder.dimensions();
+    let turned = matches!(
+        decoder.orientation().unwrap_or(Orientation::NoTransforms),
+        Orientation::Rotate90
+            | Orientation::Rotate270
+            | Orientation::Rotate90FlipH
+            | Orientation::Rotate270FlipH
+    );
+    Ok(if turned { (h, w) } else { (w, h) })
+}
+
 /// An RGB image with its labels.
 #[derive(Clone, Debug)]
 pub struct Sample {

@@ -211,10 +211,24 @@ impl Source {
     pub fn rect_batches(&self, batch: usize, stride: u32) -> Result<Vec<RectBatch>, DataError> {
         let mut ratios = Vec::with_capacity(self.len());
         for i in 0..self.len() {
-            let (w, h) = self.prepared(i)?.original;
+            let (w, h) = self.original_size(i)?;
             ratios.push(h as f64 / w as f64);
         }
         Ok(rect_plan(&ratios, batch, self.size, stride))
+    }
+
+    /// Width and height of image `i` as decoded: from the cache when it holds it, else from
+    /// the file's header (no decoding: without a cache, validation would decode every image
+    /// twice).
+    fn original_size(&self, i: usize) -> Result<(u32, u32), DataError> {
+        if let Some(p) = self.cache.as_ref().and_then(|c| c[i].get()) {
+            return Ok(p.original);
+        }
+        match &self.dataset {
+            Dataset::Builtin(b) => Ok((b.size, b.size)),
+            Dataset::Coco(c) => super::rgb_dimensions(&c.records[i].path),
+            Dataset::Yolo(y) => super::rgb_dimensions(&y.items[i].image),
+        }
     }
 
     /// Image `i` letterboxed into a [`Source::rect_batches`] canvas, with its frame and its

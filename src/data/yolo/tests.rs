@@ -405,7 +405,8 @@ fn nc_is_checked_against_names_and_the_model() {
 
 /// A JPEG whose EXIF says "rotate 90° clockwise" (orientation 6), as phone cameras write them,
 /// is decoded turned, so that labels normalised to the picture the labelling tool showed land on
-/// the right pixels; the same image without the tag is not turned (the control).
+/// the right pixels, and its size read from the header turns with it; the same image without the
+/// tag is not turned (the control).
 #[test]
 fn exif_orientation_is_applied_when_decoding() {
     use image::ImageEncoder;
@@ -440,6 +441,10 @@ fn exif_orientation_is_applied_when_decoding() {
     assert!(turned.get_pixel(10, 5)[0] > 200 && turned.get_pixel(10, 35)[2] > 200);
     let plain = crate::data::open_rgb(&dir.join("images/train/plain.jpg")).unwrap();
     assert_eq!(plain.dimensions(), (40, 20));
+    // The header-only size (rectangular validation's batches) agrees with the decoded one.
+    let size = |name: &str| crate::data::rgb_dimensions(&dir.join("images/train").join(name));
+    assert_eq!(size("turned.jpg").unwrap(), (20, 40));
+    assert_eq!(size("plain.jpg").unwrap(), (40, 20));
     assert!(plain.get_pixel(5, 10)[0] > 200 && plain.get_pixel(35, 10)[2] > 200);
 }
 
