@@ -96,21 +96,8 @@ pub fn files_below(
 
 /// The image at `path`, decoded to RGB; an error names the file.
 pub fn open_rgb(path: &std::path::Path) -> Result<image::RgbImage, DataError> {
-    use image::ImageDecoder;
-    let bad = |e: image::ImageError| DataError::Image {
-        path: path.to_path_buf(),
-        message: e.to_string(),
-    };
-    let mut decoder = image::ImageReader::open(path)
-        .map_err(|e| bad(image::ImageError::IoError(e)))?
-        .into_decoder()
-        .map_err(bad)?;
-    // Turned as the EXIF orientation says, as the labelling tool showed it (and as OpenCV's
-    // `imread` in Ultralytics reads it); an unreadable orientation counts as none.
-    let orientation = decoder
-        .orientation()
-        .unwrap_or(image::metadata::Orientation::NoTransforms);
-    let mut image = image::DynamicImage::from_decoder(decoder).map_err(bad)?;
+    let (decoder, orientation) = decoder_of(path)?;
+    let mut image = image::DynamicImage::from_decoder(decoder).map_err(|e| bad_image(path, e))?;
     image.apply_orientation(orientation);
     Ok(image.to_rgb8())
 }
@@ -120,23 +107,40 @@ pub fn open_rgb(path: &std::path::Path) -> Result<image::RgbImage, DataError> {
 pub fn rgb_dimensions(path: &std::path::Path) -> Result<(u32, u32), DataError> {
     use image::ImageDecoder;
     use image::metadata::Orientation;
-    let bad = |e: image::ImageError| DataError::Image {
-        path: path.to_path_buf(),
-        message: e.to_string(),
-    };
-    let mut decoder = image::ImageReader::open(path)
-        .map_err(|e| bad(image::ImageError::IoError(e)))?
-        .into_decoder()
-        .map_err(bad)?;
+    let (decoder, orientation) = decoder_of(path)?;
     let (w, h) = decoder.dimensions();
     let turned = matches!(
-        decoder.orientation().unwrap_or(Orientation::NoTransforms),
+        orientation,
         Orientation::Rotate90
             | Orientation::Rotate270
             | Orientation::Rotate90FlipH
             | Orientation::Rotate270FlipH
     );
     Ok(if turned { (h, w) } else { (w, h) })
+}
+
+/// The decoder of the image at `path` and the EXIF orientation to turn it by: as the labelling
+/// tool showed it (and as OpenCV's `imread` in Ultralytics reads it); an unreadable orientation
+/// counts as none.
+fn decoder_of(
+    path: &std::path::Path,
+) -> Result<(impl image::ImageDecoder, image::metadata::Orientation), DataError> {
+    use image::ImageDecoder;
+    let mut decoder = image::ImageReader::open(path)
+        .map_err(|e| bad_image(path, image::ImageError::IoError(e)))?
+        .into_decoder()
+        .map_err(|e| bad_image(path, e))?;
+    let orientation = decoder
+        .orientation()
+        .unwrap_or(image::metadata::Orientation::NoTransforms);
+    Ok((decoder, orientation))
+}
+
+fn bad_image(path: &std::path::Path, e: image::ImageError) -> DataError {
+    DataError::Image {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    }
 }
 
 /// An RGB image with its labels.
