@@ -350,15 +350,23 @@ fn empty_batch_skips_point_stems_with_the_head_in_the_stage() {
     }
 }
 
+/// The NMS path, and both heads under Ultralytics' metric (`eval::ultralytics` checks the metric
+/// itself against Ultralytics' own code).
 #[test]
-fn nms_validation_path_runs() {
-    let cfg = config("epochs = 1\nnbs = 2\nval_nms = true\n");
-    let mut t = trainer(&cfg);
-    let r = t.run_epoch(&mut no_log()).unwrap();
-    assert!(
-        (0.0..=1.0).contains(&r.box_map) && (0.0..=1.0).contains(&r.pose_map),
-        "{r:?}"
-    );
+fn nms_validation_path_and_ultralytics_metric_run() {
+    for extra in [
+        "val_nms = true\n",
+        "val_metric = \"ultralytics\"\n",
+        "val_nms = true\nval_metric = \"ultralytics\"\n",
+    ] {
+        let cfg = config(&format!("epochs = 1\nnbs = 2\n{extra}"));
+        let mut t = trainer(&cfg);
+        let r = t.run_epoch(&mut no_log()).unwrap();
+        assert!(
+            (0.0..=1.0).contains(&r.box_map) && (0.0..=1.0).contains(&r.pose_map),
+            "{extra}: {r:?}"
+        );
+    }
 }
 
 /// A YOLO-txt dataset (the real coco8-pose images) trains end to end with augmentation on.

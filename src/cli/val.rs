@@ -1,4 +1,4 @@
-//! `burnpose val`: COCO-style box and pose mAP of a checkpoint's EMA model (or of the freshly
+//! `burnpose val`: box and pose mAP (COCOeval's or Ultralytics', `train.val_metric`) of a checkpoint's EMA model (or of the freshly
 //! initialised model when no checkpoint is given) on the config's val split, or on `--split`.
 
 use crate::config::DeviceKind;
@@ -54,8 +54,14 @@ pub fn run(
         true => "one-to-many head + NMS (train.val_nms)",
         false => "one-to-one head (Ultralytics' val: one-to-many + NMS, train.val_nms = true)",
     };
+    let metric = match trainer.cfg.train.val_metric {
+        crate::config::ValMetric::Coco => "COCOeval's mAP (train.val_metric = \"coco\")",
+        crate::config::ValMetric::Ultralytics => {
+            "Ultralytics' mAP (train.val_metric = \"ultralytics\")"
+        }
+    };
     println!(
-        "val on {what}: {source}, {} images of split {split}, {head}",
+        "val on {what}: {source}, {} images of split {split}, {head}, {metric}",
         trainer.val.len()
     );
     println!(

@@ -256,6 +256,10 @@ pub struct TrainSection {
     /// Validate with the one-to-many copy + NMS instead of the one-to-one (NMS-free) copy
     /// (default false).
     pub val_nms: bool,
+    /// How validation scores detections: "coco" (COCOeval's mAP, as pycocotools) or
+    /// "ultralytics" (the mAP Ultralytics' `val` prints: its matching and AP interpolation;
+    /// docs/training.md) (default "coco").
+    pub val_metric: ValMetric,
     /// Stop early when fitness has not improved for this many epochs (default 100; 0: never).
     pub patience: usize,
     /// Also keep every N-th epoch's checkpoint as `epoch<N>.safetensors` (default 0: only
@@ -265,6 +269,19 @@ pub struct TrainSection {
     /// freezes those (default 0: none). Their parameters get no gradient and their BatchNorms
     /// normalise with the running statistics, which stay put (Ultralytics' `freeze`).
     pub freeze: Freeze,
+}
+
+/// `train.val_metric`: which mAP validation reports (and fitness is made of).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ValMetric {
+    /// COCOeval's (pycocotools'): crowd and area rules, at most 20 detections per image for
+    /// keypoints and 100 for boxes, interpolated at 101 recall points.
+    #[default]
+    Coco,
+    /// Ultralytics 8.4.190's `ap_per_class` over its greedy matching, in the network input's
+    /// pixels (`eval::ultralytics`).
+    Ultralytics,
 }
 
 /// `train.freeze`: the first N layers, or a list of layer indices.
@@ -304,6 +321,7 @@ impl Default for TrainSection {
             nbs: 64,
             close_mosaic: 10,
             val_nms: false,
+            val_metric: ValMetric::Coco,
             patience: 100,
             save_period: 0,
             freeze: Freeze::default(),

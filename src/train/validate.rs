@@ -1,7 +1,8 @@
-//! Validation of a model on the val source: one-to-one predictions, mapped back to original
-//! image pixels, scored COCO-style (box mAP and, for pose, OKS mAP).
+//! Validation of a model on the val source: one-to-one predictions (or one-to-many + NMS),
+//! mapped back to original image pixels and scored COCO-style (box mAP and, for pose, OKS mAP),
+//! or scored as Ultralytics' `val` scores them (`train.val_metric`).
 
-use crate::config::Config;
+use crate::config::{Config, ValMetric};
 use crate::data::{Batch, DataError, Frame, Source};
 use crate::eval::{DtAnn, GtAnn, IouKind, Select, detect, evaluate};
 use crate::loss::E2eLoss;
@@ -55,6 +56,9 @@ pub fn validate(
     let mut gts: Vec<GtAnn> = Vec::new();
     let mut dts: Vec<DtAnn> = Vec::new();
     let mut ids = Vec::new();
+    let sigmas: Vec<f32> = loss.sigmas.iter().copied().take(nk).collect();
+    let mut tally = (cfg.train.val_metric == ValMetric::Ultralytics)
+        .then(|| crate::eval::ultralytics::Tally::new(&sigmas));
     // Ultralytics' batches: twice the training batch, rectangular (its trainer's and its
     // `val`'s default), so each image is padded only to its batch's shape.
     let chunk = (2 * cfg.train.batch).max(1);
@@ -63,8 +67,13 @@ pub fn validate(
         let (part, canvas) = (batch.images, batch.canvas);
         let mut samples = Vec::new();
         let mut frames: Vec<Frame> = Vec::new();
+        let mut letterboxed = Vec::new();
         for &i in &part {
             let (s, f, truth) = val.sample_rect_with_truth(i, canvas)?;
+            if tally.is_some() {
+                // Ultralytics scores in the letterboxed pixels the network saw.
+                letterboxed.push(s.instances.clone());
+            }
             samples.push(s);
             frames.push(f);
             gts.extend(truth);
@@ -73,6 +82,9 @@ pub fn validate(
         let batch = Batch::collate(samples);
         let per_image = detect(model, batch.images_f32(&device), &select);
         for (j, dets) in per_image.into_iter().enumerate() {
+            if let Some(t) = &mut tally {
+                t.add(&letterboxed[j], &dets);
+            }
             let frame = frames[j];
             for d in dets {
                 let (x1, y1) = frame.to_original(d.bbox[0], d.bbox[1]);
@@ -95,12 +107,17 @@ pub fn validate(
             }
         }
     }
-    let sigmas: Vec<f64> = loss.sigmas.iter().map(|&s| s as f64).collect();
-    let boxes = evaluate(&gts, &dts, &ids, IouKind::Bbox, &sigmas);
-    let pose = if nk > 0 {
-        evaluate(&gts, &dts, &ids, IouKind::Keypoints, &sigmas)
-    } else {
-        crate::eval::Summary::absent()
+    let sigmas: Vec<f64> = sigmas.iter().map(|&s| s as f64).collect();
+    let (boxes, pose) = match (&tally, nk > 0) {
+        (Some(t), _) => (t.boxes(), t.pose()),
+        (None, true) => (
+            evaluate(&gts, &dts, &ids, IouKind::Bbox, &sigmas),
+            evaluate(&gts, &dts, &ids, IouKind::Keypoints, &sigmas),
+        ),
+        (None, false) => (
+            evaluate(&gts, &dts, &ids, IouKind::Bbox, &sigmas),
+            crate::eval::Summary::absent(),
+        ),
     };
     let per_class = boxes
         .per_class
