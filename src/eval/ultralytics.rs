@@ -207,6 +207,7 @@ pub fn ap_per_class(
 #[derive(Clone, Debug)]
 pub struct Tally {
     sigmas: Vec<f32>,
+    labelled_only: bool,
     thresholds: [f32; 10],
     box_tp: Vec<[bool; 10]>,
     pose_tp: Vec<[bool; 10]>,
@@ -217,9 +218,13 @@ pub struct Tally {
 
 impl Tally {
     /// `sigmas`: the keypoints' OKS constants (empty for detection: no pose metric).
-    pub fn new(sigmas: &[f32]) -> Self {
+    /// `labelled_only`: objects without a labelled keypoint are not ground truth, as when
+    /// Ultralytics reads a COCO keypoints file (its `convert_coco(use_keypoints=True)` leaves them
+    /// out).
+    pub fn new(sigmas: &[f32], labelled_only: bool) -> Self {
         Self {
             sigmas: sigmas.to_vec(),
+            labelled_only,
             thresholds: thresholds(),
             box_tp: Vec::new(),
             pose_tp: Vec::new(),
@@ -232,6 +237,10 @@ impl Tally {
     /// One image: its ground truth and detections in the same (network input) pixels, the
     /// detections in descending confidence.
     pub fn add(&mut self, truth: &[Instance], dets: &[Detection]) {
+        let truth: Vec<&Instance> = truth
+            .iter()
+            .filter(|t| !self.labelled_only || t.keypoints.iter().any(|k| k[2] != 0.0))
+            .collect();
         let gt_class: Vec<usize> = truth.iter().map(|t| t.class).collect();
         let det_class: Vec<usize> = dets.iter().map(|d| d.class).collect();
         let gt_boxes: Vec<[f32; 4]> = truth.iter().map(|t| t.bbox).collect();
@@ -261,6 +270,11 @@ impl Tally {
         self.conf.extend(dets.iter().map(|d| d.score));
         self.det_class.extend(det_class);
         self.gt_class.extend(gt_class);
+    }
+
+    /// How many ground-truth objects were scored (Ultralytics' "Instances").
+    pub fn objects(&self) -> usize {
+        self.gt_class.len()
     }
 
     /// Box mAPs, as Ultralytics' `metrics.box`.

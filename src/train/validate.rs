@@ -57,8 +57,11 @@ pub fn validate(
     let mut dts: Vec<DtAnn> = Vec::new();
     let mut ids = Vec::new();
     let sigmas: Vec<f32> = loss.sigmas.iter().copied().take(nk).collect();
+    // Ultralytics reads a COCO keypoints file through its converter, which leaves out people
+    // without a labelled keypoint (and crowds, which our samples never hold).
+    let labelled_only = nk > 0 && matches!(val.dataset, crate::data::source::Dataset::Coco(_));
     let mut tally = (cfg.train.val_metric == ValMetric::Ultralytics)
-        .then(|| crate::eval::ultralytics::Tally::new(&sigmas));
+        .then(|| crate::eval::ultralytics::Tally::new(&sigmas, labelled_only));
     // Ultralytics' batches: twice the training batch, rectangular (its trainer's and its
     // `val`'s default), so each image is padded only to its batch's shape.
     let chunk = (2 * cfg.train.batch).max(1);

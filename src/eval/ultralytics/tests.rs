@@ -153,7 +153,7 @@ fn matching_matches_ultralytics() {
 fn summaries_match_ultralytics() {
     for case in cases() {
         let nk = case["nk"].as_u64().expect("nk") as usize;
-        let mut tally = Tally::new(&crate::loss::geometry::sigmas(nk));
+        let mut tally = Tally::new(&crate::loss::geometry::sigmas(nk), false);
         for v in case["images"].as_array().expect("images") {
             let im = image(v);
             tally.add(&im.truth, &im.dets);
@@ -200,7 +200,7 @@ fn scenes_exercise_the_rules() {
     let ap = case["summary"]["box"]["ap"].as_array().expect("ap").clone();
     assert!(ap.iter().any(|r| r[0].as_f64() == Some(0.0)));
     assert!(ap.iter().any(|r| r[0].as_f64().expect("ap") > 0.3));
-    let mut tally = Tally::new(&[]);
+    let mut tally = Tally::new(&[], false);
     let (mut gts, mut dts, mut ids) = (Vec::new(), Vec::new(), Vec::new());
     for (n, v) in case["images"]
         .as_array()
@@ -245,4 +245,38 @@ fn scenes_exercise_the_rules() {
     let ours = tally.boxes();
     assert!(ours.map > 0.05 && coco.map > 0.05);
     assert_ne!(ours.map, coco.map);
+}
+
+/// Read from a COCO keypoints file, a person without a labelled keypoint is no ground truth (as
+/// Ultralytics' converter leaves it out): a detection of it is a false positive, not a miss found.
+#[test]
+fn unlabelled_people_are_left_out_when_asked() {
+    let person = |x: f32, v: f32| Instance {
+        class: 0,
+        bbox: [x, 10.0, x + 40.0, 90.0],
+        keypoints: vec![[x + 20.0, 30.0, v], [x + 20.0, 60.0, v]],
+    };
+    let truth = [person(0.0, 2.0), person(100.0, 0.0)];
+    let found = |x: f32, score: f32| Detection {
+        bbox: [x, 10.0, x + 40.0, 90.0],
+        score,
+        class: 0,
+        keypoints: vec![[x + 20.0, 30.0, 0.9], [x + 20.0, 60.0, 0.9]],
+    };
+    // The unlabelled person's detection ranks first.
+    let dets = [found(100.0, 0.9), found(0.0, 0.8)];
+    let sigmas = [0.5, 0.5];
+    let (mut all, mut labelled) = (Tally::new(&sigmas, false), Tally::new(&sigmas, true));
+    all.add(&truth, &dets);
+    labelled.add(&truth, &dets);
+    assert_eq!((all.objects(), labelled.objects()), (2, 1));
+    // Both people found: a perfect AP when both count (0.995 under Ultralytics' interpolation,
+    // whose sentinel drops precision to 0 at recall 1); with one, the first-ranked detection is
+    // a false positive and AP drops.
+    assert!(
+        (all.boxes().map50 - 0.995).abs() < 1e-12,
+        "{:?}",
+        all.boxes()
+    );
+    assert!(labelled.boxes().map50 < 0.9, "{:?}", labelled.boxes());
 }
