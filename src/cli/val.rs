@@ -61,8 +61,9 @@ pub fn run(
         }
     };
     println!(
-        "val on {what}: {source}, {} images of split {split}, {head}, {metric}",
-        trainer.val.len()
+        "val on {what}: {source}, {} images ({} objects) of split {split}, {head}, {metric}",
+        trainer.val.len(),
+        m.objects
     );
     println!(
         "box mAP50 {:.4} mAP50-95 {:.4} | pose mAP50 {:.4} mAP50-95 {:.4} | {:.1} s",

@@ -17,6 +17,9 @@ pub struct Metrics {
     /// Box and pose mAP50-95 per class with ground truth in the val split (pose: -1 for
     /// detection).
     pub per_class: Vec<ClassMap>,
+    /// Ground-truth objects the metric counted (Ultralytics' "Instances"): under COCOeval's the
+    /// non-crowd ones; under Ultralytics' those it would read.
+    pub objects: usize,
     /// What was scored: every detection and ground truth (original pixels) and the image ids.
     pub detections: Vec<DtAnn>,
     pub truth: Vec<GtAnn>,
@@ -135,7 +138,12 @@ pub fn validate(
                 .map_or(-1.0, |p| p.1),
         })
         .collect();
+    let objects = match &tally {
+        Some(t) => t.objects(),
+        None => gts.iter().filter(|g| !g.iscrowd).count(),
+    };
     Ok(Metrics {
+        objects,
         box_map50: boxes.map50,
         box_map: boxes.map,
         pose_map50: pose.map50,
