@@ -167,11 +167,10 @@ fn compare_routines(
         let best = (0..names.len())
             .min_by(|&a, &b| ms[i][a].total_cmp(&ms[i][b]))
             .map_or("", |b| names[b]);
-        let d = |d: [usize; 4]| format!("{}×{}×{}×{}", d[0], d[1], d[2], d[3]);
         println!(
             "| {layer} | {} | {} | {} | {count} | {} | {} | {best} |",
-            d(call.input),
-            d(call.weight),
+            dims(call.input),
+            dims(call.weight),
             call.stride[0],
             pass_name(*pass),
             cells.join(" | ")
@@ -258,6 +257,11 @@ fn time_pass(
     Ok((ms, kernels))
 }
 
+/// A tensor's dimensions as `N×C×H×W`.
+fn dims(d: [usize; 4]) -> String {
+    format!("{}×{}×{}×{}", d[0], d[1], d[2], d[3])
+}
+
 fn pass_name(pass: Pass) -> &'static str {
     match pass {
         Pass::Forward => "forward",
@@ -275,7 +279,6 @@ fn table(rows: &[Row], kernels_above: f64) -> String {
     let mut out = String::from(
         "| # | input | weight | stride | groups | dtype | × per step | pass | µs per run | ms per step | % | TFLOP/s | GB/s (FP32 interface) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
-    let dims = |d: [usize; 4]| format!("{}×{}×{}×{}", d[0], d[1], d[2], d[3]);
     for r in &sorted {
         let s = r.ms * 1e-3;
         out += &format!(

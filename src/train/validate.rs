@@ -114,15 +114,14 @@ pub fn validate(
         }
     }
     let sigmas: Vec<f64> = sigmas.iter().map(|&s| s as f64).collect();
-    let (boxes, pose) = match (&tally, nk > 0) {
-        (Some(t), _) => (t.boxes(), t.pose()),
-        (None, true) => (
+    let (boxes, pose) = match &tally {
+        Some(t) => (t.boxes(), t.pose()),
+        None => (
             evaluate(&gts, &dts, &ids, IouKind::Bbox, &sigmas),
-            evaluate(&gts, &dts, &ids, IouKind::Keypoints, &sigmas),
-        ),
-        (None, false) => (
-            evaluate(&gts, &dts, &ids, IouKind::Bbox, &sigmas),
-            crate::eval::Summary::absent(),
+            match nk > 0 {
+                true => evaluate(&gts, &dts, &ids, IouKind::Keypoints, &sigmas),
+                false => crate::eval::Summary::absent(),
+            },
         ),
     };
     let per_class = boxes

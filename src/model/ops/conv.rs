@@ -22,6 +22,18 @@ pub fn options(conv: &Conv2d) -> ConvOptions<2> {
     )
 }
 
+/// Output length along one axis of a convolution over `input` with a `kernel` wide filter,
+/// `(before, after)` padding, `stride` and `dilation`.
+pub fn output_len(
+    input: usize,
+    kernel: usize,
+    (before, after): (usize, usize),
+    stride: usize,
+    dilation: usize,
+) -> usize {
+    (input + before + after - dilation * (kernel - 1) - 1) / stride + 1
+}
+
 /// CubeCL's implicit-GEMM convolutions (tensor cores); shapes it declines run Burn's direct ones.
 #[cfg(feature = "cuda")]
 pub mod gemm {
@@ -278,10 +290,13 @@ pub mod routine {
         let xs = x.meta.shape().clone();
         let ws = weight.meta.shape().clone();
         let size = |i: usize| {
-            let (before, after) = options.padding[i];
-            (xs[1 + i] + before + after - options.dilation[i] * (ws[1 + i] - 1) - 1)
-                / options.stride[i]
-                + 1
+            super::output_len(
+                xs[1 + i],
+                ws[1 + i],
+                options.padding[i],
+                options.stride[i],
+                options.dilation[i],
+            )
         };
         let out = empty_device_dtype(
             x.client.clone(),

@@ -108,9 +108,13 @@ impl ConvCall {
     /// `[height, width]` of the output.
     pub fn output_size(&self) -> [usize; 2] {
         let dim = |i: usize| {
-            let (before, after) = self.padding[i];
-            let reach = self.dilation[i] * (self.weight[2 + i] - 1) + 1;
-            (self.input[2 + i] + before + after - reach) / self.stride[i] + 1
+            super::conv::output_len(
+                self.input[2 + i],
+                self.weight[2 + i],
+                self.padding[i],
+                self.stride[i],
+                self.dilation[i],
+            )
         };
         [dim(0), dim(1)]
     }
