@@ -37,10 +37,16 @@ pub fn resize_long_side(sample: Sample, size: u32) -> (Sample, f32) {
     if w.max(h) == size {
         return (sample, 1.0);
     }
-    let scale = size as f32 / w.max(h) as f32;
-    let side = |v: u32| ((v as f64 * scale as f64).round_ties_even() as u32).max(1);
-    let (sample, _) = resize_to(sample, side(w), side(h));
-    (sample, scale)
+    let (nw, nh) = scaled(w, h, size as f64 / w.max(h) as f64);
+    let (sample, _) = resize_to(sample, nw, nh);
+    (sample, size as f32 / w.max(h) as f32)
+}
+
+/// `w × h` scaled by `r` as Ultralytics' `LetterBox` sizes it: each side `round(side · r)` in
+/// double precision, half to even (Python's `round`), at least 1.
+fn scaled(w: u32, h: u32, r: f64) -> (u32, u32) {
+    let side = |v: u32| ((v as f64 * r).round_ties_even() as u32).max(1);
+    (side(w), side(h))
 }
 
 /// Resizes as Ultralytics loads every image (`data/base.py::load_image`): long side to `size`,
@@ -86,10 +92,7 @@ pub fn letterbox_into(sample: Sample, canvas: [u32; 2]) -> (Sample, f32, [f32; 2
     let (w, h) = sample.image.dimensions();
     let [cw, ch] = canvas;
     let r = (cw as f64 / w as f64).min(ch as f64 / h as f64).min(1.0);
-    let (nw, nh) = (
-        ((w as f64 * r).round_ties_even() as u32).max(1),
-        ((h as f64 * r).round_ties_even() as u32).max(1),
-    );
+    let (nw, nh) = scaled(w, h, r);
     let (resized, scale) = if (nw, nh) == (w, h) {
         (sample, 1.0)
     } else {
@@ -180,6 +183,12 @@ mod tests {
         );
         // Already at size: untouched.
         assert_eq!(resize_for_loading(sample(320, 200), 320).1, [1.0, 1.0]);
+        // Python's ratio is a double: 9 · 160/192 is 7.5 exactly, rounded to even 8 (a single-
+        // precision ratio gives 7.4999998 and 7).
+        assert_eq!(
+            resize_long_side(sample(192, 9), 160).0.image.dimensions(),
+            (160, 8)
+        );
     }
 
     /// A validation canvas centres the image, the odd margin pixel at the bottom, and shrinks
