@@ -38,11 +38,19 @@ pub fn linear(image: &RgbImage, width: u32, height: u32) -> RgbImage {
         }
         out
     };
+    let below = |y: usize| (y + 1).min(h as usize - 1);
     let mut out = Vec::with_capacity((width * height * 3) as usize);
+    // The two source rows the last output row read: consecutive output rows mostly read the
+    // same rows, or move down by one, so each source row's pass is computed once.
+    let mut rows: Option<(usize, Vec<i32>, Vec<i32>)> = None;
     for &(y, b0, b1) in &ys {
-        let r0 = horizontal(y);
-        let r1 = horizontal((y + 1).min(h as usize - 1));
-        for (s0, s1) in r0.iter().zip(&r1) {
+        let next = match rows.take() {
+            Some(same) if same.0 == y => same,
+            Some((last, _, r1)) if below(last) == y => (y, r1, horizontal(below(y))),
+            _ => (y, horizontal(y), horizontal(below(y))),
+        };
+        let (_, r0, r1) = rows.insert(next);
+        for (s0, s1) in r0.iter().zip(r1.iter()) {
             // OpenCV's `VResizeLinearVec_32s8u`: high halves of 16-bit products, then
             // `(· + 2) >> 2` with unsigned saturation.
             let v = mul_hi(s0 >> 4, b0) + mul_hi(s1 >> 4, b1) + 2;
