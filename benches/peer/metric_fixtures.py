@@ -18,13 +18,13 @@ With the peer venv (docs/bench.md, "On the CPU"), offline:
 
 import json
 import sys
-from types import SimpleNamespace
 
 import numpy as np
 import torch
 import ultralytics
 from ultralytics.models.yolo.pose import PoseValidator
-from ultralytics.utils.metrics import OKS_SIGMA, PoseMetrics
+from ultralytics.utils import ops
+from ultralytics.utils.metrics import OKS_SIGMA, PoseMetrics, box_iou, kpt_iou
 
 W, H = 320.0, 256.0
 
@@ -131,9 +131,6 @@ def score(images, nk, nc):
         record["tp"] = tp["tp"].astype(int).tolist()
         record["tp_p"] = tp["tp_p"].astype(int).tolist()
         if len(im["gt_boxes"]) and len(im["pred_boxes"]):
-            from ultralytics.utils import ops
-            from ultralytics.utils.metrics import box_iou, kpt_iou
-
             record["iou"] = box_iou(batch["bboxes"], preds["bboxes"]).tolist()
             area = ops.xyxy2xywh(batch["bboxes"])[:, 2:].prod(1) * 0.53
             record["oks"] = kpt_iou(batch["keypoints"], preds["keypoints"], sigma=v.sigma, area=area).tolist()

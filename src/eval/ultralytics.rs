@@ -13,6 +13,8 @@
 
 use super::{Detection, Summary};
 use crate::data::Instance;
+use crate::data::source::AREA_OF_BOX;
+use crate::loss::geometry::oks;
 
 /// The ten thresholds, `torch.linspace(0.5, 0.95, 10)` in FP32 (as Ultralytics compares them).
 pub fn thresholds() -> [f32; 10] {
@@ -45,36 +47,22 @@ pub fn box_iou(truth: &[[f32; 4]], dets: &[[f32; 4]]) -> Vec<Vec<f32>> {
 }
 
 /// Ultralytics' `kpt_iou` in FP32: OKS `[gt][detection]`, with `area` per ground truth; a ground
-/// truth keypoint counts where its visibility is not 0.
+/// truth keypoint counts where its visibility is not 0 (the assigner's [`oks`], the same
+/// operations).
 pub fn kpt_iou(
     truth: &[&[[f32; 3]]],
     dets: &[&[[f32; 3]]],
     area: &[f32],
     sigmas: &[f32],
 ) -> Vec<Vec<f32>> {
-    const EPS: f32 = 1e-7;
+    let dets: Vec<Vec<[f32; 2]>> = dets
+        .iter()
+        .map(|d| d.iter().map(|k| [k[0], k[1]]).collect())
+        .collect();
     truth
         .iter()
         .zip(area)
-        .map(|(g, &a)| {
-            let labelled = g.iter().filter(|k| k[2] != 0.0).count() as f32;
-            dets.iter()
-                .map(|d| {
-                    let sum: f32 = g
-                        .iter()
-                        .zip(d.iter())
-                        .zip(sigmas)
-                        .filter(|((gk, _), _)| gk[2] != 0.0)
-                        .map(|((gk, dk), &s)| {
-                            let (dx, dy) = (gk[0] - dk[0], gk[1] - dk[1]);
-                            let two_s = 2.0 * s;
-                            (-((dx * dx + dy * dy) / (two_s * two_s * (a + EPS) * 2.0))).exp()
-                        })
-                        .sum();
-                    sum / (labelled + EPS)
-                })
-                .collect()
-        })
+        .map(|(g, &a)| dets.iter().map(|d| oks(d, g, a, sigmas)).collect())
         .collect()
 }
 
@@ -255,7 +243,7 @@ impl Tally {
         if !self.sigmas.is_empty() {
             let area: Vec<f32> = gt_boxes
                 .iter()
-                .map(|b| (b[2] - b[0]) * (b[3] - b[1]) * 0.53)
+                .map(|b| (b[2] - b[0]) * (b[3] - b[1]) * AREA_OF_BOX as f32)
                 .collect();
             let gk: Vec<&[[f32; 3]]> = truth.iter().map(|t| t.keypoints.as_slice()).collect();
             let dk: Vec<&[[f32; 3]]> = dets.iter().map(|d| d.keypoints.as_slice()).collect();

@@ -325,7 +325,7 @@ fn overlap(cfg: &AssignerConfig, pred: &Predicted, a: usize, t: &Target, sigmas:
     {
         let k = gt.len();
         let [x1, y1, x2, y2] = t.bbox;
-        let area = (x2 - x1) * (y2 - y1) * 0.53;
+        let area = (x2 - x1) * (y2 - y1) * crate::data::source::AREA_OF_BOX as f32;
         return oks(&pk[a * k..(a + 1) * k], gt, area, sigmas);
     }
     ciou(t.bbox, pred.boxes[a])
