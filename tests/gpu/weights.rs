@@ -34,13 +34,16 @@ fn ultralytics_weights_forward_on_cuda_matches_ultralytics() {
     }
 }
 
-/// FP32 without tensor cores: Burn's own convolutions (`ConvBnOps::Stock`: its direct kernel,
-/// scalar FP32 multiply-adds) and BatchNorm inference, so eval mode on CUDA must reach the CPU's
-/// bound of 1e-4 (docs/weights.md, "Parity with Ultralytics (forward)"). The attention's matmuls
-/// still run through CubeCL's matmul: if this fails there, that is the place to look.
+/// Burn's own convolutions (`ConvBnOps::Stock`: its direct kernel, scalar FP32 multiply-adds)
+/// and BatchNorm inference take the convolutions off the tensor cores, and eval on CUDA comes
+/// ten times closer to Ultralytics' float64 outputs than with ours (H200, 2026-12-03: ≤ 5.8e-4
+/// against ≤ 7.7e-3). It does not reach the CPU's 1e-4: CubeCL's FP32 matmul — the attention
+/// blocks' — runs on TF32 tensor cores too (cubek-matmul's `adjust_dtypes` stages FP32 operands
+/// as TF32 wherever its tile matmul needs an accelerator), and Burn 0.22.1 offers no switch for
+/// it. FP32 exactness is the CPU tests' to check (docs/weights.md).
 #[test]
 #[ignore = "needs a CUDA GPU and ../shared/data/pose-real/pose_minicoco"]
-fn ultralytics_weights_eval_on_cuda_without_tensor_cores_is_fp32_exact() {
+fn ultralytics_weights_eval_on_cuda_with_stock_convolutions_is_ten_times_closer() {
     use burnpose::model::ops::{ConvBnOps, set_conv_bn_ops};
     struct Restore;
     impl Drop for Restore {
@@ -57,6 +60,6 @@ fn ultralytics_weights_eval_on_cuda_without_tensor_cores_is_fp32_exact() {
         eprintln!("{name}: worst relative difference {err:.2e}");
     }
     for (name, err) in &eval {
-        assert!(*err <= 1e-4, "{name}: {err:.3e} > 1e-4");
+        assert!(*err <= 1e-3, "{name}: {err:.3e} > 1e-3");
     }
 }
