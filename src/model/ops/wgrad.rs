@@ -1,4 +1,5 @@
-//! Convolution weight gradients as explicit im2col + batched matmul, accumulated in FP32.
+//! Convolution weight gradients as explicit im2col + batched matmul, accumulated in FP32 (on
+//! CUDA the matmul rounds its FP32 operands to TF32 on the tensor cores, docs/kernels.md).
 //!
 //! The weight gradient sums over every output pixel of the batch (up to 409,600 terms per weight
 //! at 640 px). On the H200 Burn 0.22.1's direct kernel accumulates that sum in the element type
@@ -120,8 +121,9 @@ pub fn weight_backward<B: Backend>(
         let s = B::float_sum_dim(B::float_sum_dim(prod, 3), 0);
         B::float_reshape(s, Shape::new([co, 1, kh, kw]))
     } else {
-        // Chunk the pixel axis: both operands `[N, X, P]` viewed as `[N, S, X, L]` (a permuted
-        // view, no copy: the matmul takes the two batch dimensions by their strides), then
+        // Chunk the pixel axis: both operands `[N, X, P]` viewed as `[N, S, X, L]` (permuted
+        // views; CubeCL's matmul copies an operand whose layout it does not take, which for
+        // channel-major columns is all of them: `kernels/im2col.rs`), then
         // dW = Σ_{N·S} dY · colsᵀ.
         let s = chunks(p);
         let l = p / s;
