@@ -2,6 +2,8 @@
 //! Runs on detached predictions read back from the device, so it is exact, deterministic
 //! (ties break towards the lower anchor index) and testable by hand.
 
+pub mod device;
+
 use super::geometry::{ciou, oks};
 use crate::model::STRIDES;
 

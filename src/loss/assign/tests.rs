@@ -1,5 +1,6 @@
 use super::*;
 use crate::loss::geometry::COCO_SIGMAS;
+use rand::{Rng, SeedableRng, rngs::StdRng};
 
 /// 32×32 input: 16 P3 anchors, 4 P4, 1 P5.
 fn small() -> Anchors {
@@ -210,9 +211,72 @@ fn pose_gate_uses_pyramid_levels_and_oks() {
 /// Random images, objects and predictions, tie-heavy on purpose (quantised scores, repeated and
 /// tiny boxes, all-equal predictions, zero scores): the candidate-only assigner equals the dense
 /// reference in every field, bit for bit.
+/// A random object box in a `wf × hf` image: a repeat of `last` (every anchor of both is
+/// contested), a tiny one (widened by STAL), one partly outside the image, or any other.
+pub(super) fn random_box(rng: &mut StdRng, last: Option<[f32; 4]>, wf: f32, hf: f32) -> [f32; 4] {
+    match (rng.random_range(0..5), last) {
+        (0, Some(b)) => b,
+        (1, _) => {
+            let (x, y) = (rng.random_range(0.0..wf), rng.random_range(0.0..hf));
+            [x, y, x + 1.5, y + 2.0]
+        }
+        (2, _) => [-10.0, -5.0, rng.random_range(5.0..wf + 20.0), hf + 3.0],
+        _ => {
+            let (x1, y1) = (rng.random_range(0.0..wf), rng.random_range(0.0..hf));
+            [
+                x1,
+                y1,
+                x1 + rng.random_range(1.0..wf),
+                y1 + rng.random_range(1.0..hf),
+            ]
+        }
+    }
+}
+
+/// `nk` random keypoints inside `b`, a fifth of the objects with none labelled.
+pub(super) fn random_keypoints(rng: &mut StdRng, b: [f32; 4], nk: usize) -> Vec<[f32; 3]> {
+    let hidden = rng.random_bool(0.2);
+    (0..nk)
+        .map(|_| {
+            let v = if hidden || rng.random_bool(0.3) {
+                0.0
+            } else {
+                2.0
+            };
+            [
+                rng.random_range(b[0]..b[2].max(b[0] + 1.0)),
+                rng.random_range(b[1]..b[3].max(b[1] + 1.0)),
+                v,
+            ]
+        })
+        .collect()
+}
+
+/// Case `case`'s assigner settings: both copies, and three other top-k pairs.
+pub(super) fn config_for(case: usize, pose: bool) -> AssignerConfig {
+    match case % 5 {
+        0 => AssignerConfig::one2many(pose),
+        1 => AssignerConfig::one2one(pose),
+        2 => AssignerConfig {
+            topk: 3,
+            topk2: 2,
+            ..AssignerConfig::one2many(pose)
+        },
+        3 => AssignerConfig {
+            topk: 40,
+            topk2: 5,
+            ..AssignerConfig::one2one(pose)
+        },
+        _ => AssignerConfig {
+            topk: 1,
+            topk2: 1,
+            ..AssignerConfig::one2many(pose)
+        },
+    }
+}
+
 #[test]
 fn candidate_only_assignment_equals_the_dense_reference() {
-    use rand::{Rng, SeedableRng, rngs::StdRng};
     let mut rng = StdRng::seed_from_u64(27);
     let sizes = [(32, 32), (64, 96), (100, 72), (128, 128)];
     let (mut compared, mut contested, mut zero_fill) = (0, 0, 0);
@@ -222,69 +286,16 @@ fn candidate_only_assignment_equals_the_dense_reference() {
         let a_len = anchors.len();
         let nc = 1 + case % 3;
         let pose = case % 2 == 0;
-        let cfg = match case % 5 {
-            0 => AssignerConfig::one2many(pose),
-            1 => AssignerConfig::one2one(pose),
-            2 => AssignerConfig {
-                topk: 3,
-                topk2: 2,
-                ..AssignerConfig::one2many(pose)
-            },
-            3 => AssignerConfig {
-                topk: 40,
-                topk2: 5,
-                ..AssignerConfig::one2one(pose)
-            },
-            _ => AssignerConfig {
-                topk: 1,
-                topk2: 1,
-                ..AssignerConfig::one2many(pose)
-            },
-        };
+        let cfg = config_for(case, pose);
         let (wf, hf) = (w as f32, h as f32);
         let mut boxes_gt: Vec<[f32; 4]> = Vec::new();
         for _ in 0..rng.random_range(0..7) {
-            let b = match rng.random_range(0..5) {
-                // A repeat of the previous object: every anchor of both is contested.
-                0 if !boxes_gt.is_empty() => *boxes_gt.last().unwrap(),
-                // Tiny: widened by STAL.
-                1 => {
-                    let (x, y) = (rng.random_range(0.0..wf), rng.random_range(0.0..hf));
-                    [x, y, x + 1.5, y + 2.0]
-                }
-                // Partly outside the image.
-                2 => [-10.0, -5.0, rng.random_range(5.0..wf + 20.0), hf + 3.0],
-                _ => {
-                    let (x1, y1) = (rng.random_range(0.0..wf), rng.random_range(0.0..hf));
-                    [
-                        x1,
-                        y1,
-                        x1 + rng.random_range(1.0..wf),
-                        y1 + rng.random_range(1.0..hf),
-                    ]
-                }
-            };
+            let b = random_box(&mut rng, boxes_gt.last().copied(), wf, hf);
             boxes_gt.push(b);
         }
         let kpts: Vec<Vec<[f32; 3]>> = boxes_gt
             .iter()
-            .map(|b| {
-                let hidden = rng.random_bool(0.2);
-                (0..17)
-                    .map(|_| {
-                        let v = if hidden || rng.random_bool(0.3) {
-                            0.0
-                        } else {
-                            2.0
-                        };
-                        [
-                            rng.random_range(b[0]..b[2].max(b[0] + 1.0)),
-                            rng.random_range(b[1]..b[3].max(b[1] + 1.0)),
-                            v,
-                        ]
-                    })
-                    .collect()
-            })
+            .map(|b| random_keypoints(&mut rng, *b, 17))
             .collect();
         let targets: Vec<Target> = boxes_gt
             .iter()

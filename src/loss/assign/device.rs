@@ -1,0 +1,381 @@
+//! Task-aligned assignment as tensor operations on the predictions' device: the same rules as
+//! the host [`assign`](super::assign) (yolo_spec §3.3–3.4), over a whole batch at once, with
+//! no readback and no shape that depends on the values. That is what a recorded step needs
+//! (docs/replay.md, "Step recording"): the host assigner reads the predictions back mid-step.
+//!
+//! Every object slot of every image is scored against every anchor (`[B, N, A]`); padded slots
+//! take part in nothing. Each rule is written so that its result is the host's exactly where the
+//! arithmetic is the same: the formulas evaluate in the host's order, the top-k and the
+//! "largest overlap" choices pick the lowest index among equal values (a maximum, then the
+//! minimum index holding it — two order-free reductions, so deterministic on any device), and
+//! the sums over keypoints run in keypoint order. On the CPU backend this equals the host
+//! assigner bit for bit (the tests); on CUDA `exp`, `atan` and `powf` are the device's own and
+//! may differ from the host's in the last bit.
+
+use super::{Anchors, AssignerConfig, EPS};
+use crate::data::Instance;
+use crate::model::{BranchOutput, STRIDES};
+use burn::prelude::*;
+use burn::tensor::{Bool, Int};
+use std::f32::consts::PI;
+
+/// The anchors of one input size as `[1, 1, A]` tensors: cell centres in grid units and strides.
+#[derive(Clone, Debug)]
+pub struct AnchorTensors {
+    pub x: Tensor<3>,
+    pub y: Tensor<3>,
+    pub stride: Tensor<3>,
+}
+
+impl AnchorTensors {
+    pub fn new(anchors: &Anchors, device: &Device) -> Self {
+        let a = anchors.len();
+        let row = |v: Vec<f32>| Tensor::<1>::from_floats(v.as_slice(), device).reshape([1, 1, a]);
+        Self {
+            x: row(anchors.points.iter().map(|p| p[0]).collect()),
+            y: row(anchors.points.iter().map(|p| p[1]).collect()),
+            stride: row(anchors.strides.clone()),
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.x.dims()[2]
+    }
+}
+
+/// The labelled objects of a batch in `N` slots per image (pixels of the network input); slots
+/// past an image's objects are padding.
+#[derive(Clone, Debug)]
+pub struct ObjectSlots {
+    /// `[B, N]`.
+    pub class: Tensor<2, Int>,
+    /// `[B, N, 4]` boxes `[x1, y1, x2, y2]`.
+    pub boxes: Tensor<3>,
+    /// `[B, N, K, 3]` keypoints `(x, y, v)` (pose).
+    pub keypoints: Option<Tensor<4>>,
+    /// `[B, N]`: the slot holds an object.
+    pub valid: Tensor<2, Bool>,
+}
+
+impl ObjectSlots {
+    /// `labels` in `slots` slots per image (at least the largest image's count, and 1), with
+    /// `nk` keypoints per object (0: none).
+    pub fn new(labels: &[Vec<Instance>], slots: usize, nk: usize, device: &Device) -> Self {
+        let b = labels.len();
+        let n = slots
+            .max(1)
+            .max(labels.iter().map(Vec::len).max().unwrap_or(0));
+        let mut class = vec![0i64; b * n];
+        let mut boxes = vec![0f32; b * n * 4];
+        let mut kpts = vec![0f32; b * n * nk * 3];
+        let mut valid = vec![false; b * n];
+        for (i, image) in labels.iter().enumerate() {
+            for (j, inst) in image.iter().enumerate() {
+                let s = i * n + j;
+                class[s] = inst.class as i64;
+                boxes[s * 4..s * 4 + 4].copy_from_slice(&inst.bbox);
+                for (k, p) in inst.keypoints.iter().take(nk).enumerate() {
+                    kpts[(s * nk + k) * 3..][..3].copy_from_slice(p);
+                }
+                valid[s] = true;
+            }
+        }
+        let float = |v: Vec<f32>| Tensor::<1>::from_floats(v.as_slice(), device);
+        Self {
+            class: Tensor::<1, Int>::from_ints(class.as_slice(), device).reshape([b, n]),
+            boxes: float(boxes).reshape([b, n, 4]),
+            keypoints: (nk > 0).then(|| float(kpts).reshape([b, n, nk, 3])),
+            valid: Tensor::<1, Bool>::from_bool(
+                burn::tensor::TensorData::new(valid, [b * n]),
+                device,
+            )
+            .reshape([b, n]),
+        }
+    }
+
+    fn slots(&self) -> usize {
+        self.class.dims()[1]
+    }
+}
+
+/// The assignment of a batch: what [`super::Assignment`] holds per image, for all images.
+#[derive(Clone, Debug)]
+pub struct BatchAssignment {
+    /// `[B, A]`.
+    pub fg: Tensor<2, Bool>,
+    /// `[B, A]` the object slot each anchor learns (0 where not foreground).
+    pub gt_index: Tensor<2, Int>,
+    /// `[B, nc, A]` soft class targets, laid out like the head's scores.
+    pub target_scores: Tensor<3>,
+}
+
+/// One `[B, N, 1]` or `[B, 1, A]` coordinate of four.
+fn part(t: &Tensor<3>, i: usize, dim: usize) -> Tensor<3> {
+    t.clone().narrow(dim, i, 1)
+}
+
+/// [`super::super::geometry::ciou_of`] between every object box `a` (`[B, N, 1]` parts) and
+/// every predicted box `b` (`[B, 1, A]` parts), in the host's order of operations.
+fn ciou(a: [Tensor<3>; 4], b: [Tensor<3>; 4]) -> Tensor<3> {
+    const E: f32 = 1e-7;
+    let [a0, a1, a2, a3] = a;
+    let [b0, b1, b2, b3] = b;
+    let sq = |x: Tensor<3>| x.clone() * x;
+    let w1 = a2.clone() - a0.clone();
+    let h1 = a3.clone() - a1.clone() + E;
+    let w2 = b2.clone() - b0.clone();
+    let h2 = b3.clone() - b1.clone() + E;
+    let inter = (a2.clone().min_pair(b2.clone()) - a0.clone().max_pair(b0.clone())).clamp_min(0.0)
+        * (a3.clone().min_pair(b3.clone()) - a1.clone().max_pair(b1.clone())).clamp_min(0.0);
+    let union = w1.clone() * h1.clone() + w2.clone() * h2.clone() - inter.clone() + E;
+    let iou = inter / union;
+    let cw = a2.clone().max_pair(b2.clone()) - a0.clone().min_pair(b0.clone());
+    let ch = a3.clone().max_pair(b3.clone()) - a1.clone().min_pair(b1.clone());
+    let c2 = cw.clone() * cw + ch.clone() * ch + E;
+    let rho2 = (sq(b0 + b2 - a0 - a2) + sq(b1 + b3 - a1 - a3)) / 4.0;
+    let v = sq((w2 / h2).atan() - (w1 / h1).atan()) * (4.0 / (PI * PI));
+    let alpha = v.clone() / (v.clone() - iou.clone() + (1.0 + E));
+    iou - (rho2 / c2 + v * alpha)
+}
+
+/// [`super::super::geometry::oks`] of every predicted pose (`px`, `py`: `[B, K, A]`) against
+/// every object's keypoints (`[B, N, K, 3]`) with area `area` (`[B, N, 1]`), keypoint by
+/// keypoint in order as the host sums.
+fn oks(px: Tensor<3>, py: Tensor<3>, gt: Tensor<4>, area: Tensor<3>, sigmas: &[f32]) -> Tensor<3> {
+    let [b, n, _, _] = gt.dims();
+    let a = px.dims()[2];
+    let mut sum = Tensor::<3>::zeros([b, n, a], &px.device());
+    let mut visible = Tensor::<3>::zeros([b, n, 1], &px.device());
+    for (k, &s) in sigmas.iter().enumerate() {
+        let g = gt.clone().narrow(2, k, 1).reshape([b, n, 3]);
+        let seen = part(&g, 2, 2).not_equal_elem(0.0);
+        let dx = px.clone().narrow(1, k, 1) - part(&g, 0, 2);
+        let dy = py.clone().narrow(1, k, 1) - part(&g, 1, 2);
+        let d = dx.clone() * dx + dy.clone() * dy;
+        let term = (d.neg() / ((area.clone() + 1e-7) * (8.0 * s * s))).exp();
+        let seen_a = seen.clone().expand([b, n, a]);
+        sum = sum.clone().mask_where(seen_a, sum + term);
+        visible = visible.clone().mask_where(seen, visible + 1.0);
+    }
+    sum / (visible + 1e-7)
+}
+
+/// The `k` anchors of every `[B, N]` row of `values` (`[B, N, A]`, no NaN) with the largest
+/// values, ties to the lower anchor: `k` rounds of "the maximum, then the lowest index holding
+/// it", each taking its anchor out.
+fn top_mask(values: Tensor<3>, k: usize, iota: &Tensor<3, Int>) -> Tensor<3, Bool> {
+    let [b, n, a] = values.dims();
+    let big = a as i64;
+    let mut values = values;
+    let mut chosen = iota.clone().expand([b, n, a]).lower_elem(0);
+    for _ in 0..k.min(a) {
+        let top = values.clone().max_dim(2).expand([b, n, a]);
+        let at = iota
+            .clone()
+            .expand([b, n, a])
+            .mask_fill(values.clone().not_equal(top), big)
+            .min_dim(2)
+            .expand([b, n, a]);
+        let hit = iota.clone().expand([b, n, a]).equal(at);
+        chosen = chosen.bool_or(hit.clone());
+        values = values.mask_fill(hit, f32::NEG_INFINITY);
+    }
+    chosen
+}
+
+/// The assignment of every image of a batch from one branch copy's raw outputs (detached here),
+/// as [`super::assign`] makes it image by image from the decoded predictions.
+pub fn assign_batch(
+    cfg: &AssignerConfig,
+    anchors: &AnchorTensors,
+    out: &BranchOutput,
+    objects: &ObjectSlots,
+    sigmas: &[f32],
+) -> BatchAssignment {
+    let [b, nc, a] = out.scores.dims();
+    assert_eq!(
+        a,
+        anchors.len(),
+        "anchor count of head output and input size disagree"
+    );
+    let n = objects.slots();
+    let device = out.scores.device();
+    let (ax, ay, st) = (anchors.x.clone(), anchors.y.clone(), anchors.stride.clone());
+    // Decoded as `targets::build_targets` decodes for the host: pixels, probabilities.
+    let ltrb = out.boxes.clone().detach();
+    let d = |i: usize| part(&ltrb, i, 1);
+    let pred = [
+        (ax.clone() - d(0)) * st.clone(),
+        (ay.clone() - d(1)) * st.clone(),
+        (ax.clone() + d(2)) * st.clone(),
+        (ay.clone() + d(3)) * st.clone(),
+    ];
+    let probs = (out.scores.clone().detach().neg().exp() + 1.0).recip();
+    let gt = objects.boxes.clone();
+    let g = |i: usize| part(&gt, i, 2);
+    let [x1, y1, x2, y2] = [g(0), g(1), g(2), g(3)];
+
+    // Candidates: centre strictly inside the box, widened to `stal_min_side` (STAL); for pose
+    // also on a pyramid level that suits the object's size, unless no anchor is.
+    let widen = |lo: Tensor<3>, hi: Tensor<3>| {
+        let narrow = (hi.clone() - lo.clone()).lower_elem(cfg.stal_min_side);
+        let c = (lo.clone() + hi.clone()) / 2.0;
+        let half = cfg.stal_min_side / 2.0;
+        (
+            lo.mask_where(narrow.clone(), c.clone() - half),
+            hi.mask_where(narrow, c + half),
+        )
+    };
+    let ((gx1, gx2), (gy1, gy2)) = (widen(x1.clone(), x2.clone()), widen(y1.clone(), y2.clone()));
+    let (px, py) = (ax.clone() * st.clone(), ay.clone() * st.clone());
+    let inside = |t: Tensor<3>| t.greater_elem(1e-9);
+    let in_box = inside(px.clone() - gx1)
+        .bool_and(inside(py.clone() - gy1))
+        .bool_and(inside(gx2 - px))
+        .bool_and(inside(gy2 - py))
+        .bool_and(
+            objects
+                .valid
+                .clone()
+                .unsqueeze_dim::<3>(2)
+                .expand([b, n, a]),
+        );
+    let candidate = if cfg.pose {
+        let side = ((x2.clone() - x1.clone()) * (y2.clone() - y1.clone()))
+            .clamp_min(0.0)
+            .sqrt();
+        let (finest, coarsest) = (STRIDES[0] as f32, STRIDES[2] as f32);
+        let low = st
+            .clone()
+            .equal_elem(finest)
+            .expand([b, n, a])
+            .bool_or(side.clone().greater_equal(st.clone() * 2.0));
+        let high = st
+            .clone()
+            .equal_elem(coarsest)
+            .expand([b, n, a])
+            .bool_or(side.lower_equal(st.clone() * 12.0));
+        let gated = in_box.clone().bool_and(low).bool_and(high);
+        let any = gated
+            .clone()
+            .int()
+            .max_dim(2)
+            .greater_elem(0)
+            .expand([b, n, a]);
+        in_box.mask_where(any, gated)
+    } else {
+        in_box
+    };
+
+    // Overlap: OKS (area = box area · 0.53) for pose objects with a labelled keypoint, else CIoU.
+    let box_overlap = ciou([x1.clone(), y1.clone(), x2.clone(), y2.clone()], pred);
+    let overlap = match (&objects.keypoints, &out.kpts, cfg.pose) {
+        (Some(gk), Some(raw), true) => {
+            let nk = sigmas.len();
+            let kd = raw.dims()[1] / nk;
+            let raw = raw.clone().detach().reshape([b, nk, kd, a]);
+            let coord = |c: usize, at: &Tensor<3>| {
+                (raw.clone().narrow(2, c, 1).reshape([b, nk, a]) + at.clone()) * st.clone()
+            };
+            let area = (x2.clone() - x1.clone())
+                * (y2.clone() - y1.clone())
+                * crate::data::source::AREA_OF_BOX as f32;
+            let labelled = gk
+                .clone()
+                .narrow(3, 2, 1)
+                .not_equal_elem(0.0)
+                .int()
+                .reshape([b, n, nk])
+                .max_dim(2)
+                .greater_elem(0)
+                .expand([b, n, a]);
+            let pose = oks(coord(0, &ax), coord(1, &ay), gk.clone(), area, sigmas);
+            box_overlap.mask_where(labelled, pose)
+        }
+        _ => box_overlap,
+    };
+    let zeros = Tensor::<3>::zeros([b, n, a], &device);
+    let overlap = zeros
+        .clone()
+        .mask_where(candidate.clone(), overlap.clamp_min(0.0));
+    let class = objects
+        .class
+        .clone()
+        .unsqueeze_dim::<3>(2)
+        .expand([b, n, a]);
+    let score = probs.clone().gather(1, class.clone());
+    let align = zeros.clone().mask_where(
+        candidate.clone(),
+        score.powf_scalar(cfg.alpha) * overlap.clone().powf_scalar(cfg.beta),
+    );
+
+    // Positives: each object's top-k alignments over all anchors, kept where a candidate.
+    let iota_a = Tensor::<1, Int>::arange(0..a as i64, &device).reshape([1, 1, a]);
+    let mut pos = top_mask(align.clone(), cfg.topk, &iota_a).bool_and(candidate);
+    // An anchor claimed by several objects goes to the one it overlaps most (of all objects).
+    let iota_n = Tensor::<1, Int>::arange(0..n as i64, &device).reshape([1, n, 1]);
+    let contested = pos
+        .clone()
+        .int()
+        .sum_dim(1)
+        .greater_elem(1)
+        .expand([b, n, a]);
+    let best = iota_n
+        .clone()
+        .expand([b, n, a])
+        .mask_fill(
+            overlap
+                .clone()
+                .not_equal(overlap.clone().max_dim(1).expand([b, n, a])),
+            n as i64,
+        )
+        .min_dim(1)
+        .expand([b, n, a]);
+    let is_best = iota_n.clone().expand([b, n, a]).equal(best);
+    pos = pos.mask_where(contested, is_best);
+    if cfg.topk2 != cfg.topk {
+        let kept = zeros.clone().mask_where(pos.clone(), align.clone());
+        pos = pos.bool_and(top_mask(kept, cfg.topk2, &iota_a));
+    }
+
+    // Soft targets: alignment × (the object's best overlap / its best alignment), positives only.
+    let max_of = |t: Tensor<3>| {
+        zeros
+            .clone()
+            .mask_where(pos.clone(), t)
+            .max_dim(2)
+            .expand([b, n, a])
+    };
+    let (max_align, max_ov) = (max_of(align.clone()), max_of(overlap));
+    let norm = zeros
+        .mask_where(pos.clone(), align * max_ov / (max_align + EPS))
+        .max_dim(1)
+        .reshape([b, a]);
+    let fg = pos.clone().int().max_dim(1).greater_elem(0).reshape([b, a]);
+    let gt_index = iota_n
+        .expand([b, n, a])
+        .mask_fill(pos.bool_not(), 0)
+        .max_dim(1)
+        .reshape([b, a]);
+    let assigned_class = objects
+        .class
+        .clone()
+        .gather(1, gt_index.clone())
+        .reshape([b, 1, a]);
+    let iota_c = Tensor::<1, Int>::arange(0..nc as i64, &device).reshape([1, nc, 1]);
+    let on = iota_c
+        .expand([b, nc, a])
+        .equal(assigned_class.expand([b, nc, a]))
+        .bool_and(fg.clone().reshape([b, 1, a]).expand([b, nc, a]));
+    let target_scores = Tensor::<3>::zeros([b, nc, a], &device)
+        .mask_where(on, norm.reshape([b, 1, a]).expand([b, nc, a]));
+    BatchAssignment {
+        fg,
+        gt_index,
+        target_scores,
+    }
+}
+
+#[cfg(test)]
+#[path = "device_tests.rs"]
+mod tests;
