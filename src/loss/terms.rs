@@ -224,13 +224,24 @@ pub fn branch_parts(
     let mut rle = None;
     let n = t.num_fg();
     if n > 0 {
-        let idx = Tensor::<1, Int>::from_data(TensorData::new(t.fg_rows.clone(), [n]), &device);
+        // Row `b·A + a`, channel `k` of `[B, C, A]` sits at `(b·C + k)·A + a`: select the rows'
+        // values there rather than from a transposed copy of every anchor (whose backward was a
+        // second whole-tensor copy besides the scatter).
         let rows = |x: &Tensor<3>| {
-            let [b, c, a] = x.dims();
+            let [_, c, a] = x.dims();
+            let at: Vec<i64> = t
+                .fg_rows
+                .iter()
+                .flat_map(|&r| {
+                    let (b, anchor) = (r / a as i64, r % a as i64);
+                    (0..c as i64).map(move |k| (b * c as i64 + k) * a as i64 + anchor)
+                })
+                .collect();
+            let idx = Tensor::<1, Int>::from_data(TensorData::new(at, [n * c]), &device);
             x.clone()
-                .swap_dims(1, 2)
-                .reshape([b * a, c])
-                .select(0, idx.clone())
+                .reshape([x.shape().num_elements()])
+                .select(0, idx)
+                .reshape([n, c])
         };
         let combine = |ga: f32, a: &[f32], gb: f32, b: &[f32]| {
             a.iter().zip(b).map(|(x, y)| ga * x + gb * y).collect()
