@@ -2,6 +2,7 @@
 //! own assigner, combined with the ProgLoss weights.
 
 pub mod assign;
+pub mod dense;
 pub mod dual;
 pub mod geometry;
 pub mod targets;

@@ -114,9 +114,10 @@ fn part(t: &Tensor<3>, i: usize, dim: usize) -> Tensor<3> {
     t.clone().narrow(dim, i, 1)
 }
 
-/// [`super::super::geometry::ciou_of`] between every object box `a` (`[B, N, 1]` parts) and
-/// every predicted box `b` (`[B, 1, A]` parts), in the host's order of operations.
-fn ciou(a: [Tensor<3>; 4], b: [Tensor<3>; 4]) -> Tensor<3> {
+/// [`super::super::geometry::ciou_of`] of boxes `a` and `b` given as broadcastable parts (every
+/// object `[B, N, 1]` against every prediction `[B, 1, A]`, or anchor by anchor), in the host's
+/// order of operations; the aspect weight α carries no gradient, as in Ultralytics' loss.
+pub(crate) fn ciou(a: [Tensor<3>; 4], b: [Tensor<3>; 4]) -> Tensor<3> {
     const E: f32 = 1e-7;
     let [a0, a1, a2, a3] = a;
     let [b0, b1, b2, b3] = b;
@@ -134,7 +135,7 @@ fn ciou(a: [Tensor<3>; 4], b: [Tensor<3>; 4]) -> Tensor<3> {
     let c2 = cw.clone() * cw + ch.clone() * ch + E;
     let rho2 = (sq(b0 + b2 - a0 - a2) + sq(b1 + b3 - a1 - a3)) / 4.0;
     let v = sq((w2 / h2).atan() - (w1 / h1).atan()) * (4.0 / (PI * PI));
-    let alpha = v.clone() / (v.clone() - iou.clone() + (1.0 + E));
+    let alpha = (v.clone() / (v.clone() - iou.clone() + (1.0 + E))).detach();
     iou - (rho2 / c2 + v * alpha)
 }
 
@@ -378,4 +379,4 @@ pub fn assign_batch(
 
 #[cfg(test)]
 #[path = "device_tests.rs"]
-mod tests;
+pub(crate) mod tests;

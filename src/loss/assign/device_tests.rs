@@ -7,17 +7,17 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 /// One random batch: raw branch outputs (quantised, so that many alignments tie exactly) and
 /// labels, some images without objects, repeated objects (contested anchors), tiny ones (STAL)
 /// and ones partly outside the image.
-struct Case {
-    h: usize,
-    w: usize,
-    nc: usize,
-    nk: usize,
-    out: BranchOutput,
+pub(crate) struct Case {
+    pub h: usize,
+    pub w: usize,
+    pub nc: usize,
+    pub nk: usize,
+    pub out: BranchOutput,
     raw: [Vec<f32>; 3],
-    labels: Vec<Vec<Instance>>,
+    pub labels: Vec<Vec<Instance>>,
 }
 
-fn case(rng: &mut StdRng, i: usize, device: &Device) -> Case {
+pub(crate) fn case(rng: &mut StdRng, i: usize, device: &Device) -> Case {
     let sizes = [(32, 32), (64, 96), (100, 72), (128, 128)];
     let (h, w) = sizes[i % sizes.len()];
     let a = Anchors::new(h, w).len();

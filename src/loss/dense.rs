@@ -1,0 +1,142 @@
+//! The loss terms of one branch copy over every anchor, from the device assignment
+//! ([`super::assign::device`]): `box`, `pose`, `kobj`, `cls` and `l1` as [`super::terms`]
+//! computes them from the foreground rows, here as masked tensor operations of fixed shapes with
+//! no readback — what a recorded step needs (docs/replay.md, "Step recording"). Equal in value
+//! to the row-wise terms up to the order of the sums (the foreground's terms are summed among
+//! every anchor's zeros); the gradients are autodiff's. The `rle` term is not here yet: its flow
+//! runs on the labelled keypoints, whose number varies.
+
+use super::assign::device::{AnchorTensors, BatchAssignment, ObjectSlots, ciou};
+use super::terms::bce_with_logits;
+use crate::model::BranchOutput;
+use crate::optim::reduce::sum_all;
+use burn::prelude::*;
+
+/// `[1]` each: the unweighted terms of one copy.
+#[derive(Clone, Debug)]
+pub struct DenseTerms {
+    pub box_loss: Tensor<1>,
+    pub pose: Tensor<1>,
+    pub kobj: Tensor<1>,
+    pub cls: Tensor<1>,
+    pub l1: Tensor<1>,
+}
+
+/// `t` (`[B, A, C]`) channel `i` as `[B, 1, A]`.
+fn channel(t: &Tensor<3>, i: usize) -> Tensor<3> {
+    let [b, a, _] = t.dims();
+    t.clone().narrow(2, i, 1).reshape([b, 1, a])
+}
+
+/// The terms of one copy's outputs `out` given the batch's assignment `asg` of `objects`.
+pub fn dense_terms(
+    out: &BranchOutput,
+    asg: &BatchAssignment,
+    objects: &ObjectSlots,
+    anchors: &AnchorTensors,
+    imgsz: [usize; 2],
+    sigmas: &[f32],
+) -> DenseTerms {
+    let [b, _, a] = out.scores.dims();
+    let device = out.scores.device();
+    let fg = asg.fg.clone().reshape([b, 1, a]);
+    let fg_f = fg.clone().float();
+    let zeros = Tensor::<3>::zeros([b, 1, a], &device);
+    let score_sum = sum_all(asg.target_scores.clone()).clamp_min(1.0);
+    let cls = sum_all(bce_with_logits(
+        out.scores.clone(),
+        asg.target_scores.clone(),
+    )) / score_sum.clone();
+    // Each anchor's alignment weight and its object's box in grid units (background: zero and
+    // the first slot's box, masked out below).
+    let weight = asg.target_scores.clone().sum_dim(1);
+    let slot = asg.gt_index.clone().reshape([b, a, 1]);
+    let gt = objects
+        .boxes
+        .clone()
+        .gather(1, slot.clone().expand([b, a, 4]))
+        / anchors.stride.clone().reshape([1, a, 1]);
+    let g = |i: usize| channel(&gt, i);
+    let (ax, ay) = (anchors.x.clone(), anchors.y.clone());
+    let l = |i: usize| out.boxes.clone().narrow(1, i, 1);
+    let pred = [
+        ax.clone() - l(0),
+        ay.clone() - l(1),
+        ax.clone() + l(2),
+        ay.clone() + l(3),
+    ];
+    let iou = ciou(pred, [g(0), g(1), g(2), g(3)]);
+    let masked = |t: Tensor<3>| zeros.clone().mask_where(fg.clone(), t);
+    let box_loss = sum_all(masked((iou.neg() + 1.0) * weight.clone())) / score_sum.clone();
+    let (w, h) = (imgsz[1] as f32, imgsz[0] as f32);
+    let st = anchors.stride.clone();
+    let target = [
+        ax.clone() - g(0),
+        ay.clone() - g(1),
+        g(2) - ax.clone(),
+        g(3) - ay.clone(),
+    ];
+    let scale = [st.clone() / w, st.clone() / h, st.clone() / w, st / h];
+    let row = target
+        .into_iter()
+        .zip(scale)
+        .enumerate()
+        .map(|(i, (t, s))| ((l(i) - t) * s).abs())
+        .reduce(|x, y| x + y)
+        .expect("four sides");
+    let l1 = sum_all(masked(row / 4.0 * weight)) / score_sum;
+
+    let zero = || Tensor::<1>::zeros([1], &device);
+    let (Some(kpts), Some(gk)) = (&out.kpts, &objects.keypoints) else {
+        return DenseTerms {
+            box_loss,
+            pose: zero(),
+            kobj: zero(),
+            cls,
+            l1,
+        };
+    };
+    // OKS loss with the box area in grid units, averaged over the foreground's keypoints.
+    let k = sigmas.len();
+    let kd = kpts.dims()[1] / k;
+    let raw = kpts.clone().reshape([b, k, kd, a]);
+    let gt_k = gk
+        .clone()
+        .gather(1, slot.reshape([b, a, 1, 1]).expand([b, a, k, 3]))
+        .permute([0, 2, 3, 1]); // [B, K, 3, A]
+    let coord = |t: &Tensor<4>, i: usize| t.clone().narrow(2, i, 1).reshape([b, k, a]);
+    let s = anchors.stride.clone();
+    let (gx, gy) = (coord(&gt_k, 0) / s.clone(), coord(&gt_k, 1) / s);
+    let vis = coord(&gt_k, 2).not_equal_elem(0.0).float();
+    let dx = coord(&raw, 0) + ax - gx;
+    let dy = coord(&raw, 1) + ay - gy;
+    let area = (g(2) - g(0)) * (g(3) - g(1));
+    let sig2: Vec<f32> = sigmas.iter().map(|s| 8.0 * s * s).collect();
+    let sig2 = Tensor::<1>::from_floats(sig2.as_slice(), &device).reshape([1, k, 1]);
+    let e = (dx.clone() * dx + dy.clone() * dy) / (sig2 * (area + 1e-9));
+    let labelled = vis.clone().sum_dim(1);
+    let factor = (labelled + 1e-9).recip() * k as f32;
+    let cells = (sum_all(fg_f) * k as f32).clamp_min(1.0);
+    let fg_k = fg.expand([b, k, a]);
+    let zeros_k = Tensor::<3>::zeros([b, k, a], &device);
+    let pose = sum_all(zeros_k.clone().mask_where(
+        fg_k.clone(),
+        factor * (e.neg().exp().neg() + 1.0) * vis.clone(),
+    )) / cells.clone();
+    let kobj = if kd == 3 {
+        let logit = coord(&raw, 2);
+        sum_all(zeros_k.mask_where(fg_k, bce_with_logits(logit, vis))) / cells
+    } else {
+        zero()
+    };
+    DenseTerms {
+        box_loss,
+        pose,
+        kobj,
+        cls,
+        l1,
+    }
+}
+
+#[cfg(test)]
+mod tests;

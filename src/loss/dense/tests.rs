@@ -1,0 +1,113 @@
+use super::*;
+use crate::loss::assign::device::tests::case;
+use crate::loss::assign::device::{AnchorTensors, ObjectSlots, assign_batch};
+use crate::loss::assign::{Anchors, AssignerConfig};
+use crate::loss::geometry::sigmas;
+use crate::loss::reference::branch_terms;
+use crate::loss::targets::build_targets;
+use rand::{SeedableRng, rngs::StdRng};
+
+fn value(t: Tensor<1>) -> f32 {
+    t.into_scalar::<f32>()
+}
+
+fn grad_values(t: &Tensor<3>, grads: &burn::tensor::Gradients) -> Vec<f32> {
+    t.grad(grads)
+        .map(|g| g.into_data().convert::<f32>().try_to_vec::<f32>().unwrap())
+        .unwrap_or_default()
+}
+
+/// The dense terms from the device assignment equal the row-wise reference terms from the host
+/// assignment (`reference::branch_terms`, itself held to the host terms), in value and in the
+/// gradients they send to the box, keypoint and score outputs, on random batches with and
+/// without foreground, pose and detection.
+#[test]
+fn dense_terms_equal_the_row_wise_terms() {
+    let device = Device::flex().autodiff();
+    let mut rng = StdRng::seed_from_u64(5);
+    let (mut with_fg, mut compared) = (0, 0);
+    for i in 0..60 {
+        let c = case(&mut rng, i, &device);
+        let pose = i % 4 != 3;
+        let cfg = if i % 2 == 0 {
+            AssignerConfig::one2many(pose)
+        } else {
+            AssignerConfig::one2one(pose)
+        };
+        let anchors = Anchors::new(c.h, c.w);
+        let a = anchors.len();
+        let b = c.labels.len();
+        let nk = if pose { c.nk } else { 0 };
+        let out = BranchOutput {
+            boxes: c.out.boxes.clone().require_grad(),
+            scores: c.out.scores.clone().require_grad(),
+            kpts: pose.then(|| c.out.kpts.clone().unwrap().require_grad()),
+            kpts_sigma: pose.then(|| Tensor::zeros([b, c.nk * 2, a], &device)),
+        };
+        let sig = sigmas(c.nk);
+        let imgsz = [c.h, c.w];
+        let objects = ObjectSlots::new(&c.labels, 3, nk, &device);
+        let asg = assign_batch(
+            &cfg,
+            &AnchorTensors::new(&anchors, &device),
+            &out,
+            &objects,
+            &sig,
+        );
+        let dense = dense_terms(
+            &out,
+            &asg,
+            &objects,
+            &AnchorTensors::new(&anchors, &device),
+            imgsz,
+            &sig,
+        );
+        let t = build_targets(&cfg, &anchors, &out, &c.labels, &sig);
+        let [r_box, r_pose, r_kobj, r_cls, r_l1, _] = branch_terms(&out, &t, None, imgsz, &sig);
+        let gains = [7.5, 12.0, 1.0, 0.5, 1.5];
+        let ours = [dense.box_loss, dense.pose, dense.kobj, dense.cls, dense.l1];
+        let theirs = [r_box, r_pose, r_kobj, r_cls, r_l1];
+        let total = |terms: &[Tensor<1>; 5]| {
+            terms
+                .iter()
+                .zip(gains)
+                .map(|(t, g)| t.clone() * g)
+                .reduce(|x, y| x + y)
+                .unwrap()
+        };
+        let (g_ours, g_theirs) = (total(&ours).backward(), total(&theirs).backward());
+        for (name, (x, y)) in ["box", "pose", "kobj", "cls", "l1"]
+            .iter()
+            .zip(ours.into_iter().zip(theirs))
+        {
+            let (x, y) = (value(x), value(y));
+            assert!(
+                (x - y).abs() <= 1e-5 * y.abs().max(1.0),
+                "case {i} {name}: dense {x} vs rows {y}"
+            );
+        }
+        let mut outputs = vec![("boxes", &out.boxes), ("scores", &out.scores)];
+        if let Some(k) = &out.kpts {
+            outputs.push(("kpts", k));
+        }
+        for (name, x) in outputs {
+            let (gx, gy) = (grad_values(x, &g_ours), grad_values(x, &g_theirs));
+            let scale = gy.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
+            let worst = if gy.is_empty() {
+                gx.iter().fold(0.0f32, |m, v| m.max(v.abs()))
+            } else {
+                gx.iter()
+                    .zip(&gy)
+                    .fold(0.0f32, |m, (p, q)| m.max((p - q).abs()))
+            };
+            assert!(
+                worst <= 1e-4 * scale,
+                "case {i} gradient of {name}: worst difference {worst} (largest {scale})"
+            );
+        }
+        compared += 1;
+        with_fg += (t.num_fg() > 0) as usize;
+    }
+    assert_eq!(compared, 60);
+    assert!(with_fg > 30, "{with_fg} cases with foreground");
+}
