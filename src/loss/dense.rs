@@ -1,16 +1,18 @@
 //! The loss terms of one branch copy over every anchor, from the device assignment
-//! ([`super::assign::device`]): `box`, `pose`, `kobj`, `cls` and `l1` as [`super::terms`]
-//! computes them from the foreground rows, here as masked tensor operations of fixed shapes with
-//! no readback — what a recorded step needs (docs/replay.md, "Step recording"). Equal in value
-//! to the row-wise terms up to the order of the sums (the foreground's terms are summed among
-//! every anchor's zeros); the gradients are autodiff's. The `rle` term is not here yet: its flow
-//! runs on the labelled keypoints, whose number varies.
+//! ([`super::assign::device`]): the six terms [`super::terms`] computes from the foreground rows,
+//! here as masked tensor operations of fixed shapes with no readback — what a recorded step
+//! needs (docs/replay.md, "Step recording"). Equal in value to the row-wise terms up to the order
+//! of the sums (the foreground's terms are summed among every anchor's zeros); the gradients are
+//! autodiff's. The RLE flow runs on every anchor's keypoints (`B·K·A` points, a fixed shape) and
+//! the mask keeps the foreground's labelled ones.
 
 use super::assign::device::{AnchorTensors, BatchAssignment, ObjectSlots, ciou};
-use super::terms::bce_with_logits;
+use super::terms::{bce_with_logits, rle_weights};
 use crate::model::BranchOutput;
+use crate::model::flow::RealNvp;
 use crate::optim::reduce::sum_all;
 use burn::prelude::*;
+use burn::tensor::activation::sigmoid;
 
 /// `[1]` each: the unweighted terms of one copy.
 #[derive(Clone, Debug)]
@@ -20,6 +22,8 @@ pub struct DenseTerms {
     pub kobj: Tensor<1>,
     pub cls: Tensor<1>,
     pub l1: Tensor<1>,
+    /// Zero without a flow or keypoints.
+    pub rle: Tensor<1>,
 }
 
 /// `t` (`[B, A, C]`) channel `i` as `[B, 1, A]`.
@@ -28,7 +32,8 @@ fn channel(t: &Tensor<3>, i: usize) -> Tensor<3> {
     t.clone().narrow(2, i, 1).reshape([b, 1, a])
 }
 
-/// The terms of one copy's outputs `out` given the batch's assignment `asg` of `objects`.
+/// The terms of one copy's outputs `out` given the batch's assignment `asg` of `objects`; `rle`
+/// with the keypoint flow `flow`.
 pub fn dense_terms(
     out: &BranchOutput,
     asg: &BatchAssignment,
@@ -36,6 +41,7 @@ pub fn dense_terms(
     anchors: &AnchorTensors,
     imgsz: [usize; 2],
     sigmas: &[f32],
+    flow: Option<&RealNvp>,
 ) -> DenseTerms {
     let [b, _, a] = out.scores.dims();
     let device = out.scores.device();
@@ -94,6 +100,7 @@ pub fn dense_terms(
             kobj: zero(),
             cls,
             l1,
+            rle: zero(),
         };
     };
     // OKS loss with the box area in grid units, averaged over the foreground's keypoints.
@@ -108,6 +115,8 @@ pub fn dense_terms(
     let s = anchors.stride.clone();
     let (gx, gy) = (coord(&gt_k, 0) / s.clone(), coord(&gt_k, 1) / s);
     let vis = coord(&gt_k, 2).not_equal_elem(0.0).float();
+    // The truth's offsets from the anchor, which the RLE term compares the raw outputs with.
+    let (ox, oy) = (gx.clone() - ax.clone(), gy.clone() - ay.clone());
     let dx = coord(&raw, 0) + ax - gx;
     let dy = coord(&raw, 1) + ay - gy;
     let area = (g(2) - g(0)) * (g(3) - g(1));
@@ -125,9 +134,42 @@ pub fn dense_terms(
     )) / cells.clone();
     let kobj = if kd == 3 {
         let logit = coord(&raw, 2);
-        sum_all(zeros_k.mask_where(fg_k, bce_with_logits(logit, vis))) / cells
+        sum_all(
+            zeros_k
+                .clone()
+                .mask_where(fg_k.clone(), bce_with_logits(logit, vis.clone())),
+        ) / cells
     } else {
         zero()
+    };
+    // RLE: ε = (μ − g) / σ per coordinate, the flow's log-density of ε, averaged over the
+    // foreground's labelled keypoints (none: zero).
+    let rle = match (flow, &out.kpts_sigma) {
+        (Some(flow), Some(sigma_raw)) => {
+            let sigma =
+                sigmoid(sigma_raw.clone().reshape([b, k, 2, a])).clamp_min(f32::MIN_POSITIVE);
+            let (sx, sy) = (coord(&sigma, 0), coord(&sigma, 1));
+            let eps = |x: Tensor<3>, o: Tensor<3>, s: Tensor<3>| {
+                ((x - o) / (s + 1e-9)).clamp(-100.0, 100.0)
+            };
+            let ex = eps(coord(&raw, 0), ox, sx.clone());
+            let ey = eps(coord(&raw, 1), oy, sy.clone());
+            let points = Tensor::cat(
+                vec![
+                    ex.clone().reshape([b * k * a, 1]),
+                    ey.clone().reshape([b * k * a, 1]),
+                ],
+                1,
+            );
+            let log_phi = flow.log_prob(points).reshape([b, k, a]);
+            let per = |s: Tensor<3>, e: Tensor<3>| s.clone().log() + (s * 2.0).log() + e.abs();
+            let w = Tensor::<1>::from_floats(rle_weights(k).as_slice(), &device).reshape([1, k, 1]);
+            let l = (per(sx, ex) + per(sy, ey) - log_phi * 2.0) * w;
+            let labelled = fg_k.bool_and(vis.equal_elem(1.0));
+            let m = sum_all(labelled.clone().float()).clamp_min(1.0);
+            (sum_all(zeros_k.mask_where(labelled, l)) / m).clamp_min(0.0)
+        }
+        _ => zero(),
     };
     DenseTerms {
         box_loss,
@@ -135,6 +177,7 @@ pub fn dense_terms(
         kobj,
         cls,
         l1,
+        rle,
     }
 }
 

@@ -5,6 +5,8 @@ use crate::loss::assign::{Anchors, AssignerConfig};
 use crate::loss::geometry::sigmas;
 use crate::loss::reference::branch_terms;
 use crate::loss::targets::build_targets;
+use crate::model::flow::RealNvpConfig;
+use burn::tensor::Distribution;
 use rand::{SeedableRng, rngs::StdRng};
 
 fn value(t: Tensor<1>) -> f32 {
@@ -19,8 +21,8 @@ fn grad_values(t: &Tensor<3>, grads: &burn::tensor::Gradients) -> Vec<f32> {
 
 /// The dense terms from the device assignment equal the row-wise reference terms from the host
 /// assignment (`reference::branch_terms`, itself held to the host terms), in value and in the
-/// gradients they send to the box, keypoint and score outputs, on random batches with and
-/// without foreground, pose and detection.
+/// gradients they send to the box, keypoint, keypoint-sigma and score outputs, on random batches
+/// with and without foreground, pose (with and without the RLE flow) and detection.
 #[test]
 fn dense_terms_equal_the_row_wise_terms() {
     let device = Device::flex().autodiff();
@@ -42,9 +44,14 @@ fn dense_terms_equal_the_row_wise_terms() {
             boxes: c.out.boxes.clone().require_grad(),
             scores: c.out.scores.clone().require_grad(),
             kpts: pose.then(|| c.out.kpts.clone().unwrap().require_grad()),
-            kpts_sigma: pose.then(|| Tensor::zeros([b, c.nk * 2, a], &device)),
+            kpts_sigma: pose.then(|| {
+                Tensor::<3>::random([b, c.nk * 2, a], Distribution::Normal(0.0, 1.0), &device)
+                    .require_grad()
+            }),
         };
         let sig = sigmas(c.nk);
+        // Half the cases with the keypoint flow (the RLE term), each with its own weights.
+        let flow = (pose && i % 2 == 0).then(|| RealNvpConfig::new().init(&device));
         let imgsz = [c.h, c.w];
         let objects = ObjectSlots::new(&c.labels, 3, nk, &device);
         let asg = assign_batch(
@@ -61,13 +68,22 @@ fn dense_terms_equal_the_row_wise_terms() {
             &AnchorTensors::new(&anchors, &device),
             imgsz,
             &sig,
+            flow.as_ref(),
         );
         let t = build_targets(&cfg, &anchors, &out, &c.labels, &sig);
-        let [r_box, r_pose, r_kobj, r_cls, r_l1, _] = branch_terms(&out, &t, None, imgsz, &sig);
-        let gains = [7.5, 12.0, 1.0, 0.5, 1.5];
-        let ours = [dense.box_loss, dense.pose, dense.kobj, dense.cls, dense.l1];
-        let theirs = [r_box, r_pose, r_kobj, r_cls, r_l1];
-        let total = |terms: &[Tensor<1>; 5]| {
+        let [r_box, r_pose, r_kobj, r_cls, r_l1, r_rle] =
+            branch_terms(&out, &t, flow.as_ref(), imgsz, &sig);
+        let gains = [7.5, 12.0, 1.0, 0.5, 1.5, 1.0];
+        let ours = [
+            dense.box_loss,
+            dense.pose,
+            dense.kobj,
+            dense.cls,
+            dense.l1,
+            dense.rle,
+        ];
+        let theirs = [r_box, r_pose, r_kobj, r_cls, r_l1, r_rle];
+        let total = |terms: &[Tensor<1>; 6]| {
             terms
                 .iter()
                 .zip(gains)
@@ -76,7 +92,7 @@ fn dense_terms_equal_the_row_wise_terms() {
                 .unwrap()
         };
         let (g_ours, g_theirs) = (total(&ours).backward(), total(&theirs).backward());
-        for (name, (x, y)) in ["box", "pose", "kobj", "cls", "l1"]
+        for (name, (x, y)) in ["box", "pose", "kobj", "cls", "l1", "rle"]
             .iter()
             .zip(ours.into_iter().zip(theirs))
         {
@@ -89,6 +105,9 @@ fn dense_terms_equal_the_row_wise_terms() {
         let mut outputs = vec![("boxes", &out.boxes), ("scores", &out.scores)];
         if let Some(k) = &out.kpts {
             outputs.push(("kpts", k));
+        }
+        if let Some(s) = &out.kpts_sigma {
+            outputs.push(("kpts_sigma", s));
         }
         for (name, x) in outputs {
             let (gx, gy) = (grad_values(x, &g_ours), grad_values(x, &g_theirs));
