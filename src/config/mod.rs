@@ -9,7 +9,7 @@ use crate::model::{Scale, Task, YoloConfig};
 pub use augment::Augment;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
-pub use train::{Freeze, OptimSection, OptimizerKind, Precision, TrainSection, ValMetric};
+pub use train::{Freeze, LossOn, OptimSection, OptimizerKind, Precision, TrainSection, ValMetric};
 
 /// A configuration problem, always naming the file and, where known, the key.
 #[derive(Debug, thiserror::Error)]

@@ -53,6 +53,22 @@ pub struct TrainSection {
     /// freezes those (default 0: none). Their parameters get no gradient and their BatchNorms
     /// normalise with the running statistics, which stay put (Ultralytics' `freeze`).
     pub freeze: Freeze,
+    /// Where the assignment and the loss terms run: "host" (the assignment on the host from the
+    /// predictions read back, the row-wise terms there) or "device" (both as tensor operations
+    /// of fixed shapes on the training device, no readback: the path a recorded step takes;
+    /// docs/training.md) (default "host").
+    pub loss_on: LossOn,
+}
+
+/// `train.loss_on`: where the assignment and the loss terms run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LossOn {
+    /// `loss::targets` on the host, `loss::terms`' row-wise terms.
+    #[default]
+    Host,
+    /// `loss::assign::device` and `loss::dense` on the training device.
+    Device,
 }
 
 /// `train.val_metric`: which mAP validation reports (and fitness is made of).
@@ -109,6 +125,7 @@ impl Default for TrainSection {
             patience: 100,
             save_period: 0,
             freeze: Freeze::default(),
+            loss_on: LossOn::Host,
         }
     }
 }

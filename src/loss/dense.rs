@@ -24,6 +24,10 @@ pub struct DenseTerms {
     pub l1: Tensor<1>,
     /// Zero without a flow or keypoints.
     pub rle: Tensor<1>,
+    /// `[1]`: the positives, and the labelled keypoints among them (zero without keypoints),
+    /// as counts in floats.
+    pub positives: Tensor<1>,
+    pub labelled: Tensor<1>,
 }
 
 /// `t` (`[B, A, C]`) channel `i` as `[B, 1, A]`.
@@ -47,6 +51,7 @@ pub fn dense_terms(
     let device = out.scores.device();
     let fg = asg.fg.clone().reshape([b, 1, a]);
     let fg_f = fg.clone().float();
+    let positives = sum_all(fg_f.clone());
     let zeros = Tensor::<3>::zeros([b, 1, a], &device);
     let score_sum = sum_all(asg.target_scores.clone()).clamp_min(1.0);
     let cls = sum_all(bce_with_logits(
@@ -101,6 +106,8 @@ pub fn dense_terms(
             cls,
             l1,
             rle: zero(),
+            positives,
+            labelled: zero(),
         };
     };
     // OKS loss with the box area in grid units, averaged over the foreground's keypoints.
@@ -125,8 +132,10 @@ pub fn dense_terms(
     let e = (dx.clone() * dx + dy.clone() * dy) / (sig2 * (area + 1e-9));
     let labelled = vis.clone().sum_dim(1);
     let factor = (labelled + 1e-9).recip() * k as f32;
-    let cells = (sum_all(fg_f) * k as f32).clamp_min(1.0);
+    let cells = (positives.clone() * k as f32).clamp_min(1.0);
     let fg_k = fg.expand([b, k, a]);
+    let labelled_fg = fg_k.clone().bool_and(vis.clone().equal_elem(1.0));
+    let labelled = sum_all(labelled_fg.clone().float());
     let zeros_k = Tensor::<3>::zeros([b, k, a], &device);
     let pose = sum_all(zeros_k.clone().mask_where(
         fg_k.clone(),
@@ -165,9 +174,8 @@ pub fn dense_terms(
             let per = |s: Tensor<3>, e: Tensor<3>| s.clone().log() + (s * 2.0).log() + e.abs();
             let w = Tensor::<1>::from_floats(rle_weights(k).as_slice(), &device).reshape([1, k, 1]);
             let l = (per(sx, ex) + per(sy, ey) - log_phi * 2.0) * w;
-            let labelled = fg_k.bool_and(vis.equal_elem(1.0));
-            let m = sum_all(labelled.clone().float()).clamp_min(1.0);
-            (sum_all(zeros_k.mask_where(labelled, l)) / m).clamp_min(0.0)
+            let m = labelled.clone().clamp_min(1.0);
+            (sum_all(zeros_k.mask_where(labelled_fg, l)) / m).clamp_min(0.0)
         }
         _ => zero(),
     };
@@ -178,6 +186,8 @@ pub fn dense_terms(
         cls,
         l1,
         rle,
+        positives,
+        labelled,
     }
 }
 

@@ -10,9 +10,11 @@ pub mod terms;
 
 use crate::data::Instance;
 use crate::model::flow::RealNvp;
-use crate::model::{HeadOutput, Task};
+use crate::model::{BranchOutput, HeadOutput, Task};
+use assign::device::{AnchorTensors, ObjectSlots, assign_batch};
 use assign::{Anchors, AssignerConfig};
 use burn::prelude::*;
+use dense::dense_terms;
 use targets::{BranchTargets, build_targets};
 use terms::branch_parts;
 
@@ -93,6 +95,69 @@ impl E2eLoss {
                 labels,
                 &self.sigmas,
             ),
+        }
+    }
+
+    /// The loss with the assignment and every term on the outputs' device, as tensor operations
+    /// of fixed shapes (`train.loss_on = "device"`, the path a recorded step takes:
+    /// docs/replay.md): the value of [`E2eLoss::targets`] + [`E2eLoss::compute`] up to the order
+    /// of the sums, with autodiff's gradients. Which terms reach the outputs is decided as there:
+    /// a copy without positives sends only its class term back, one without labelled keypoints
+    /// among them no RLE term, so the parameters only those feed get no gradient (not a zero
+    /// one). That takes one readback of four counts; a recorded step will decide it on the
+    /// device instead.
+    pub fn compute_on_device(
+        &self,
+        out: &HeadOutput,
+        labels: &[Vec<Instance>],
+        flow: Option<&RealNvp>,
+    ) -> LossOutput {
+        let device = out.one2many.scores.device();
+        let objects = ObjectSlots::new(labels, 1, self.sigmas.len(), &device);
+        let anchors = AnchorTensors::new(&self.anchors, &device);
+        let terms = |cfg: &AssignerConfig, o: &BranchOutput| {
+            let asg = assign_batch(cfg, &anchors, o, &objects, &self.sigmas);
+            dense_terms(o, &asg, &objects, &anchors, self.imgsz, &self.sigmas, flow)
+        };
+        let copies = [
+            terms(&self.one2many, &out.one2many),
+            terms(&self.one2one, &out.one2one),
+        ];
+        let counts: Vec<f32> = Tensor::cat(
+            copies
+                .iter()
+                .flat_map(|t| [t.positives.clone(), t.labelled.clone()])
+                .collect(),
+            0,
+        )
+        .into_data()
+        .convert::<f32>()
+        .try_into_vec()
+        .expect("f32 counts");
+        let zero = || Tensor::<1>::zeros([1], &device);
+        let [o2m, o2o] = copies;
+        let weighted = |t: dense::DenseTerms, i: usize| -> Vec<Tensor<1>> {
+            let (any, keypoints) = (counts[2 * i] > 0.0, counts[2 * i + 1] > 0.0);
+            let keep = |term: Tensor<1>, on: bool| if on { term } else { zero() };
+            [
+                keep(t.box_loss, any),
+                keep(t.pose, any),
+                keep(t.kobj, any),
+                t.cls,
+                keep(t.l1, any),
+                keep(t.rle, any && keypoints),
+            ]
+            .into_iter()
+            .zip(self.gains)
+            .map(|(term, gain)| term * gain)
+            .collect()
+        };
+        let (o2m, o2o) = (weighted(o2m, 0), weighted(o2o, 1));
+        let sum = |terms: &[Tensor<1>]| terms.iter().cloned().reduce(|x, y| x + y).unwrap();
+        let w = self.one2many_weight;
+        LossOutput {
+            total: (sum(&o2m) * w + sum(&o2o) * (1.0 - w)) * labels.len() as f32,
+            items: Tensor::cat(o2o, 0).detach(),
         }
     }
 

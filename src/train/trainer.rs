@@ -4,7 +4,7 @@
 use super::dist::{Collective, all_reduce_grads, broadcast_buffers};
 pub use super::timing::{PHASES, StepTiming, median};
 use super::timing::{Phase, PhaseClock};
-use crate::config::{Config, LastBatch, OptimizerKind, Precision};
+use crate::config::{Config, LastBatch, LossOn, OptimizerKind, Precision};
 use crate::data::augment::mosaic_active;
 use crate::data::loader::batches_per_epoch;
 use crate::data::source::Dataset;
@@ -316,11 +316,18 @@ impl Trainer {
             (features.head(&self.model.head), features)
         };
         clock.mark(Phase::Head);
-        let targets = self.loss.targets(&out, &labels);
-        clock.mark(Phase::Assign);
-        let loss = self
-            .loss
-            .compute(&out, &targets, self.model.head.flow.as_ref());
+        let flow = self.model.head.flow.as_ref();
+        let loss = match self.cfg.train.loss_on {
+            LossOn::Host => {
+                let targets = self.loss.targets(&out, &labels);
+                clock.mark(Phase::Assign);
+                self.loss.compute(&out, &targets, flow)
+            }
+            LossOn::Device => {
+                clock.mark(Phase::Assign);
+                self.loss.compute_on_device(&out, &labels, flow)
+            }
+        };
         clock.mark(Phase::Loss);
         let total = match &self.scaler {
             Some(s) => s.scale_loss(loss.total),

@@ -130,3 +130,78 @@ fn dense_terms_equal_the_row_wise_terms() {
     assert_eq!(compared, 60);
     assert!(with_fg > 30, "{with_fg} cases with foreground");
 }
+
+/// Both copies through [`E2eLoss::compute_on_device`] give [`E2eLoss::compute`]'s total and
+/// logged items, and its gradients, with the flow and the ProgLoss weights.
+#[test]
+fn the_device_loss_equals_the_host_loss() {
+    use crate::loss::E2eLoss;
+    use crate::model::{HeadOutput, Task};
+    let device = Device::flex().autodiff();
+    let mut rng = StdRng::seed_from_u64(9);
+    // Outputs with a gradient, and without one (a copy without positives).
+    let mut presence = [0, 0];
+    for i in 0..24 {
+        // Two draws of one shape: the two copies' outputs.
+        let (c, d) = (case(&mut rng, i, &device), case(&mut rng, i, &device));
+        let pose = i % 3 != 2;
+        let branch = |o: &BranchOutput| BranchOutput {
+            boxes: o.boxes.clone().require_grad(),
+            scores: o.scores.clone().require_grad(),
+            kpts: pose.then(|| o.kpts.clone().unwrap().require_grad()),
+            kpts_sigma: pose.then(|| {
+                let [b, _, a] = o.scores.dims();
+                Tensor::<3>::random([b, c.nk * 2, a], Distribution::Normal(0.0, 1.0), &device)
+                    .require_grad()
+            }),
+        };
+        let out = HeadOutput {
+            one2many: branch(&c.out),
+            one2one: branch(&d.out),
+        };
+        let task = if pose { Task::Pose } else { Task::Detect };
+        let mut loss = E2eLoss::new(task, c.nk, [c.h, c.w]);
+        loss.update(i % 4, 5);
+        let flow = pose.then(|| RealNvpConfig::new().init(&device));
+        let host = loss.compute(&out, &loss.targets(&out, &c.labels), flow.as_ref());
+        let ours = loss.compute_on_device(&out, &c.labels, flow.as_ref());
+        let items = |t: Tensor<1>| t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap();
+        for (k, (x, y)) in items(ours.items).iter().zip(items(host.items)).enumerate() {
+            assert!(
+                (x - y).abs() <= 1e-5 * y.abs().max(1.0),
+                "case {i} item {k}: {x} vs {y}"
+            );
+        }
+        let (x, y) = (value(ours.total.clone()), value(host.total.clone()));
+        assert!(
+            (x - y).abs() <= 1e-5 * y.abs().max(1.0),
+            "case {i} total: {x} vs {y}"
+        );
+        let (g_ours, g_host) = (ours.total.backward(), host.total.backward());
+        let outputs = [&out.one2many, &out.one2one];
+        for (copy, o) in outputs.iter().enumerate() {
+            let mut tensors = vec![&o.boxes, &o.scores];
+            tensors.extend(o.kpts.iter().chain(o.kpts_sigma.iter()));
+            for t in tensors {
+                let (gx, gy) = (grad_values(t, &g_ours), grad_values(t, &g_host));
+                // A gradient where the host path gives none would move parameters it leaves.
+                assert_eq!(
+                    gx.is_empty(),
+                    gy.is_empty(),
+                    "case {i} copy {copy}: presence"
+                );
+                presence[gy.is_empty() as usize] += 1;
+                let scale = gy.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
+                let worst = gx
+                    .iter()
+                    .zip(&gy)
+                    .fold(0.0f32, |m, (p, q)| m.max((p - q).abs()));
+                assert!(
+                    worst <= 1e-4 * scale,
+                    "case {i} copy {copy}: {worst} of {scale}"
+                );
+            }
+        }
+    }
+    assert!(presence[0] > 50 && presence[1] > 5, "{presence:?}");
+}
