@@ -3,8 +3,8 @@
 //! here as masked tensor operations of fixed shapes with no readback — what a recorded step
 //! needs (docs/replay.md, "Step recording"). Equal in value to the row-wise terms up to the order
 //! of the sums (the foreground's terms are summed among every anchor's zeros); the gradients are
-//! autodiff's. The RLE flow runs on every anchor's keypoints (`B·K·A` points, a fixed shape) and
-//! the mask keeps the foreground's labelled ones.
+//! autodiff's. The RLE flow runs on a fixed number of rows per image (the assignment's bound on
+//! its positives) holding the foreground anchors' keypoints; a mask keeps the labelled ones.
 
 use super::assign::device::{AnchorTensors, BatchAssignment, ObjectSlots, ciou};
 use super::terms::{bce_with_logits, rle_weights};
@@ -12,6 +12,7 @@ use crate::model::BranchOutput;
 use crate::model::flow::RealNvp;
 use crate::optim::reduce::sum_all;
 use burn::prelude::*;
+use burn::tensor::IndexingUpdateOp;
 use burn::tensor::activation::sigmoid;
 
 /// `[1]` each: the unweighted terms of one copy.
@@ -152,30 +153,51 @@ pub fn dense_terms(
         zero()
     };
     // RLE: ε = (μ − g) / σ per coordinate, the flow's log-density of ε, averaged over the
-    // foreground's labelled keypoints (none: zero).
+    // foreground's labelled keypoints (none: zero). The flow runs on a fixed number of rows per
+    // image, the assignment's bound on its positives: the foreground anchors in anchor order,
+    // placed by a prefix sum over the mask (the rows past an image's positives are masked).
     let rle = match (flow, &out.kpts_sigma) {
         (Some(flow), Some(sigma_raw)) => {
+            let r = asg.max_positives.clamp(1, a);
+            let fg_i = asg.fg.clone().int();
+            let iota = Tensor::<1, Int>::arange(0..a as i64, &device)
+                .reshape([1, a])
+                .expand([b, a]);
+            let place = (fg_i.clone().cumsum(1) - 1)
+                .mask_where(asg.fg.clone().bool_not(), iota.clone() + r as i64);
+            let picked = Tensor::<2, Int>::zeros([b, r + a], &device)
+                .scatter(1, place, iota, IndexingUpdateOp::Add)
+                .narrow(1, 0, r)
+                .reshape([b, 1, r])
+                .expand([b, k, r]);
+            let in_use = Tensor::<1, Int>::arange(0..r as i64, &device)
+                .reshape([1, 1, r])
+                .expand([b, k, r])
+                .lower(fg_i.sum_dim(1).reshape([b, 1, 1]).expand([b, k, r]));
+            let take = |t: Tensor<3>| t.gather(2, picked.clone());
             let sigma =
                 sigmoid(sigma_raw.clone().reshape([b, k, 2, a])).clamp_min(f32::MIN_POSITIVE);
-            let (sx, sy) = (coord(&sigma, 0), coord(&sigma, 1));
+            let (sx, sy) = (take(coord(&sigma, 0)), take(coord(&sigma, 1)));
             let eps = |x: Tensor<3>, o: Tensor<3>, s: Tensor<3>| {
-                ((x - o) / (s + 1e-9)).clamp(-100.0, 100.0)
+                ((take(x) - take(o)) / (s + 1e-9)).clamp(-100.0, 100.0)
             };
             let ex = eps(coord(&raw, 0), ox, sx.clone());
             let ey = eps(coord(&raw, 1), oy, sy.clone());
             let points = Tensor::cat(
                 vec![
-                    ex.clone().reshape([b * k * a, 1]),
-                    ey.clone().reshape([b * k * a, 1]),
+                    ex.clone().reshape([b * k * r, 1]),
+                    ey.clone().reshape([b * k * r, 1]),
                 ],
                 1,
             );
-            let log_phi = flow.log_prob(points).reshape([b, k, a]);
+            let log_phi = flow.log_prob(points).reshape([b, k, r]);
             let per = |s: Tensor<3>, e: Tensor<3>| s.clone().log() + (s * 2.0).log() + e.abs();
             let w = Tensor::<1>::from_floats(rle_weights(k).as_slice(), &device).reshape([1, k, 1]);
             let l = (per(sx, ex) + per(sy, ey) - log_phi * 2.0) * w;
+            let counted = take(labelled_fg.float()).greater_elem(0.5).bool_and(in_use);
             let m = labelled.clone().clamp_min(1.0);
-            (sum_all(zeros_k.mask_where(labelled_fg, l)) / m).clamp_min(0.0)
+            let zeros_r = Tensor::<3>::zeros([b, k, r], &device);
+            (sum_all(zeros_r.mask_where(counted, l)) / m).clamp_min(0.0)
         }
         _ => zero(),
     };

@@ -107,6 +107,9 @@ pub struct BatchAssignment {
     pub gt_index: Tensor<2, Int>,
     /// `[B, nc, A]` soft class targets, laid out like the head's scores.
     pub target_scores: Tensor<3>,
+    /// At most this many positives per image: every positive was among some object slot's
+    /// top-k candidates (`N · topk`, at most `A`).
+    pub max_positives: usize,
 }
 
 /// One `[B, N, 1]` or `[B, 1, A]` coordinate of four.
@@ -374,6 +377,7 @@ pub fn assign_batch(
         fg,
         gt_index,
         target_scores,
+        max_positives: (n * cfg.topk).min(a),
     }
 }
 
