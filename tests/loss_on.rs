@@ -1,6 +1,8 @@
 //! `train.loss_on = "device"`: the assignment and the loss terms as tensor operations on the
 //! training device (the path a recorded step takes) train as the host path does.
 
+mod common;
+
 use burn::prelude::*;
 use burnpose::config::{Config, LossOn};
 use burnpose::train::Trainer;
@@ -52,48 +54,10 @@ fn the_device_path_gives_the_host_loss_and_trains() {
 /// branch trains.
 #[test]
 fn the_device_path_leaves_unreached_branches_alone() {
-    use burnpose::data::Batch;
+    use common::empty_batch::{box_branch_weight, point_stem_weight};
     type Weight = fn(&Trainer) -> TensorData;
-    let cases: [(&str, Weight); 2] = [
-        ("pose", |t| {
-            let pose = t.model.head.one2many.pose.as_ref().unwrap();
-            pose.point_stems[0].cv1.conv.weight.val().into_data()
-        }),
-        ("detect", |t| {
-            t.model.head.one2many.boxes[0]
-                .cv1
-                .conv
-                .weight
-                .val()
-                .into_data()
-        }),
-    ];
+    let cases: [(&str, Weight); 2] = [("pose", point_stem_weight), ("detect", box_branch_weight)];
     for (task, still) in cases {
-        let mut t = trainer("device", task);
-        let order = t.epoch_order(0);
-        t.train_step(&t.batch(&order, 0).unwrap());
-        let mut samples = t.batch(&order, 1).unwrap().samples;
-        for s in &mut samples {
-            s.instances.clear();
-        }
-        let cls = |t: &Trainer| {
-            t.model.head.one2many.classes[0]
-                .out
-                .weight
-                .val()
-                .into_data()
-        };
-        let (still_before, cls_before) = (still(&t), cls(&t));
-        t.train_step(&Batch::collate(samples));
-        assert_eq!(
-            still(&t),
-            still_before,
-            "{task}: a branch moved without positives"
-        );
-        assert_ne!(
-            cls(&t),
-            cls_before,
-            "{task}: the class branch should still train"
-        );
+        common::empty_batch::moves_only_classes(trainer("device", task), still, task);
     }
 }

@@ -297,24 +297,7 @@ fn empty_batch_skips_point_stems() {
 /// A batch without objects after an ordinary step, on a trainer built from `cfg`: the weight
 /// of the branch `still` picks must not move, the class branch must.
 fn empty_batch_moves_only_classes(cfg: &Config, still: fn(&Trainer) -> TensorData) {
-    let mut t = trainer(cfg);
-    let order = t.epoch_order(0);
-    t.train_step(&t.batch(&order, 0).unwrap());
-    let mut samples = t.batch(&order, 1).unwrap().samples;
-    for s in &mut samples {
-        s.instances.clear();
-    }
-    let cls = |t: &Trainer| {
-        t.model.head.one2many.classes[0]
-            .out
-            .weight
-            .val()
-            .into_data()
-    };
-    let (still_before, cls_before) = (still(&t), cls(&t));
-    t.train_step(&Batch::collate(samples));
-    assert_eq!(still(&t), still_before, "a branch moved without positives");
-    assert_ne!(cls(&t), cls_before, "class branch should still train");
+    common::empty_batch::moves_only_classes(trainer(cfg), still, "host path");
 }
 
 fn empty_batch_config() -> Config {
@@ -325,14 +308,7 @@ fn empty_batch_config() -> Config {
 fn empty_batch_skips_box_branches_in_detection() {
     let mut cfg = empty_batch_config();
     cfg.model.task = burnpose::model::Task::Detect;
-    empty_batch_moves_only_classes(&cfg, |t| {
-        t.model.head.one2many.boxes[0]
-            .cv1
-            .conv
-            .weight
-            .val()
-            .into_data()
-    });
+    empty_batch_moves_only_classes(&cfg, common::empty_batch::box_branch_weight);
 }
 
 /// With the whole network as the stage (`replay.scope = "network"`), the tape is cut at the
@@ -343,10 +319,7 @@ fn empty_batch_skips_point_stems_with_the_head_in_the_stage() {
     for scope in [Scope::Features, Scope::Network] {
         let mut cfg = empty_batch_config();
         cfg.replay.scope = Some(scope);
-        empty_batch_moves_only_classes(&cfg, |t| {
-            let pose = t.model.head.one2many.pose.as_ref().unwrap();
-            pose.point_stems[0].cv1.conv.weight.val().into_data()
-        });
+        empty_batch_moves_only_classes(&cfg, common::empty_batch::point_stem_weight);
     }
 }
 

@@ -2,6 +2,7 @@
 //! allowance for the helpers a file does not use).
 #![allow(dead_code)]
 
+pub mod empty_batch;
 pub mod fixtures;
 
 use std::path::PathBuf;
