@@ -15,6 +15,8 @@ use std::path::Path;
 mod depthwise;
 #[path = "gpu/kernels.rs"]
 mod kernels;
+#[path = "gpu/loss_on.rs"]
+mod loss_on;
 #[path = "gpu/optim.rs"]
 mod optim;
 #[path = "gpu/repeat.rs"]
