@@ -122,7 +122,8 @@ pub fn dense_terms(
     let coord = |t: &Tensor<4>, i: usize| t.clone().narrow(2, i, 1).reshape([b, k, a]);
     let s = anchors.stride.clone();
     let (gx, gy) = (coord(&gt_k, 0) / s.clone(), coord(&gt_k, 1) / s);
-    let vis = coord(&gt_k, 2).not_equal_elem(0.0).float();
+    let seen = coord(&gt_k, 2).not_equal_elem(0.0);
+    let vis = seen.clone().float();
     // The truth's offsets from the anchor, which the RLE term compares the raw outputs with.
     let (ox, oy) = (gx.clone() - ax.clone(), gy.clone() - ay.clone());
     let dx = coord(&raw, 0) + ax - gx;
@@ -131,12 +132,11 @@ pub fn dense_terms(
     let sig2: Vec<f32> = sigmas.iter().map(|s| 8.0 * s * s).collect();
     let sig2 = Tensor::<1>::from_floats(sig2.as_slice(), &device).reshape([1, k, 1]);
     let e = (dx.clone() * dx + dy.clone() * dy) / (sig2 * (area + 1e-9));
-    let labelled = vis.clone().sum_dim(1);
-    let factor = (labelled + 1e-9).recip() * k as f32;
+    // K over each anchor's object's labelled keypoints.
+    let factor = (vis.clone().sum_dim(1) + 1e-9).recip() * k as f32;
     let cells = (positives.clone() * k as f32).clamp_min(1.0);
     let fg_k = fg.expand([b, k, a]);
-    let labelled_fg = fg_k.clone().bool_and(vis.clone().equal_elem(1.0));
-    let labelled = sum_all(labelled_fg.clone().float());
+    let labelled = sum_all(fg_k.clone().bool_and(seen).float());
     let zeros_k = Tensor::<3>::zeros([b, k, a], &device);
     let pose = sum_all(zeros_k.clone().mask_where(
         fg_k.clone(),
@@ -194,7 +194,8 @@ pub fn dense_terms(
             let per = |s: Tensor<3>, e: Tensor<3>| s.clone().log() + (s * 2.0).log() + e.abs();
             let w = Tensor::<1>::from_floats(rle_weights(k).as_slice(), &device).reshape([1, k, 1]);
             let l = (per(sx, ex) + per(sy, ey) - log_phi * 2.0) * w;
-            let counted = take(labelled_fg.float()).greater_elem(0.5).bool_and(in_use);
+            // The rows in use hold foreground anchors: their labelled keypoints are counted.
+            let counted = take(vis.clone()).greater_elem(0.5).bool_and(in_use);
             let m = labelled.clone().clamp_min(1.0);
             let zeros_r = Tensor::<3>::zeros([b, k, r], &device);
             (sum_all(zeros_r.mask_where(counted, l)) / m).clamp_min(0.0)

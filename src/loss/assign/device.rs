@@ -164,23 +164,29 @@ fn oks(px: Tensor<3>, py: Tensor<3>, gt: Tensor<4>, area: Tensor<3>, sigmas: &[f
     sum / (visible + 1e-7)
 }
 
+/// Where along `dim` each row of `values` (no NaN) first holds its maximum, as a mask of the
+/// same shape: the maximum, then the lowest index (`iota`, the indices along `dim` broadcast to
+/// `values`' shape) holding it. Two order-free reductions, so the same on any device.
+fn first_max(values: Tensor<3>, dim: usize, iota: Tensor<3, Int>) -> Tensor<3, Bool> {
+    let dims = values.dims();
+    let top = values.clone().max_dim(dim).expand(dims);
+    let at = iota
+        .clone()
+        .mask_fill(values.not_equal(top), dims[dim] as i64)
+        .min_dim(dim)
+        .expand(dims);
+    iota.equal(at)
+}
+
 /// The `k` anchors of every `[B, N]` row of `values` (`[B, N, A]`, no NaN) with the largest
-/// values, ties to the lower anchor: `k` rounds of "the maximum, then the lowest index holding
-/// it", each taking its anchor out.
+/// values, ties to the lower anchor: `k` rounds of [`first_max`], each taking its anchor out.
 fn top_mask(values: Tensor<3>, k: usize, iota: &Tensor<3, Int>) -> Tensor<3, Bool> {
     let [b, n, a] = values.dims();
-    let big = a as i64;
+    let iota = iota.clone().expand([b, n, a]);
     let mut values = values;
-    let mut chosen = iota.clone().expand([b, n, a]).lower_elem(0);
+    let mut chosen = iota.clone().lower_elem(0);
     for _ in 0..k.min(a) {
-        let top = values.clone().max_dim(2).expand([b, n, a]);
-        let at = iota
-            .clone()
-            .expand([b, n, a])
-            .mask_fill(values.clone().not_equal(top), big)
-            .min_dim(2)
-            .expand([b, n, a]);
-        let hit = iota.clone().expand([b, n, a]).equal(at);
+        let hit = first_max(values.clone(), 2, iota.clone());
         chosen = chosen.bool_or(hit.clone());
         values = values.mask_fill(hit, f32::NEG_INFINITY);
     }
@@ -260,12 +266,7 @@ pub fn assign_batch(
             .expand([b, n, a])
             .bool_or(side.lower_equal(st.clone() * 12.0));
         let gated = in_box.clone().bool_and(low).bool_and(high);
-        let any = gated
-            .clone()
-            .int()
-            .max_dim(2)
-            .greater_elem(0)
-            .expand([b, n, a]);
+        let any = gated.clone().any_dim(2).expand([b, n, a]);
         in_box.mask_where(any, gated)
     } else {
         in_box
@@ -288,10 +289,8 @@ pub fn assign_batch(
                 .clone()
                 .narrow(3, 2, 1)
                 .not_equal_elem(0.0)
-                .int()
                 .reshape([b, n, nk])
-                .max_dim(2)
-                .greater_elem(0)
+                .any_dim(2)
                 .expand([b, n, a]);
             let pose = oks(coord(0, &ax), coord(1, &ay), gk.clone(), area, sigmas);
             box_overlap.mask_where(labelled, pose)
@@ -324,18 +323,7 @@ pub fn assign_batch(
         .sum_dim(1)
         .greater_elem(1)
         .expand([b, n, a]);
-    let best = iota_n
-        .clone()
-        .expand([b, n, a])
-        .mask_fill(
-            overlap
-                .clone()
-                .not_equal(overlap.clone().max_dim(1).expand([b, n, a])),
-            n as i64,
-        )
-        .min_dim(1)
-        .expand([b, n, a]);
-    let is_best = iota_n.clone().expand([b, n, a]).equal(best);
+    let is_best = first_max(overlap.clone(), 1, iota_n.clone().expand([b, n, a]));
     pos = pos.mask_where(contested, is_best);
     if cfg.topk2 != cfg.topk {
         let kept = zeros.clone().mask_where(pos.clone(), align.clone());
@@ -355,7 +343,7 @@ pub fn assign_batch(
         .mask_where(pos.clone(), align * max_ov / (max_align + EPS))
         .max_dim(1)
         .reshape([b, a]);
-    let fg = pos.clone().int().max_dim(1).greater_elem(0).reshape([b, a]);
+    let fg = pos.clone().any_dim(1).reshape([b, a]);
     let gt_index = iota_n
         .expand([b, n, a])
         .mask_fill(pos.bool_not(), 0)
