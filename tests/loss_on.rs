@@ -27,12 +27,7 @@ fn the_device_path_gives_the_host_loss_and_trains() {
         let order = host.epoch_order(0);
         let batch = host.batch(&order, 0).unwrap();
         let (a, b) = (host.train_step(&batch), device.train_step(&batch));
-        for (k, (x, y)) in b.iter().zip(a).enumerate() {
-            assert!(
-                (x - y).abs() <= 1e-4 * y.abs().max(1.0),
-                "{task} item {k}: device {x} vs host {y}"
-            );
-        }
+        common::assert_items_close(&b, &a, 1e-4, &format!("{task}, device vs host"));
         assert!(
             a.iter().sum::<f32>() > 0.0,
             "{task}: a zero loss compares nothing"

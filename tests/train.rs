@@ -4,7 +4,6 @@ mod common;
 
 use burn::prelude::*;
 use burnpose::config::{Config, Scope};
-use burnpose::data::Batch;
 use burnpose::train::{Trainer, checkpoint};
 use std::path::Path;
 
@@ -240,11 +239,7 @@ fn empty_batch_skips_point_stems() {
     let order = t.epoch_order(0);
     let normal = t.batch(&order, 0).unwrap();
     t.train_step(&normal);
-    let mut samples = t.batch(&order, 1).unwrap().samples;
-    for s in &mut samples {
-        s.instances.clear();
-    }
-    let empty = Batch::collate(samples);
+    let empty = common::empty_batch::without_objects(&t, &order, 1);
     let stem = |t: &Trainer| {
         t.model.head.one2many.pose.as_ref().unwrap().point_stems[0]
             .cv1

@@ -4,16 +4,22 @@ use burn::prelude::*;
 use burnpose::data::Batch;
 use burnpose::train::Trainer;
 
+/// Batch `b` of the epoch whose order is `order`, its objects removed.
+pub fn without_objects(t: &Trainer, order: &[usize], b: usize) -> Batch {
+    let mut samples = t.batch(order, b).unwrap().samples;
+    for s in &mut samples {
+        s.instances.clear();
+    }
+    Batch::collate(samples)
+}
+
 /// One ordinary step on `t`, then a batch without objects: the weight `still` picks must not
 /// move (its branch gets no gradient without positives), the class branch must (`what` names
 /// the case in a failure).
 pub fn moves_only_classes(mut t: Trainer, still: fn(&Trainer) -> TensorData, what: &str) {
     let order = t.epoch_order(0);
     t.train_step(&t.batch(&order, 0).unwrap());
-    let mut samples = t.batch(&order, 1).unwrap().samples;
-    for s in &mut samples {
-        s.instances.clear();
-    }
+    let empty = without_objects(&t, &order, 1);
     let cls = |t: &Trainer| {
         t.model.head.one2many.classes[0]
             .out
@@ -22,7 +28,7 @@ pub fn moves_only_classes(mut t: Trainer, still: fn(&Trainer) -> TensorData, wha
             .into_data()
     };
     let (still_before, cls_before) = (still(&t), cls(&t));
-    t.train_step(&Batch::collate(samples));
+    t.train_step(&empty);
     assert_eq!(
         still(&t),
         still_before,

@@ -62,3 +62,13 @@ pub fn break_sample(path: &std::path::Path, n: u32) {
     damaged[at..at + 4].copy_from_slice(&[0x7f, 0xff, 0xff, 0xff]);
     std::fs::write(path, damaged).expect("writable");
 }
+
+/// Two steps' logged loss items agree within `rel` of each (at least 1).
+pub fn assert_items_close(ours: &[f32; 6], theirs: &[f32; 6], rel: f32, what: &str) {
+    for (k, (x, y)) in ours.iter().zip(theirs).enumerate() {
+        assert!(
+            (x - y).abs() <= rel * y.abs().max(1.0),
+            "{what} item {k}: {x} vs {y}"
+        );
+    }
+}

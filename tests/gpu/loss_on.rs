@@ -29,12 +29,7 @@ fn device_loss_path_matches_the_host_path_and_repeats_on_cuda() {
     let order = host.epoch_order(0);
     let batch = host.batch(&order, 0).unwrap();
     let (a, b) = (host.train_step(&batch), device.train_step(&batch));
-    for (k, (x, y)) in b.iter().zip(a).enumerate() {
-        assert!(
-            (x - y).abs() <= 1e-3 * y.abs().max(1.0),
-            "item {k}: device {x} vs host {y}"
-        );
-    }
+    super::common::assert_items_close(&b, &a, 1e-3, "device vs host");
     let run = || {
         let mut t = coco("device");
         while !t.finished() {

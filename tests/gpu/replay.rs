@@ -4,7 +4,6 @@
 use super::cuda;
 use burn::module::Module;
 use burnpose::config::Config;
-use burnpose::data::Batch;
 use burnpose::model::Yolo;
 use burnpose::optim::tensors::float_tensors;
 use burnpose::replay::Stage;
@@ -192,10 +191,7 @@ fn empty_layout_of(
     let mut t = trainer(&cfg, control);
     let order = t.epoch_order(0);
     t.train_step(&t.batch(&order, 0).unwrap());
-    let mut samples = t.batch(&order, 1).unwrap().samples;
-    for s in &mut samples {
-        s.instances.clear();
-    }
+    let empty = super::common::empty_batch::without_objects(&t, &order, 1);
     // The point stems (pose) or the box branch (detection): no positives, no gradient.
     let stem = |t: &Trainer| {
         let b = &t.model.head.one2many;
@@ -205,7 +201,7 @@ fn empty_layout_of(
         }
     };
     let before = stem(&t);
-    t.train_step(&Batch::collate(samples));
+    t.train_step(&empty);
     let still = stem(&t) == before;
     t.train_step(&t.batch(&order, 2).unwrap());
     (t.state_hashes(), t.step_losses.clone(), still)
