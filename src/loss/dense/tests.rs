@@ -19,6 +19,25 @@ fn grad_values(t: &Tensor<3>, grads: &burn::tensor::Gradients) -> Vec<f32> {
         .unwrap_or_default()
 }
 
+/// A branch's outputs by name, the optional ones where present.
+fn outputs(o: &BranchOutput) -> Vec<(&'static str, &Tensor<3>)> {
+    let mut v = vec![("boxes", &o.boxes), ("scores", &o.scores)];
+    v.extend(o.kpts.iter().map(|k| ("kpts", k)));
+    v.extend(o.kpts_sigma.iter().map(|s| ("kpts_sigma", s)));
+    v
+}
+
+/// The largest difference between two gradients of one tensor (an absent `theirs` counts as
+/// zeros), and the scale it is held to: the largest magnitude of `theirs`, at least 1e-6.
+fn difference(ours: &[f32], theirs: &[f32]) -> (f32, f32) {
+    let scale = theirs.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
+    let worst = ours
+        .iter()
+        .zip(theirs.iter().chain(std::iter::repeat(&0.0)))
+        .fold(0.0f32, |m, (p, q)| m.max((p - q).abs()));
+    (worst, scale)
+}
+
 /// The dense terms from the device assignment equal the row-wise reference terms from the host
 /// assignment (`reference::branch_terms`, itself held to the host terms), in value and in the
 /// gradients they send to the box, keypoint, keypoint-sigma and score outputs, on random batches
@@ -102,23 +121,9 @@ fn dense_terms_equal_the_row_wise_terms() {
                 "case {i} {name}: dense {x} vs rows {y}"
             );
         }
-        let mut outputs = vec![("boxes", &out.boxes), ("scores", &out.scores)];
-        if let Some(k) = &out.kpts {
-            outputs.push(("kpts", k));
-        }
-        if let Some(s) = &out.kpts_sigma {
-            outputs.push(("kpts_sigma", s));
-        }
-        for (name, x) in outputs {
+        for (name, x) in outputs(&out) {
             let (gx, gy) = (grad_values(x, &g_ours), grad_values(x, &g_theirs));
-            let scale = gy.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
-            let worst = if gy.is_empty() {
-                gx.iter().fold(0.0f32, |m, v| m.max(v.abs()))
-            } else {
-                gx.iter()
-                    .zip(&gy)
-                    .fold(0.0f32, |m, (p, q)| m.max((p - q).abs()))
-            };
+            let (worst, scale) = difference(&gx, &gy);
             assert!(
                 worst <= 1e-4 * scale,
                 "case {i} gradient of {name}: worst difference {worst} (largest {scale})"
@@ -178,27 +183,20 @@ fn the_device_loss_equals_the_host_loss() {
             "case {i} total: {x} vs {y}"
         );
         let (g_ours, g_host) = (ours.total.backward(), host.total.backward());
-        let outputs = [&out.one2many, &out.one2one];
-        for (copy, o) in outputs.iter().enumerate() {
-            let mut tensors = vec![&o.boxes, &o.scores];
-            tensors.extend(o.kpts.iter().chain(o.kpts_sigma.iter()));
-            for t in tensors {
+        for (copy, o) in [&out.one2many, &out.one2one].into_iter().enumerate() {
+            for (name, t) in outputs(o) {
                 let (gx, gy) = (grad_values(t, &g_ours), grad_values(t, &g_host));
                 // A gradient where the host path gives none would move parameters it leaves.
                 assert_eq!(
                     gx.is_empty(),
                     gy.is_empty(),
-                    "case {i} copy {copy}: presence"
+                    "case {i} copy {copy} {name}: presence"
                 );
                 presence[gy.is_empty() as usize] += 1;
-                let scale = gy.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
-                let worst = gx
-                    .iter()
-                    .zip(&gy)
-                    .fold(0.0f32, |m, (p, q)| m.max((p - q).abs()));
+                let (worst, scale) = difference(&gx, &gy);
                 assert!(
                     worst <= 1e-4 * scale,
-                    "case {i} copy {copy}: {worst} of {scale}"
+                    "case {i} copy {copy} {name}: {worst} of {scale}"
                 );
             }
         }
