@@ -9,9 +9,15 @@ use burnpose::train::Trainer;
 use std::path::Path;
 
 fn trainer(loss_on: &str, task: &str) -> Trainer {
+    trainer_in(loss_on, task, None)
+}
+
+/// With the stage cut at `scope` (`replay.scope`; `None`: the task's default).
+fn trainer_in(loss_on: &str, task: &str, scope: Option<&str>) -> Trainer {
+    let scope = scope.map_or(String::new(), |s| format!("[replay]\nscope = \"{s}\"\n"));
     let text = format!(
         "[data]\nimgsz = 64\ntrain_images = 8\nval_images = 2\n[model]\ntask = \"{task}\"\n\
-         [train]\nbatch = 2\nnbs = 2\nseed = 5\nepochs = 2\nloss_on = \"{loss_on}\"\n"
+         [train]\nbatch = 2\nnbs = 2\nseed = 5\nepochs = 2\nloss_on = \"{loss_on}\"\n{scope}"
     );
     let cfg = Config::parse(&text, Path::new("test.toml")).unwrap();
     Trainer::new(cfg, Path::new("test.toml"), Device::flex()).unwrap()
@@ -46,7 +52,8 @@ fn the_device_path_gives_the_host_loss_and_trains() {
 
 /// A batch without objects on the device path: as on the host path, the point stems (pose) and
 /// the box branches (detection) get no gradient and stay where they are, while the class
-/// branch trains.
+/// branch trains — with the pose head after the cut (features) and in the stage (network),
+/// where the stage's backward drops them (detection's stage is always its whole network).
 #[test]
 fn the_device_path_leaves_unreached_branches_alone() {
     use common::empty_batch::{box_branch_weight, point_stem_weight};
@@ -55,4 +62,6 @@ fn the_device_path_leaves_unreached_branches_alone() {
     for (task, still) in cases {
         common::empty_batch::moves_only_classes(trainer("device", task), still, task);
     }
+    let pose = trainer_in("device", "pose", Some("network"));
+    common::empty_batch::moves_only_classes(pose, point_stem_weight, "pose, network stage");
 }

@@ -1,15 +1,14 @@
 #!/usr/bin/env bash
-# Stage burnpose and the GPU test binary for one device call, small enough to carry together with
-# the kernel cache: ../shared/tools/gpu-pack --tests, keep only the `gpu` test binary, then
-# re-compress every staged binary stripped (27 + 26 MB gzip'd as built, 23 + 22 MB stripped; with
-# the ~15 MB kernel cache only the stripped pair fits the 64 MiB carry).
+# Stage burnpose, the GPU test binary, the kernel cache and the COCO images for one device call:
+# ../shared/tools/gpu-pack --tests --data, keep only the `gpu` test binary, then re-compress every
+# staged binary stripped with xz and the kernel cache too (gzip'd as built the two binaries and
+# the cache came to ~65 MB, over the 64 MiB carry; stripped and xz'd ~16 + 15 + 4 MB, so one call
+# carries all of them). setup.sh unpacks with xz, or Python's lzma where the machine has no xz.
 # usage, from the project root:  bash benches/gpu/pack.sh [gpu-pack options]
 # then carry ".gpu" and start the device command with `source .gpu/setup.sh`.
 set -euo pipefail
-../shared/tools/gpu-pack --tests "$@"
+../shared/tools/gpu-pack --tests --data "$@"
 find .gpu/tests -type f ! -name 'gpu-*' -delete
-tmp=$(mktemp)
-trap 'rm -f "$tmp"' EXIT
 for gz in .gpu/bin/*.gz .gpu/tests/*.gz; do
   [ -e "$gz" ] || continue
   name=$(basename "$gz" .gz)
@@ -17,7 +16,26 @@ for gz in .gpu/bin/*.gz .gpu/tests/*.gz; do
     .gpu/bin/*) exe=${CARGO_TARGET_DIR:-target}/release/$name ;;
     *) exe=${CARGO_TARGET_DIR:-target}/release/deps/$name ;;
   esac
-  strip -o "$tmp" "$exe"
-  gzip -9 -c "$tmp" > "$gz"
+  strip -o "${gz%.gz}" "$exe"
+  xz -9 -T0 "${gz%.gz}"
+  rm "$gz"
 done
+if [ -f .gpu/kcache.tgz ]; then
+  gunzip -c .gpu/kcache.tgz | xz -9 -T0 > .gpu/kcache.tar.xz
+  rm .gpu/kcache.tgz
+fi
+cat > .gpu/setup.sh <<'SETUP'
+# sourced on the GPU machine from the project root
+unxz_to() { if command -v xz > /dev/null; then xz -dc "$1" > "$2"; else
+  python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$1" "$2"; fi; }
+mkdir -p /tmp/gpu/bin /tmp/gpu/tests
+for f in .gpu/bin/*.xz .gpu/tests/*.xz; do
+  [ -e "$f" ] || continue
+  d=/tmp/gpu/$(basename "$(dirname "$f")"); unxz_to "$f" "$d/$(basename "$f" .xz)"; chmod +x "$d/$(basename "$f" .xz)"
+done
+export PATH=/tmp/gpu/bin:$PATH CUDA_PATH=/usr/local/cuda
+T=$(ls /tmp/gpu/tests/gpu-* 2>/dev/null | head -1); export T
+if [ -f .gpu/kcache.tar.xz ]; then mkdir -p ~/.cache && unxz_to .gpu/kcache.tar.xz /tmp/kcache.tar && tar xf /tmp/kcache.tar -C ~/.cache; fi
+if [ -d .gpu/data ] && [ ! -e ../shared/data ]; then mkdir -p ../shared && ln -s "$PWD/.gpu/data" ../shared/data; fi
+SETUP
 du -sh .gpu

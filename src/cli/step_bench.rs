@@ -22,6 +22,9 @@ pub struct Options {
     /// Override `train.precision`.
     #[arg(long, value_enum)]
     pub precision: Option<Precision>,
+    /// Override `train.loss_on`.
+    #[arg(long, value_enum)]
+    pub loss_on: Option<crate::config::LossOn>,
     /// Override `train.batch` (and `train.nbs`, so every step is an optimizer step).
     #[arg(long)]
     pub batch: Option<usize>,
@@ -82,6 +85,9 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
     }
     if let Some(p) = o.precision {
         cfg.train.precision = p;
+    }
+    if let Some(l) = o.loss_on {
+        cfg.train.loss_on = l;
     }
     if let Some(b) = o.batch {
         cfg.train.batch = b;

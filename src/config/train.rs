@@ -61,7 +61,7 @@ pub struct TrainSection {
 }
 
 /// `train.loss_on`: where the assignment and the loss terms run.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum LossOn {
     /// `loss::targets` on the host, `loss::terms`' row-wise terms.

@@ -52,6 +52,46 @@ pub struct LossOutput {
     pub total: Tensor<1>,
     /// `[6]`: the one-to-one terms × gains (what Ultralytics logs), detached.
     pub items: Tensor<1>,
+    /// Which outputs the loss reaches, where that is decided from values rather than by the
+    /// tape ([`E2eLoss::compute_on_device`]: every term is on the tape, and an unreached output
+    /// gets zeros where the host path gives it no gradient). `None`: the tape decides.
+    pub reached: Option<Reached>,
+}
+
+/// Which head outputs a loss reached, in [`Reached::of_counts`]' rules.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reached {
+    /// Per copy (one-to-many, then one-to-one): boxes, scores, keypoints, keypoint sigmas.
+    pub outputs: [[bool; 4]; 2],
+    /// The RLE flow (shared by both copies).
+    pub flow: bool,
+}
+
+impl Reached {
+    /// From each copy's positives and labelled keypoints among them (`[p_o2m, l_o2m, p_o2o,
+    /// l_o2o]`), as the host path's tape has it: a copy without positives reaches only its
+    /// scores (the class term); without labelled keypoints among them, not its sigmas (the RLE
+    /// term is the only reader); the flow is reached when some copy's RLE term is.
+    pub fn of_counts(counts: [f32; 4]) -> Self {
+        let copy = |i: usize| {
+            let (any, labelled) = (counts[2 * i] > 0.0, counts[2 * i + 1] > 0.0);
+            [any, true, any, any && labelled]
+        };
+        let outputs = [copy(0), copy(1)];
+        Self {
+            outputs,
+            flow: outputs[0][3] || outputs[1][3],
+        }
+    }
+
+    /// The outputs in the order of `replay::stage::flatten_outputs` (pose: four per copy;
+    /// detection: two).
+    pub fn flat(&self, per_copy: usize) -> Vec<bool> {
+        self.outputs
+            .iter()
+            .flat_map(|o| o[..per_copy].iter().copied())
+            .collect()
+    }
 }
 
 impl E2eLoss {
@@ -101,11 +141,11 @@ impl E2eLoss {
     /// The loss with the assignment and every term on the outputs' device, as tensor operations
     /// of fixed shapes (`train.loss_on = "device"`, the path a recorded step takes:
     /// docs/replay.md): the value of [`E2eLoss::targets`] + [`E2eLoss::compute`] up to the order
-    /// of the sums, with autodiff's gradients. Which terms reach the outputs is decided as there:
-    /// a copy without positives sends only its class term back, one without labelled keypoints
-    /// among them no RLE term, so the parameters only those feed get no gradient (not a zero
-    /// one). That takes one readback of four counts; a recorded step will decide it on the
-    /// device instead.
+    /// of the sums, with autodiff's gradients. Every term is on the tape whatever the batch
+    /// holds, so the same operations run on every batch; which outputs the host path's tape
+    /// would reach is returned in [`LossOutput::reached`] (one readback of four counts), and the
+    /// caller drops the gradients of the parameters that feed only unreached ones, which are
+    /// zeros here (`Trainer::train_step`).
     pub fn compute_on_device(
         &self,
         out: &HeadOutput,
@@ -115,50 +155,71 @@ impl E2eLoss {
         let device = out.one2many.scores.device();
         let objects = ObjectSlots::new(labels, 1, self.sigmas.len(), &device);
         let anchors = AnchorTensors::new(&self.anchors, &device);
+        let weight = Tensor::<1>::from_floats([self.one2many_weight], &device);
+        let (mut out, counts) = self.dense_loss(out, &objects, &anchors, weight, flow);
+        let counts: Vec<f32> = counts
+            .into_data()
+            .convert::<f32>()
+            .try_into_vec()
+            .expect("f32 counts");
+        out.total = out.total * labels.len() as f32;
+        out.reached = Some(Reached::of_counts([
+            counts[0], counts[1], counts[2], counts[3],
+        ]));
+        out
+    }
+
+    /// [`E2eLoss::compute_on_device`]'s loss before the batch-size factor, and the four counts
+    /// of [`Reached::of_counts`] as a `[4]` tensor, from inputs that may all live in fixed
+    /// buffers: the objects, the anchors and the one-to-many weight `w` (`[1]`; a value passed
+    /// to a kernel would be frozen into a recording).
+    pub fn dense_loss(
+        &self,
+        out: &HeadOutput,
+        objects: &ObjectSlots,
+        anchors: &AnchorTensors,
+        w: Tensor<1>,
+        flow: Option<&RealNvp>,
+    ) -> (LossOutput, Tensor<1>) {
         let terms = |cfg: &AssignerConfig, o: &BranchOutput| {
-            let asg = assign_batch(cfg, &anchors, o, &objects, &self.sigmas);
-            dense_terms(o, &asg, &objects, &anchors, self.imgsz, &self.sigmas, flow)
+            let asg = assign_batch(cfg, anchors, o, objects, &self.sigmas);
+            dense_terms(o, &asg, objects, anchors, self.imgsz, &self.sigmas, flow)
         };
         let copies = [
             terms(&self.one2many, &out.one2many),
             terms(&self.one2one, &out.one2one),
         ];
-        let counts: Vec<f32> = Tensor::cat(
+        let counts = Tensor::cat(
             copies
                 .iter()
                 .flat_map(|t| [t.positives.clone(), t.labelled.clone()])
                 .collect(),
             0,
-        )
-        .into_data()
-        .convert::<f32>()
-        .try_into_vec()
-        .expect("f32 counts");
-        let zero = || Tensor::<1>::zeros([1], &device);
-        let [o2m, o2o] = copies;
-        let weighted = |t: dense::DenseTerms, i: usize| -> Vec<Tensor<1>> {
-            let (any, keypoints) = (counts[2 * i] > 0.0, counts[2 * i + 1] > 0.0);
-            let keep = |term: Tensor<1>, on: bool| if on { term } else { zero() };
+        );
+        let weighted = |t: &dense::DenseTerms| -> Vec<Tensor<1>> {
             [
-                keep(t.box_loss, any),
-                keep(t.pose, any),
-                keep(t.kobj, any),
-                t.cls,
-                keep(t.l1, any),
-                keep(t.rle, any && keypoints),
+                t.box_loss.clone(),
+                t.pose.clone(),
+                t.kobj.clone(),
+                t.cls.clone(),
+                t.l1.clone(),
+                t.rle.clone(),
             ]
             .into_iter()
             .zip(self.gains)
             .map(|(term, gain)| term * gain)
             .collect()
         };
-        let (o2m, o2o) = (weighted(o2m, 0), weighted(o2o, 1));
+        let (o2m, o2o) = (weighted(&copies[0]), weighted(&copies[1]));
         let sum = |terms: &[Tensor<1>]| terms.iter().cloned().reduce(|x, y| x + y).unwrap();
-        let w = self.one2many_weight;
-        LossOutput {
-            total: (sum(&o2m) * w + sum(&o2o) * (1.0 - w)) * labels.len() as f32,
+        let rest = w.clone().neg() + 1.0;
+        let total = sum(&o2m) * w + sum(&o2o) * rest;
+        let out = LossOutput {
+            total,
             items: Tensor::cat(o2o, 0).detach(),
-        }
+            reached: None,
+        };
+        (out, counts)
     }
 
     /// The loss for given targets. Both copies' RLE points go through the flow in one pass.
@@ -195,6 +256,7 @@ impl E2eLoss {
         LossOutput {
             total: (o2m.sum * w + o2o.sum * (1.0 - w)) * b,
             items: o2o.items,
+            reached: None,
         }
     }
 }

@@ -5,6 +5,7 @@
 //! step runs on leaf copies of the stage's outputs, and the stage's backward is a second, seeded
 //! backward of `Σ_i sum(o_i ⊙ s_i)` whose seeds `s_i` are the leaves' gradients.
 
+use crate::loss::Reached;
 use crate::model::Yolo;
 use crate::model::backbone::Features;
 use crate::model::head::{BranchOutput, Head, HeadOutput};
@@ -117,14 +118,23 @@ impl Stage {
     /// and, from replay, the flat buffer they are views of.
     /// A head output the loss did not reach leaves the parameters that only feed it without a
     /// gradient, as one uncut backward would.
+    /// `reached` (from a loss whose tape reaches every output, `train.loss_on = "device"`) marks
+    /// more outputs unreached than the tape does.
     pub fn backward(
         &mut self,
         model: &Yolo,
         features: StageOutputs,
         grads: &Gradients,
+        reached: Option<&Reached>,
     ) -> (GradientsParams, Option<FlatGrads>) {
         let found: Vec<Option<Tensor<4>>> = features.leaves.iter().map(|l| l.grad(grads)).collect();
-        let unreached: Vec<bool> = found.iter().map(Option::is_none).collect();
+        let mut unreached: Vec<bool> = found.iter().map(Option::is_none).collect();
+        if let (Scope::Network, Some(r)) = (features.scope, reached) {
+            let per = unreached.len() / 2;
+            for (u, r) in unreached.iter_mut().zip(r.flat(per)) {
+                *u |= !r;
+            }
+        }
         let seeds = seeds(&features.leaves, found);
         #[cfg(feature = "cuda")]
         let keep_unreached = matches!(self, Stage::Replay(r) if r.control().keeps_unreached());
@@ -220,6 +230,24 @@ pub fn outputs_of(leaves: &[Tensor<4>]) -> HeadOutput {
     }
 }
 
+/// Removes from `grads` the head parameters that feed only outputs the loss did not reach, and
+/// the flow's where its term was not reached (`reached`, from a loss whose tape reaches every
+/// output: `train.loss_on = "device"`). Their gradients are zeros there; the host path's tape
+/// gives them none, so the optimizer leaves them as they are.
+pub fn drop_unreached(grads: &mut GradientsParams, model: &Yolo, reached: &Reached) {
+    let per = if model.head.flow.is_some() { 4 } else { 2 };
+    let unreached: Vec<bool> = reached.flat(per).into_iter().map(|r| !r).collect();
+    let mut prefixes = unreached_prefixes(&unreached);
+    if !reached.flow {
+        prefixes.push("head.flow.".into());
+    }
+    for p in param_table(model) {
+        if prefixes.iter().any(|x| p.path.starts_with(x.as_str())) {
+            take_flat(grads, &p);
+        }
+    }
+}
+
 /// Path prefixes of the head parameters that feed only unreached outputs (`unreached` in
 /// [`flatten_outputs`] order); the point stems feed both keypoints and sigmas.
 fn unreached_prefixes(unreached: &[bool]) -> Vec<String> {
@@ -284,7 +312,7 @@ mod tests {
         let mut stage = Stage::Native(scope);
         let f = stage.forward(&mut model, x);
         let rest = loss(f.head(&model.head)).backward();
-        let (below, _) = stage.backward(&model, f, &rest);
+        let (below, _) = stage.backward(&model, f, &rest, None);
         let mut cut = GradientsParams::from_grads(rest, &model);
         merge(&mut cut, below, &param_table(&model));
         (model, whole, cut)

@@ -17,7 +17,7 @@ use crate::optim::hash::{StateHasher, module_hash};
 use crate::optim::{Ema, LossScaler, Optimizer, Rule, Schedule};
 use crate::replay::Stage;
 use crate::replay::eligibility::{self, Setup};
-use crate::replay::stage::{Scope, merge};
+use crate::replay::stage::{Scope, drop_unreached, merge};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 use rand::SeedableRng;
@@ -335,8 +335,14 @@ impl Trainer {
         };
         let head_grads = total.backward();
         clock.mark(Phase::HeadBackward);
-        let (stage_grads, mut flat) = self.stage.backward(&self.model, features, &head_grads);
+        let reached = loss.reached;
+        let (stage_grads, mut flat) =
+            self.stage
+                .backward(&self.model, features, &head_grads, reached.as_ref());
         let mut grads = GradientsParams::from_grads(head_grads, &self.model);
+        if let Some(r) = &reached {
+            drop_unreached(&mut grads, &self.model, r);
+        }
         merge(&mut grads, stage_grads, &self.optimizer.table);
         clock.mark(Phase::FeatureBackward);
         if let Some(c) = &self.collective {
