@@ -6,7 +6,7 @@
 //! autodiff's. The RLE flow runs on a fixed number of rows per image (the assignment's bound on
 //! its positives) holding the foreground anchors' keypoints; a mask keeps the labelled ones.
 
-use super::assign::device::{AnchorTensors, BatchAssignment, ObjectSlots, ciou};
+use super::assign::device::{AnchorTensors, BatchAssignment, ObjectSlots, ciou, iota};
 use super::terms::{bce_with_logits, rle_weights};
 use crate::model::BranchOutput;
 use crate::model::flow::RealNvp;
@@ -31,21 +31,46 @@ pub struct DenseTerms {
     pub labelled: Tensor<1>,
 }
 
+/// The keypoint terms' constant rows, uploaded once ([`KeypointRows::new`]) and passed in, so
+/// that the terms themselves upload nothing: a recorded loss may not (docs/replay.md).
+#[derive(Clone, Debug)]
+pub struct KeypointRows {
+    /// `[1, K, 1]`: the OKS denominator's `8σ²` per keypoint.
+    pub sig2: Tensor<3>,
+    /// `[1, K, 1]`: the RLE weights per keypoint.
+    pub rle: Tensor<3>,
+    /// The flow's coupling masks ([`RealNvp::masks`]).
+    pub flow_masks: Tensor<2>,
+}
+
+impl KeypointRows {
+    /// The rows of keypoints with OKS sigmas `sigmas` on `device`.
+    pub fn new(sigmas: &[f32], device: &Device) -> Self {
+        let k = sigmas.len();
+        let row = |v: Vec<f32>| Tensor::<1>::from_floats(v.as_slice(), device).reshape([1, k, 1]);
+        Self {
+            sig2: row(sigmas.iter().map(|s| 8.0 * s * s).collect()),
+            rle: row(rle_weights(k)),
+            flow_masks: RealNvp::masks(device),
+        }
+    }
+}
+
 /// `t` (`[B, A, C]`) channel `i` as `[B, 1, A]`.
 fn channel(t: &Tensor<3>, i: usize) -> Tensor<3> {
     let [b, a, _] = t.dims();
     t.clone().narrow(2, i, 1).reshape([b, 1, a])
 }
 
-/// The terms of one copy's outputs `out` given the batch's assignment `asg` of `objects`; `rle`
-/// with the keypoint flow `flow`.
+/// The terms of one copy's outputs `out` given the batch's assignment `asg` of `objects`; the
+/// keypoint terms with the keypoints' constant `rows`, `rle` with the keypoint flow `flow`.
 pub fn dense_terms(
     out: &BranchOutput,
     asg: &BatchAssignment,
     objects: &ObjectSlots,
     anchors: &AnchorTensors,
     imgsz: [usize; 2],
-    sigmas: &[f32],
+    rows: Option<&KeypointRows>,
     flow: Option<&RealNvp>,
 ) -> DenseTerms {
     let [b, _, a] = out.scores.dims();
@@ -99,7 +124,7 @@ pub fn dense_terms(
     let l1 = sum_all(masked(row / 4.0 * weight)) / score_sum;
 
     let zero = || Tensor::<1>::zeros([1], &device);
-    let (Some(kpts), Some(gk)) = (&out.kpts, &objects.keypoints) else {
+    let (Some(kpts), Some(gk), Some(rows)) = (&out.kpts, &objects.keypoints, rows) else {
         return DenseTerms {
             box_loss,
             pose: zero(),
@@ -112,7 +137,7 @@ pub fn dense_terms(
         };
     };
     // OKS loss with the box area in grid units, averaged over the foreground's keypoints.
-    let k = sigmas.len();
+    let k = rows.sig2.dims()[1];
     let kd = kpts.dims()[1] / k;
     let raw = kpts.clone().reshape([b, k, kd, a]);
     let gt_k = gk
@@ -129,9 +154,7 @@ pub fn dense_terms(
     let dx = coord(&raw, 0) + ax - gx;
     let dy = coord(&raw, 1) + ay - gy;
     let area = (g(2) - g(0)) * (g(3) - g(1));
-    let sig2: Vec<f32> = sigmas.iter().map(|s| 8.0 * s * s).collect();
-    let sig2 = Tensor::<1>::from_floats(sig2.as_slice(), &device).reshape([1, k, 1]);
-    let e = (dx.clone() * dx + dy.clone() * dy) / (sig2 * (area + 1e-9));
+    let e = (dx.clone() * dx + dy.clone() * dy) / (rows.sig2.clone() * (area + 1e-9));
     // K over each anchor's object's labelled keypoints.
     let factor = (vis.clone().sum_dim(1) + 1e-9).recip() * k as f32;
     let cells = (positives.clone() * k as f32).clamp_min(1.0);
@@ -160,9 +183,8 @@ pub fn dense_terms(
         (Some(flow), Some(sigma_raw)) => {
             let r = asg.max_positives.clamp(1, a);
             let fg_i = asg.fg.clone().int();
-            let iota = Tensor::<1, Int>::arange(0..a as i64, &device)
-                .reshape([1, a])
-                .expand([b, a]);
+            let index = iota(a, &device);
+            let iota = index.clone().reshape([1, a]).expand([b, a]);
             let place = (fg_i.clone().cumsum(1) - 1)
                 .mask_where(asg.fg.clone().bool_not(), iota.clone() + r as i64);
             let picked = Tensor::<2, Int>::zeros([b, r + a], &device)
@@ -170,7 +192,8 @@ pub fn dense_terms(
                 .narrow(1, 0, r)
                 .reshape([b, 1, r])
                 .expand([b, k, r]);
-            let in_use = Tensor::<1, Int>::arange(0..r as i64, &device)
+            let in_use = index
+                .narrow(0, 0, r)
                 .reshape([1, 1, r])
                 .expand([b, k, r])
                 .lower(fg_i.sum_dim(1).reshape([b, 1, 1]).expand([b, k, r]));
@@ -190,10 +213,11 @@ pub fn dense_terms(
                 ],
                 1,
             );
-            let log_phi = flow.log_prob(points).reshape([b, k, r]);
+            let log_phi = flow
+                .log_prob_with(points, &rows.flow_masks)
+                .reshape([b, k, r]);
             let per = |s: Tensor<3>, e: Tensor<3>| s.clone().log() + (s * 2.0).log() + e.abs();
-            let w = Tensor::<1>::from_floats(rle_weights(k).as_slice(), &device).reshape([1, k, 1]);
-            let l = (per(sx, ex) + per(sy, ey) - log_phi * 2.0) * w;
+            let l = (per(sx, ex) + per(sy, ey) - log_phi * 2.0) * rows.rle.clone();
             // The rows in use hold foreground anchors: their labelled keypoints are counted.
             let counted = take(vis.clone()).greater_elem(0.5).bool_and(in_use);
             let m = labelled.clone().clamp_min(1.0);

@@ -14,7 +14,7 @@ use crate::model::{BranchOutput, HeadOutput, Task};
 use assign::device::{AnchorTensors, ObjectSlots, assign_batch};
 use assign::{Anchors, AssignerConfig};
 use burn::prelude::*;
-use dense::dense_terms;
+use dense::{KeypointRows, dense_terms};
 use targets::{BranchTargets, build_targets};
 use terms::branch_parts;
 
@@ -56,6 +56,15 @@ pub struct LossOutput {
     /// tape ([`E2eLoss::compute_on_device`]: every term is on the tape, and an unreached output
     /// gets zeros where the host path gives it no gradient). `None`: the tape decides.
     pub reached: Option<Reached>,
+}
+
+/// The constant tensors of the device loss ([`E2eLoss::constants`]): uploaded once, where a
+/// recorded loss reads them from fixed buffers.
+#[derive(Clone, Debug)]
+pub struct LossConstants {
+    pub anchors: AnchorTensors,
+    /// Pose only.
+    pub keypoints: Option<KeypointRows>,
 }
 
 /// Which head outputs a loss reached, in [`Reached::of_counts`]' rules.
@@ -154,9 +163,9 @@ impl E2eLoss {
     ) -> LossOutput {
         let device = out.one2many.scores.device();
         let objects = ObjectSlots::new(labels, 1, self.sigmas.len(), &device);
-        let anchors = AnchorTensors::new(&self.anchors, &device);
         let weight = Tensor::<1>::from_floats([self.one2many_weight], &device);
-        let (mut out, counts) = self.dense_loss(out, &objects, &anchors, weight, flow);
+        let constants = self.constants(&device);
+        let (mut out, counts) = self.dense_loss(out, &objects, &constants, weight, flow);
         let counts: Vec<f32> = counts
             .into_data()
             .convert::<f32>()
@@ -169,21 +178,32 @@ impl E2eLoss {
         out
     }
 
+    /// The constant tensors [`E2eLoss::dense_loss`] reads, on `device`.
+    pub fn constants(&self, device: &Device) -> LossConstants {
+        LossConstants {
+            anchors: AnchorTensors::new(&self.anchors, device),
+            keypoints: (!self.sigmas.is_empty()).then(|| KeypointRows::new(&self.sigmas, device)),
+        }
+    }
+
     /// [`E2eLoss::compute_on_device`]'s loss before the batch-size factor, and the four counts
     /// of [`Reached::of_counts`] as a `[4]` tensor, from inputs that may all live in fixed
-    /// buffers: the objects, the anchors and the one-to-many weight `w` (`[1]`; a value passed
-    /// to a kernel would be frozen into a recording).
+    /// buffers: the objects, the constants and the one-to-many weight `w` (`[1]`; a value
+    /// passed to a kernel would be frozen into a recording). Nothing in it reads from or
+    /// uploads to the host.
     pub fn dense_loss(
         &self,
         out: &HeadOutput,
         objects: &ObjectSlots,
-        anchors: &AnchorTensors,
+        constants: &LossConstants,
         w: Tensor<1>,
         flow: Option<&RealNvp>,
     ) -> (LossOutput, Tensor<1>) {
+        let anchors = &constants.anchors;
+        let rows = constants.keypoints.as_ref();
         let terms = |cfg: &AssignerConfig, o: &BranchOutput| {
             let asg = assign_batch(cfg, anchors, o, objects, &self.sigmas);
-            dense_terms(o, &asg, objects, anchors, self.imgsz, &self.sigmas, flow)
+            dense_terms(o, &asg, objects, anchors, self.imgsz, rows, flow)
         };
         let copies = [
             terms(&self.one2many, &out.one2many),

@@ -73,15 +73,22 @@ impl RealNvp {
     /// log φ(x) for 2-D points `[N, 2]` → `[N]`: the inverse pass (data → latent) through the
     /// couplings in reverse order, then the standard-normal log density plus the log-determinant.
     pub fn log_prob(&self, x: Tensor<2>) -> Tensor<1> {
+        let masks = Self::masks(&x.device());
+        self.log_prob_with(x, &masks)
+    }
+
+    /// The coupling masks: they alternate [0, 1], [1, 0], … starting with layer 0, each row's
+    /// complement following it (one upload; the rows are views).
+    pub fn masks(device: &Device) -> Tensor<2> {
+        Tensor::<2>::from_floats([[0.0f32, 1.0], [1.0, 0.0], [1.0, 0.0], [0.0, 1.0]], device)
+    }
+
+    /// [`RealNvp::log_prob`] with the masks given (uploaded once: a recorded loss may not).
+    pub fn log_prob_with(&self, x: Tensor<2>, masks: &Tensor<2>) -> Tensor<1> {
         let device = x.device();
         let [n, _] = x.dims();
         let mut z = x;
         let mut log_det = Tensor::<1>::zeros([n], &device);
-        // Masks alternate [0, 1], [1, 0], … starting with layer 0; each row's complement follows
-        // it. One upload for every layer (a mask per layer was six, and their complements twelve
-        // operations); the rows are views.
-        let masks =
-            Tensor::<2>::from_floats([[0.0f32, 1.0], [1.0, 0.0], [1.0, 0.0], [0.0, 1.0]], &device);
         for i in (0..COUPLINGS).rev() {
             let row = 2 * (i % 2);
             let mask = masks.clone().narrow(0, row, 1);

@@ -112,6 +112,12 @@ pub struct BatchAssignment {
     pub max_positives: usize,
 }
 
+/// `[0, 1, …, n − 1]` made on the device (Burn's `arange` uploads from the host, which a
+/// recorded loss may not).
+pub(crate) fn iota(n: usize, device: &Device) -> Tensor<1, Int> {
+    Tensor::<1, Int>::ones([n], device).cumsum(0) - 1
+}
+
 /// One `[B, N, 1]` or `[B, 1, A]` coordinate of four.
 fn part(t: &Tensor<3>, i: usize, dim: usize) -> Tensor<3> {
     t.clone().narrow(dim, i, 1)
@@ -313,10 +319,10 @@ pub fn assign_batch(
     );
 
     // Positives: each object's top-k alignments over all anchors, kept where a candidate.
-    let iota_a = Tensor::<1, Int>::arange(0..a as i64, &device).reshape([1, 1, a]);
+    let iota_a = iota(a, &device).reshape([1, 1, a]);
     let mut pos = top_mask(align.clone(), cfg.topk, &iota_a).bool_and(candidate);
     // An anchor claimed by several objects goes to the one it overlaps most (of all objects).
-    let iota_n = Tensor::<1, Int>::arange(0..n as i64, &device).reshape([1, n, 1]);
+    let iota_n = iota(n, &device).reshape([1, n, 1]);
     let contested = pos
         .clone()
         .int()
@@ -354,7 +360,7 @@ pub fn assign_batch(
         .clone()
         .gather(1, gt_index.clone())
         .reshape([b, 1, a]);
-    let iota_c = Tensor::<1, Int>::arange(0..nc as i64, &device).reshape([1, nc, 1]);
+    let iota_c = iota(nc, &device).reshape([1, nc, 1]);
     let on = iota_c
         .expand([b, nc, a])
         .equal(assigned_class.expand([b, nc, a]))

@@ -80,13 +80,14 @@ fn dense_terms_equal_the_row_wise_terms() {
             &objects,
             &sig,
         );
+        let rows = KeypointRows::new(&sig, &device);
         let dense = dense_terms(
             &out,
             &asg,
             &objects,
             &AnchorTensors::new(&anchors, &device),
             imgsz,
-            &sig,
+            Some(&rows),
             flow.as_ref(),
         );
         let t = build_targets(&cfg, &anchors, &out, &c.labels, &sig);
