@@ -23,6 +23,8 @@ mod optim;
 mod repeat;
 #[path = "gpu/replay.rs"]
 mod replay;
+#[path = "gpu/step.rs"]
+mod step;
 #[path = "gpu/weights.rs"]
 mod weights;
 

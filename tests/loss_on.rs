@@ -53,7 +53,8 @@ fn the_device_path_gives_the_host_loss_and_trains() {
 /// A batch without objects on the device path: as on the host path, the point stems (pose) and
 /// the box branches (detection) get no gradient and stay where they are, while the class
 /// branch trains — with the pose head after the cut (features) and in the stage (network),
-/// where the stage's backward drops them (detection's stage is always its whole network).
+/// where the stage's backward drops them (detection's stage is always its whole network; the
+/// native step of `replay.scope = "step"` cuts there too).
 #[test]
 fn the_device_path_leaves_unreached_branches_alone() {
     use common::empty_batch::{box_branch_weight, point_stem_weight};
@@ -62,6 +63,8 @@ fn the_device_path_leaves_unreached_branches_alone() {
     for (task, still) in cases {
         common::empty_batch::moves_only_classes(trainer("device", task), still, task);
     }
-    let pose = trainer_in("device", "pose", Some("network"));
-    common::empty_batch::moves_only_classes(pose, point_stem_weight, "pose, network stage");
+    for scope in ["network", "step"] {
+        let pose = trainer_in("device", "pose", Some(scope));
+        common::empty_batch::moves_only_classes(pose, point_stem_weight, scope);
+    }
 }

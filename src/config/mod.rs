@@ -230,9 +230,10 @@ pub struct ReplaySection {
     pub enabled: bool,
     /// Where a training step's autodiff tape is cut, and what replay records: "features"
     /// (backbone + neck; the head runs in Burn
-    /// autodiff; pose only) or "network" (the whole network but the pose loss's flow; only
-    /// assignment and losses run in Burn autodiff). Default unset: "features" for pose,
-    /// "network" for detection. Native and replayed fits of one scope are byte-identical; the two scopes sum
+    /// autodiff; pose only), "network" (the whole network but the pose loss's flow; only
+    /// assignment and losses run in Burn autodiff) or "step" (the network as "network", and the
+    /// device loss with its backward recorded too: needs `train.loss_on = "device"`; FP32 or
+    /// BF16; docs/replay.md). Default unset: "features" for pose, "network" for detection. Native and replayed fits of one scope are byte-identical; the two scopes sum
     /// gradients in different orders, so their results differ by rounding (docs/replay.md).
     pub scope: Option<Scope>,
 }
@@ -245,6 +246,18 @@ pub enum Scope {
     Features,
     /// The whole network → the head's raw outputs; only the loss runs in Burn autodiff.
     Network,
+    /// The network's cut, with the device loss and its backward recorded as well.
+    Step,
+}
+
+impl Scope {
+    /// Where the tape is cut: "step" cuts it where "network" does (at the head's outputs).
+    pub fn cut(self) -> Scope {
+        match self {
+            Scope::Step => Scope::Network,
+            s => s,
+        }
+    }
 }
 
 /// Where a run computes (`device.kind`, and `--device` on the command line).
@@ -431,6 +444,23 @@ impl Config {
                  network (\"network\")"
                     .into(),
             );
+        }
+        if self.replay.scope == Some(Scope::Step) {
+            if t.loss_on != LossOn::Device {
+                return bad(
+                    "replay.scope",
+                    "\"step\" records the loss on the device: set train.loss_on = \"device\" too"
+                        .into(),
+                );
+            }
+            if t.precision == Precision::Fp16 {
+                return bad(
+                    "replay.scope",
+                    "\"step\" records FP32 and BF16 steps; FP16's loss scale is not yet a value \
+                     the recorded loss reads (use \"network\" with FP16)"
+                        .into(),
+                );
+            }
         }
         if d.imgsz == 0 || d.imgsz % 32 != 0 {
             return bad(

@@ -21,6 +21,27 @@ fn replay_scope_defaults_by_task() {
     assert_eq!(pose.replay_scope(), Scope::Network);
 }
 
+/// `replay.scope = "step"` cuts where "network" does, and needs the device loss in FP32 or BF16;
+/// each refusal names the key and what to set.
+#[test]
+fn step_scope_needs_the_device_loss_and_no_fp16() {
+    let step = parse("[replay]\nscope = \"step\"\n[train]\nloss_on = \"device\"\n").unwrap();
+    assert_eq!(step.replay_scope(), Scope::Step);
+    assert_eq!(step.replay_scope().cut(), Scope::Network);
+    let e = parse("[replay]\nscope = \"step\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("replay.scope") && e.contains("loss_on = \"device\""),
+        "{e}"
+    );
+    let e =
+        parse("[replay]\nscope = \"step\"\n[train]\nloss_on = \"device\"\nprecision = \"fp16\"\n")
+            .unwrap_err()
+            .to_string();
+    assert!(e.contains("replay.scope") && e.contains("FP16"), "{e}");
+}
+
 #[test]
 fn shipped_configs_parse() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs");
@@ -49,6 +70,14 @@ fn bench_configs_differ_from_the_seed_shape_only_in_their_key() {
     network.replay.scope = None;
     network.output.name = seed.output.name.clone();
     assert_eq!(network, seed);
+    let mut step = Config::load(&dir.join("bench_seed_step.toml")).unwrap();
+    assert_eq!(step.replay_scope(), Scope::Step);
+    assert_eq!(step.train.loss_on, LossOn::Device);
+    step.replay.scope = None;
+    step.train.loss_on = seed.train.loss_on;
+    step.train.object_slots = seed.train.object_slots;
+    step.output.name = seed.output.name.clone();
+    assert_eq!(step, seed);
 }
 
 #[test]

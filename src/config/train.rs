@@ -58,6 +58,12 @@ pub struct TrainSection {
     /// of fixed shapes on the training device, no readback: the path a recorded step takes;
     /// docs/training.md) (default "host").
     pub loss_on: LossOn,
+    /// With `loss_on = "device"`: object slots per image, at least (a batch's images hold their
+    /// objects in `max(object_slots, the most objects one image of the batch holds)` slots).
+    /// The slot count is part of a recorded loss's shapes (`replay.scope = "step"`): a batch
+    /// needing another count records the loss again, which the fit logs; set it to the most
+    /// objects an image of your batches holds to record once (default 0).
+    pub object_slots: usize,
 }
 
 /// `train.loss_on`: where the assignment and the loss terms run.
@@ -126,6 +132,7 @@ impl Default for TrainSection {
             save_period: 0,
             freeze: Freeze::default(),
             loss_on: LossOn::Host,
+            object_slots: 0,
         }
     }
 }

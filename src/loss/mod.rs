@@ -35,6 +35,8 @@ pub struct E2eLoss {
     pub sigmas: Vec<f32>,
     /// Network input `[H, W]`.
     pub imgsz: [usize; 2],
+    /// The device loss's object slots per image, at least (`train.object_slots`).
+    pub object_slots: usize,
     anchors: Anchors,
 }
 
@@ -117,6 +119,7 @@ impl E2eLoss {
                 Vec::new()
             },
             imgsz,
+            object_slots: 0,
             anchors: Anchors::new(imgsz[0], imgsz[1]),
         }
     }
@@ -162,7 +165,7 @@ impl E2eLoss {
         flow: Option<&RealNvp>,
     ) -> LossOutput {
         let device = out.one2many.scores.device();
-        let objects = ObjectSlots::new(labels, 1, self.sigmas.len(), &device);
+        let objects = ObjectSlots::new(labels, self.object_slots, self.sigmas.len(), &device);
         let weight = Tensor::<1>::from_floats([self.one2many_weight], &device);
         let constants = self.constants(&device);
         let (mut out, counts) = self.dense_loss(out, &objects, &constants, weight, flow);

@@ -9,6 +9,8 @@ mod tape;
 #[cfg(feature = "cuda")]
 pub(crate) mod copy;
 #[cfg(feature = "cuda")]
+pub mod loss;
+#[cfg(feature = "cuda")]
 pub mod recorder;
 
 pub use stage::{Scope, Stage, StageOutputs};

@@ -16,9 +16,14 @@
 //! reads them first and gathers the gradients last.
 
 use super::copy::{copy_into, duplicate};
+use super::loss::{LossGraph, RecordedLoss};
 use super::tape::{leaf, seeded_root};
 use crate::config::Scope;
+use crate::data::Instance;
+use crate::loss::E2eLoss;
+use crate::loss::assign::device::ObjectSlots;
 use crate::model::Yolo;
+use crate::model::flow::RealNvp;
 use crate::model::ops::segment;
 use crate::optim::grads::{FlatGrads, get_flat};
 use crate::optim::groups::{ParamInfo, param_table};
@@ -31,7 +36,7 @@ use burn::tensor::DType;
 use burn_cubecl::tensor::CubeTensor;
 use std::collections::HashMap;
 
-type Graph = burn::backend::BackendGraph<Dispatch>;
+pub(super) type Graph = burn::backend::BackendGraph<Dispatch>;
 
 /// Eager forward + seeded backward runs before each recording: they settle every allocation the
 /// recorded launches will reuse (docs/replay.md, "Recording").
@@ -47,6 +52,7 @@ pub struct Recorder {
     scope: Scope,
     state: Option<Recorded>,
     control: Control,
+    loss_recordings: usize,
 }
 
 /// Deliberately broken variants, kept so that the parity tests can show they catch them; only
@@ -74,6 +80,10 @@ pub enum Control {
     /// them where the native loop skips them.
     #[cfg(feature = "controls")]
     KeepUnreached,
+    /// Writes the ProgLoss weight into the recorded loss's buffer at recording only, as if it
+    /// were a value frozen into the graph: the loss keeps the first epoch's weight.
+    #[cfg(feature = "controls")]
+    FrozenLossWeight,
 }
 
 /// Which control is on, as the recorder asks it.
@@ -94,6 +104,10 @@ impl Control {
     pub fn keeps_unreached(self) -> bool {
         self == Control::KeepUnreached
     }
+
+    pub fn freezes_loss_weight(self) -> bool {
+        self == Control::FrozenLossWeight
+    }
 }
 
 /// Without the `controls` feature no control exists.
@@ -112,6 +126,10 @@ impl Control {
     }
 
     pub fn keeps_unreached(self) -> bool {
+        false
+    }
+
+    pub fn freezes_loss_weight(self) -> bool {
         false
     }
 }
@@ -158,6 +176,8 @@ struct Recorded {
     grad_layout: Layout,
     /// A view of `pool`'s first `grad_layout.len` values.
     grad_flat: Tensor<1>,
+    /// The recorded loss (`replay.scope = "step"`), recorded on the first [`Recorder::loss`].
+    loss: Option<LossGraph>,
 }
 
 /// The CUDA float tensor inside `t` (panics on any other device: callers hold CUDA tensors).
@@ -168,18 +188,18 @@ pub(crate) fn cube<const D: usize>(t: Tensor<D>) -> CubeTensor {
     }
 }
 
-fn from_cube<const D: usize>(c: CubeTensor) -> Tensor<D> {
+pub(super) fn from_cube<const D: usize>(c: CubeTensor) -> Tensor<D> {
     Tensor::from_dispatch(DispatchTensor {
         kind: DispatchTensorKind::Cube(BackendTensor::Float(c)),
         autodiff: Default::default(),
     })
 }
 
-fn write<const D: usize>(src: Tensor<D>, dst: &Tensor<D>) {
+pub(super) fn write<const D: usize>(src: Tensor<D>, dst: &Tensor<D>) {
     copy_into(cube(src), &cube(dst.clone()));
 }
 
-fn copy_of<const D: usize>(t: Tensor<D>) -> Tensor<D> {
+pub(super) fn copy_of<const D: usize>(t: Tensor<D>) -> Tensor<D> {
     from_cube(duplicate(cube(t)))
 }
 
@@ -189,7 +209,7 @@ fn bytes_of<const D: usize>(t: &Tensor<D>) -> u64 {
 
 /// Whether `a` and `b` are the same region of the same allocation, with the same layout. CubeCL
 /// never gives an allocation's id to another, so while `a` is held this means equal values.
-fn same_tensor(a: &CubeTensor, b: &CubeTensor) -> bool {
+pub(super) fn same_tensor(a: &CubeTensor, b: &CubeTensor) -> bool {
     a.handle.memory.descriptor().id == b.handle.memory.descriptor().id
         && a.handle.offset_start == b.handle.offset_start
         && a.handle.offset_end == b.handle.offset_end
@@ -198,13 +218,13 @@ fn same_tensor(a: &CubeTensor, b: &CubeTensor) -> bool {
 }
 
 /// The memory pool's bytes in use on `device` (0 where it has no pool).
-fn in_use(device: &Device) -> u64 {
+pub(super) fn in_use(device: &Device) -> u64 {
     device.memory_pool_usage().map_or(0, |u| u.bytes_in_use)
 }
 
 /// `parts` (FP32 or not) written into their segments of `dst` (a `[layout.len]` buffer) by
 /// our copy kernel, which allocates nothing: the padding between segments keeps what it held.
-fn gather_into(layout: &Layout, parts: Vec<Tensor<1>>, dst: &Tensor<1>) {
+pub(super) fn gather_into(layout: &Layout, parts: Vec<Tensor<1>>, dst: &Tensor<1>) {
     for (i, part) in parts.into_iter().enumerate() {
         write(f32_of(part), &layout.view(dst, i));
     }
@@ -275,6 +295,7 @@ impl Recorder {
             scope,
             state: None,
             control,
+            loss_recordings: 0,
         }
     }
 
@@ -399,6 +420,13 @@ impl Recorder {
         for (s, buffer) in seeds.into_iter().zip(buffers) {
             write(s, buffer);
         }
+        self.backward_in_place()
+    }
+
+    /// [`Recorder::backward`] with the seeds already in their buffers (the recorded loss wrote
+    /// them).
+    pub fn backward_in_place(&mut self) -> FlatGrads {
+        let r = self.state.as_ref().expect("forward before backward");
         replay(&self.device, &r.backward);
         FlatGrads {
             params: r.grad_params.clone(),
@@ -407,9 +435,48 @@ impl Recorder {
             copy: Some(copy_of::<1>),
         }
     }
+
+    /// `replay.scope = "step"`: the recorded loss of `labels` on the outputs the last forward
+    /// replay wrote, with the trainer's flow `flow`; it leaves the outputs' gradients in their
+    /// buffers for [`Recorder::backward_in_place`]. Recorded on the first call, and again
+    /// (said on stderr) when a batch needs other shapes (another count of object slots).
+    pub fn loss(
+        &mut self,
+        loss: &E2eLoss,
+        labels: &[Vec<Instance>],
+        flow: Option<&RealNvp>,
+    ) -> RecordedLoss {
+        let r = self.state.as_mut().expect("forward before the loss");
+        if !r
+            .loss
+            .as_ref()
+            .is_some_and(|g| g.fits(labels, loss.object_slots))
+        {
+            if r.loss.take().is_some() {
+                eprintln!(
+                    "step replay: recording the loss again for {} object slots per image \
+                     (train.object_slots = {})",
+                    ObjectSlots::slots_for(labels, loss.object_slots),
+                    loss.object_slots
+                );
+            }
+            let g = LossGraph::record(loss, &r.outputs, labels, flow, &self.device)
+                .unwrap_or_else(|e| panic!("{e}"));
+            self.loss_recordings += 1;
+            r.loss = Some(g);
+        }
+        let g = r.loss.as_mut().expect("recorded");
+        let weight = (!self.control.freezes_loss_weight()).then_some(loss.one2many_weight);
+        g.replay(labels, weight, flow, &self.device)
+    }
+
+    /// How many times the loss was recorded ([`Recorder::loss`]).
+    pub fn loss_recordings(&self) -> usize {
+        self.loss_recordings
+    }
 }
 
-fn replay(device: &Device, graph: &Graph) {
+pub(super) fn replay(device: &Device, graph: &Graph) {
     let inner = device.clone().inner();
     // Safety: every buffer the graphs touch is owned by `Recorded` and lives as long as the
     // graphs; refreshes and reads are issued from this (the capturing) thread.
@@ -471,7 +538,7 @@ fn record(
     let dims: Vec<[usize; 4]> = run(&net).iter().map(|t| t.dims()).collect();
     let seed_layout = Layout::new(dims.iter().map(|d| d.iter().product()).collect());
     let grad_room = Layout::new(stage_params.iter().map(ParamInfo::numel).collect()).len;
-    let own_seeds = scope != Scope::Network;
+    let own_seeds = scope.cut() != Scope::Network;
     let pool_len = if own_seeds {
         seed_layout.len.max(grad_room)
     } else {
@@ -591,5 +658,6 @@ fn record(
         grad_params,
         grad_layout,
         grad_flat,
+        loss: None,
     })
 }

@@ -28,15 +28,15 @@ impl Scope {
     pub fn covers(self, path: &str) -> bool {
         path.starts_with("backbone.")
             || path.starts_with("neck.")
-            || (self == Scope::Network
+            || (self.cut() == Scope::Network
                 && (path.starts_with("head.one2many.") || path.starts_with("head.one2one.")))
     }
 
     /// The stage's outputs on `images`, all 4-D (head outputs `[B, C, A]` as `[B, C, A, 1]`).
     pub fn run(self, model: &Yolo, images: Tensor<4>) -> Vec<Tensor<4>> {
-        match self {
+        match self.cut() {
             Scope::Features => model.features(images).into_levels().into(),
-            Scope::Network => flatten_outputs(model.forward(images)),
+            _ => flatten_outputs(model.forward(images)),
         }
     }
 }
@@ -51,6 +51,7 @@ pub enum Stage {
 /// The stage's outputs for one step: leaves for the rest of the step, and what the stage's
 /// backward needs.
 pub struct StageOutputs {
+    /// Where the tape was cut ([`Scope::cut`]).
     scope: Scope,
     /// Leaves sharing the outputs' buffers: P3/P4/P5 (then the one-to-many point stems' outputs
     /// under the `RecordStems` negative control), or the head's outputs.
@@ -100,14 +101,14 @@ impl Stage {
             Stage::Native(scope) => {
                 let taped = scope.run(model, images);
                 StageOutputs {
-                    scope: *scope,
+                    scope: scope.cut(),
                     leaves: taped.iter().map(leaf).collect(),
                     taped: Some(taped),
                 }
             }
             #[cfg(feature = "cuda")]
             Stage::Replay(r) => StageOutputs {
-                scope: r.scope(),
+                scope: r.scope().cut(),
                 leaves: r.forward(model, images),
                 taped: None,
             },
@@ -155,22 +156,81 @@ impl Stage {
             }
             _ => unreachable!("features come from the stage's own forward"),
         };
-        if features.scope == Scope::Network && unreached.contains(&true) && !keep_unreached {
-            // Without the flat buffer, nothing tells a later holder that these are views of the
-            // recorder's buffer: copy it now (batches without positives only).
-            if let Some(f) = flat.take() {
-                f.owned(&mut out);
-            }
-            let prefixes = unreached_prefixes(&unreached);
-            for p in param_table(model) {
-                if prefixes.iter().any(|x| p.path.starts_with(x.as_str())) {
-                    take_flat(&mut out, &p);
-                }
-            }
-            // `flat` stays taken: its buffer still holds the removed ones.
+        if features.scope == Scope::Network && !keep_unreached {
+            drop_branches(&mut out, &mut flat, model, &unreached);
         }
         (out, flat)
     }
+
+    /// Whether the loss is recorded too: replay with `replay.scope = "step"`.
+    pub fn records_loss(&self) -> bool {
+        match self {
+            Stage::Native(_) => false,
+            #[cfg(feature = "cuda")]
+            Stage::Replay(r) => r.scope() == Scope::Step,
+        }
+    }
+
+    /// `replay.scope = "step"`, replayed: the recorded loss of `labels` on this step's outputs
+    /// (`features`), then the network's backward from the seeds it wrote. Returns the loss's
+    /// items and reach, the network's parameter gradients (those feeding only outputs the loss
+    /// did not reach dropped, as [`Stage::backward`] drops them) and the buffer they are views
+    /// of. The flow's gradients come with the loss ([`RecordedLoss::flow`]).
+    #[cfg(feature = "cuda")]
+    pub fn recorded_loss(
+        &mut self,
+        model: &Yolo,
+        features: StageOutputs,
+        loss: &crate::loss::E2eLoss,
+        labels: &[Vec<crate::data::Instance>],
+    ) -> (
+        super::loss::RecordedLoss,
+        GradientsParams,
+        Option<FlatGrads>,
+    ) {
+        let Stage::Replay(r) = self else {
+            panic!("the recorded loss needs a replayed stage");
+        };
+        let per = features.leaves.len() / 2;
+        drop(features);
+        let recorded = r.loss(loss, labels, model.head.flow.as_ref());
+        let mut flat = Some(r.backward_in_place());
+        let mut out = GradientsParams::new();
+        if let Some(f) = &flat {
+            f.put_views(&mut out);
+        }
+        let unreached: Vec<bool> = recorded.reached.flat(per).into_iter().map(|r| !r).collect();
+        if !r.control().keeps_unreached() {
+            drop_branches(&mut out, &mut flat, model, &unreached);
+        }
+        (recorded, out, flat)
+    }
+}
+
+/// Drops from the network stage's gradients `out` the head parameters that feed only the
+/// `unreached` outputs ([`flatten_outputs`] order), so they stay absent as in one uncut
+/// backward; `flat` (the buffer they are views of) is then copied and taken.
+fn drop_branches(
+    out: &mut GradientsParams,
+    flat: &mut Option<FlatGrads>,
+    model: &Yolo,
+    unreached: &[bool],
+) {
+    if !unreached.contains(&true) {
+        return;
+    }
+    // Without the flat buffer, nothing tells a later holder that these are views of the
+    // recorder's buffer: copy it now (batches without positives only).
+    if let Some(f) = flat.take() {
+        f.owned(out);
+    }
+    let prefixes = unreached_prefixes(unreached);
+    for p in param_table(model) {
+        if prefixes.iter().any(|x| p.path.starts_with(x.as_str())) {
+            take_flat(out, &p);
+        }
+    }
+    // `flat` stays taken: its buffer still holds the removed ones.
 }
 
 impl StageOutputs {
@@ -193,7 +253,7 @@ impl StageOutputs {
                 }
                 head.forward(&features)
             }
-            Scope::Network => outputs_of(&self.leaves),
+            _ => outputs_of(&self.leaves),
         }
     }
 }

@@ -10,14 +10,15 @@ use crate::data::loader::batches_per_epoch;
 use crate::data::source::Dataset;
 use crate::data::{Batch, COCO_FLIP_IDX, DataError, Instance, Loader, Source};
 use crate::loss::E2eLoss;
+use crate::model::HeadOutput;
 use crate::model::precision::autocast;
 use crate::model::{Task, Yolo};
 use crate::optim::grads::{self, FlatGrads};
 use crate::optim::hash::{StateHasher, module_hash};
 use crate::optim::{Ema, LossScaler, Optimizer, Rule, Schedule};
-use crate::replay::Stage;
 use crate::replay::eligibility::{self, Setup};
 use crate::replay::stage::{Scope, drop_unreached, merge};
+use crate::replay::{Stage, StageOutputs};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 use rand::SeedableRng;
@@ -200,6 +201,7 @@ impl Trainer {
         };
         let imgsz = cfg.data.imgsz;
         let mut loss = E2eLoss::new(cfg.model.task, cfg.model.kpt_shape[0], [imgsz, imgsz]);
+        loss.object_slots = cfg.train.object_slots;
         // The dataset's own OKS sigmas, where its yaml gives them, for the loss and validation.
         if let Some(sigmas) = train.kpt_oks_sigmas()
             && cfg.model.task == Task::Pose
@@ -298,6 +300,83 @@ impl Trainer {
             .batch(self.epoch, order, b, self.mosaic(self.epoch))
     }
 
+    /// The loss and the backward in Burn autodiff (the stage's own backward from the seeds
+    /// the loss sends to its outputs): the step's gradients, the buffer the stage's are views
+    /// of, and the logged items (still on the device).
+    fn loss_and_backward(
+        &mut self,
+        out: &HeadOutput,
+        features: StageOutputs,
+        labels: &[Vec<Instance>],
+        clock: &mut PhaseClock,
+    ) -> (GradientsParams, Option<FlatGrads>, Items) {
+        let flow = self.model.head.flow.as_ref();
+        let loss = match self.cfg.train.loss_on {
+            LossOn::Host => {
+                let targets = self.loss.targets(out, labels);
+                clock.mark(Phase::Assign);
+                self.loss.compute(out, &targets, flow)
+            }
+            LossOn::Device => {
+                clock.mark(Phase::Assign);
+                self.loss.compute_on_device(out, labels, flow)
+            }
+        };
+        clock.mark(Phase::Loss);
+        let total = match &self.scaler {
+            Some(s) => s.scale_loss(loss.total),
+            None => loss.total,
+        };
+        let head_grads = total.backward();
+        clock.mark(Phase::HeadBackward);
+        let reached = loss.reached;
+        let (stage_grads, flat) =
+            self.stage
+                .backward(&self.model, features, &head_grads, reached.as_ref());
+        let mut grads = GradientsParams::from_grads(head_grads, &self.model);
+        if let Some(r) = &reached {
+            drop_unreached(&mut grads, &self.model, r);
+        }
+        merge(&mut grads, stage_grads, &self.optimizer.table);
+        clock.mark(Phase::FeatureBackward);
+        (grads, flat, Items::OnDevice(Box::new(loss.items)))
+    }
+
+    /// [`Trainer::loss_and_backward`] from the recorded loss (`replay.scope = "step"`): its
+    /// items are read back with the counts that decide which gradients are present.
+    #[cfg(feature = "cuda")]
+    fn recorded_loss(
+        &mut self,
+        features: StageOutputs,
+        labels: &[Vec<Instance>],
+        clock: &mut PhaseClock,
+    ) -> (GradientsParams, Option<FlatGrads>, Items) {
+        clock.mark(Phase::Assign);
+        let (recorded, stage_grads, flat) =
+            self.stage
+                .recorded_loss(&self.model, features, &self.loss, labels);
+        clock.mark(Phase::Loss);
+        clock.mark(Phase::HeadBackward);
+        let mut grads = GradientsParams::new();
+        if let Some(f) = &recorded.flow {
+            f.put_views(&mut grads);
+        }
+        drop_unreached(&mut grads, &self.model, &recorded.reached);
+        merge(&mut grads, stage_grads, &self.optimizer.table);
+        clock.mark(Phase::FeatureBackward);
+        (grads, flat, Items::Read(recorded.items))
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    fn recorded_loss(
+        &mut self,
+        _: StageOutputs,
+        _: &[Vec<Instance>],
+        _: &mut PhaseClock,
+    ) -> (GradientsParams, Option<FlatGrads>, Items) {
+        unreachable!("only a replayed stage records the loss")
+    }
+
     /// One micro-batch: forward, assignment, loss, backward, and — when enough micro-batches
     /// are accumulated — clip, optimizer step and EMA update. Returns the logged loss items.
     pub fn train_step(&mut self, batch: &Batch) -> [f32; 6] {
@@ -316,35 +395,11 @@ impl Trainer {
             (features.head(&self.model.head), features)
         };
         clock.mark(Phase::Head);
-        let flow = self.model.head.flow.as_ref();
-        let loss = match self.cfg.train.loss_on {
-            LossOn::Host => {
-                let targets = self.loss.targets(&out, &labels);
-                clock.mark(Phase::Assign);
-                self.loss.compute(&out, &targets, flow)
-            }
-            LossOn::Device => {
-                clock.mark(Phase::Assign);
-                self.loss.compute_on_device(&out, &labels, flow)
-            }
+        let (mut grads, mut flat, items) = if self.stage.records_loss() {
+            self.recorded_loss(features, &labels, &mut clock)
+        } else {
+            self.loss_and_backward(&out, features, &labels, &mut clock)
         };
-        clock.mark(Phase::Loss);
-        let total = match &self.scaler {
-            Some(s) => s.scale_loss(loss.total),
-            None => loss.total,
-        };
-        let head_grads = total.backward();
-        clock.mark(Phase::HeadBackward);
-        let reached = loss.reached;
-        let (stage_grads, mut flat) =
-            self.stage
-                .backward(&self.model, features, &head_grads, reached.as_ref());
-        let mut grads = GradientsParams::from_grads(head_grads, &self.model);
-        if let Some(r) = &reached {
-            drop_unreached(&mut grads, &self.model, r);
-        }
-        merge(&mut grads, stage_grads, &self.optimizer.table);
-        clock.mark(Phase::FeatureBackward);
         if let Some(c) = &self.collective {
             grads = all_reduce_grads(c.as_ref(), grads, &self.optimizer.table, &self.device);
             flat = None;
@@ -364,12 +419,14 @@ impl Trainer {
             self.ema.update(&self.model);
         }
         clock.mark(Phase::Ema);
-        let items: Vec<f32> = loss
-            .items
-            .into_data()
-            .convert::<f32>()
-            .try_into_vec()
-            .expect("f32 items");
+        let items: Vec<f32> = match items {
+            Items::Read(v) => v.to_vec(),
+            Items::OnDevice(t) => (*t)
+                .into_data()
+                .convert::<f32>()
+                .try_into_vec()
+                .expect("f32 items"),
+        };
         clock.mark(Phase::Readback);
         if let Some(t) = self.timing.as_mut() {
             t.optimizer_step.push(stepped);
@@ -583,7 +640,7 @@ fn choose_stage(
             if enabled {
                 let stage = match scope {
                     Scope::Features => "the backbone and neck run",
-                    Scope::Network => "the network runs",
+                    Scope::Network | Scope::Step => "the network runs",
                 };
                 eprintln!("feature replay off: {why}; {stage} natively");
             }
@@ -630,4 +687,11 @@ pub struct StateHashes {
     pub scaler: String,
     /// Every per-step loss vector.
     pub losses: String,
+}
+
+/// A step's logged loss items: read back already, or still on the device.
+enum Items {
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    Read([f32; 6]),
+    OnDevice(Box<Tensor<1>>),
 }

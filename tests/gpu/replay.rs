@@ -11,23 +11,31 @@ use burnpose::replay::recorder::{Control, Recorder};
 use burnpose::train::{StateHashes, Trainer};
 use std::path::Path;
 
-/// `task` is "pose", "detect", "pose-network" (a pose model with `replay.scope = "network"`)
-/// or "pose-per-tensor" (`optim.flat_update = false`: the per-tensor update).
-fn config_for(task: &str, precision: &str, capture: bool) -> Config {
+/// `task` is "pose", "detect", "pose-network" (a pose model with `replay.scope = "network"`),
+/// "pose-per-tensor" (`optim.flat_update = false`: the per-tensor update), or "pose-step" /
+/// "detect-step" (`replay.scope = "step"`, the device loss in 16 object slots per image).
+pub(super) fn config_for(task: &str, precision: &str, capture: bool) -> Config {
+    let step = "[replay]\nscope = \"step\"\n";
     let (task, scope) = match task {
         "pose-network" => ("pose", "[replay]\nscope = \"network\"\n"),
         "pose-per-tensor" => ("pose", "[optim]\nflat_update = false\n"),
+        "pose-step" => ("pose", step),
+        "detect-step" => ("detect", step),
         other => (other, ""),
     };
+    let device_loss = match scope {
+        s if s == step => "loss_on = \"device\"\nobject_slots = 16\n",
+        _ => "",
+    };
     let text = format!(
-        "{scope}[model]\ntask = \"{task}\"\n[data]\nimgsz = 256\ntrain_images = 24\nval_images = 4\n[train]\nbatch = 4\nnbs = 8\nepochs = 2\nclose_mosaic = 1\nseed = 11\nprecision = \"{precision}\"\n"
+        "{scope}[model]\ntask = \"{task}\"\n[data]\nimgsz = 256\ntrain_images = 24\nval_images = 4\n[train]\nbatch = 4\nnbs = 8\nepochs = 2\nclose_mosaic = 1\nseed = 11\nprecision = \"{precision}\"\n{device_loss}"
     );
     let mut cfg = Config::parse(&text, Path::new("replay.toml")).unwrap();
     cfg.replay.enabled = capture;
     cfg
 }
 
-fn trainer(cfg: &Config, control: Control) -> Trainer {
+pub(super) fn trainer(cfg: &Config, control: Control) -> Trainer {
     let mut t = Trainer::new(cfg.clone(), Path::new("replay.toml"), cuda()).unwrap();
     if cfg.replay.enabled {
         assert!(t.stage.is_replay(), "replay refused: {:?}", t.replay_off);
@@ -81,7 +89,7 @@ fn differing(a: &Tensors, b: &Tensors) -> String {
     )
 }
 
-fn fit(cfg: &Config, control: Control) -> (StateHashes, Vec<[f32; 6]>, Tensors) {
+pub(super) fn fit(cfg: &Config, control: Control) -> (StateHashes, Vec<[f32; 6]>, Tensors) {
     let mut t = trainer(cfg, control);
     while !t.finished() {
         t.run_epoch(&mut |_, _, _| {}).unwrap();
@@ -97,7 +105,7 @@ fn assert_parity(precision: &str) {
     assert_parity_of("pose", precision);
 }
 
-fn assert_parity_of(task: &str, precision: &str) {
+pub(super) fn assert_parity_of(task: &str, precision: &str) {
     let (native, native_losses, nt) = fit(&config_for(task, precision, false), Control::None);
     let (replay, replay_losses, rt) = fit(&config_for(task, precision, true), Control::None);
     let first_diff = native_losses
@@ -181,7 +189,7 @@ fn empty_layout(capture: bool, control: Control) -> (StateHashes, Vec<[f32; 6]>,
     empty_layout_of("pose", capture, control)
 }
 
-fn empty_layout_of(
+pub(super) fn empty_layout_of(
     task: &str,
     capture: bool,
     control: Control,
@@ -209,7 +217,7 @@ fn empty_layout_of(
 
 /// The empty-batch layout, native vs replay: what must not move stays put on both paths, and the
 /// two are byte-equal.
-fn assert_empty_parity(task: &str) {
+pub(super) fn assert_empty_parity(task: &str) {
     let (native, nl, native_still) = empty_layout_of(task, false, Control::None);
     let (replay, rl, replay_still) = empty_layout_of(task, true, Control::None);
     assert!(

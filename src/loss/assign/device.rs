@@ -43,6 +43,9 @@ impl AnchorTensors {
     }
 }
 
+/// Columns of [`ObjectSlots::pack`]'s block before the keypoints: class, in use, box.
+const PACKED: usize = 6;
+
 /// The labelled objects of a batch in `N` slots per image (pixels of the network input); slots
 /// past an image's objects are padding.
 #[derive(Clone, Debug)]
@@ -61,35 +64,55 @@ impl ObjectSlots {
     /// `labels` in `slots` slots per image (at least the largest image's count, and 1), with
     /// `nk` keypoints per object (0: none).
     pub fn new(labels: &[Vec<Instance>], slots: usize, nk: usize, device: &Device) -> Self {
-        let b = labels.len();
-        let n = slots
+        let n = Self::slots_for(labels, slots);
+        let packed = Self::pack(labels, n, nk);
+        let packed = Tensor::<1>::from_floats(packed.as_slice(), device).reshape([
+            labels.len(),
+            n,
+            PACKED + 3 * nk,
+        ]);
+        Self::from_packed(packed, nk)
+    }
+
+    /// The slots per image [`ObjectSlots::new`] uses: `slots`, the largest image's count or 1,
+    /// whichever is largest.
+    pub fn slots_for(labels: &[Vec<Instance>], slots: usize) -> usize {
+        slots
             .max(1)
-            .max(labels.iter().map(Vec::len).max().unwrap_or(0));
-        let mut class = vec![0i64; b * n];
-        let mut boxes = vec![0f32; b * n * 4];
-        let mut kpts = vec![0f32; b * n * nk * 3];
-        let mut valid = vec![false; b * n];
+            .max(labels.iter().map(Vec::len).max().unwrap_or(0))
+    }
+
+    /// The objects as one `[B, n, 6 + 3·nk]` block of floats, per slot: class, whether it holds
+    /// an object (1 or 0), the box, the keypoints. One upload, and what a recorded loss's fixed
+    /// buffer holds. `n` must hold the largest image's objects.
+    pub fn pack(labels: &[Vec<Instance>], n: usize, nk: usize) -> Vec<f32> {
+        let width = PACKED + 3 * nk;
+        let mut out = vec![0f32; labels.len() * n * width];
         for (i, image) in labels.iter().enumerate() {
+            assert!(image.len() <= n, "{} objects in {n} slots", image.len());
             for (j, inst) in image.iter().enumerate() {
-                let s = i * n + j;
-                class[s] = inst.class as i64;
-                boxes[s * 4..s * 4 + 4].copy_from_slice(&inst.bbox);
+                let row = &mut out[(i * n + j) * width..][..width];
+                row[0] = inst.class as f32;
+                row[1] = 1.0;
+                row[2..6].copy_from_slice(&inst.bbox);
                 for (k, p) in inst.keypoints.iter().take(nk).enumerate() {
-                    kpts[(s * nk + k) * 3..][..3].copy_from_slice(p);
+                    row[PACKED + 3 * k..][..3].copy_from_slice(p);
                 }
-                valid[s] = true;
             }
         }
-        let float = |v: Vec<f32>| Tensor::<1>::from_floats(v.as_slice(), device);
+        out
+    }
+
+    /// The objects from [`ObjectSlots::pack`]'s block on the device (casts and views only:
+    /// nothing read back or uploaded).
+    pub fn from_packed(packed: Tensor<3>, nk: usize) -> Self {
+        let [b, n, _] = packed.dims();
+        let column = |at: usize, width: usize| packed.clone().narrow(2, at, width);
         Self {
-            class: Tensor::<1, Int>::from_ints(class.as_slice(), device).reshape([b, n]),
-            boxes: float(boxes).reshape([b, n, 4]),
-            keypoints: (nk > 0).then(|| float(kpts).reshape([b, n, nk, 3])),
-            valid: Tensor::<1, Bool>::from_bool(
-                burn::tensor::TensorData::new(valid, [b * n]),
-                device,
-            )
-            .reshape([b, n]),
+            class: column(0, 1).reshape([b, n]).int(),
+            boxes: column(2, 4),
+            keypoints: (nk > 0).then(|| column(PACKED, 3 * nk).reshape([b, n, nk, 3])),
+            valid: column(1, 1).reshape([b, n]).greater_elem(0.5),
         }
     }
 

@@ -1,0 +1,259 @@
+//! The recorded loss of `replay.scope = "step"` (docs/replay.md, "Step recording"): the device
+//! loss ([`E2eLoss::dense_loss`]: both copies' assignment and terms, the RLE flow) and its
+//! backward down to the network's outputs, recorded into one CUDA graph on the first training
+//! step and replayed on every later one, between the network's forward and backward graphs.
+//!
+//! It reads the network's outputs where the forward graph writes them, the batch's objects from
+//! a fixed block of slots ([`ObjectSlots::pack`]), the ProgLoss weight from a one-value buffer
+//! and the flow's parameters from a private copy refreshed when the trainer's change. It writes
+//! the outputs' gradients into the outputs' own buffers (the network backward graph's seeds:
+//! every read of the outputs comes before them on the stream), the flow's gradients into one
+//! flat buffer, and the loss, its logged items and the four counts of [`Reached::of_counts`]
+//! into one small buffer, read back once per step: which outputs the loss reached is decided on
+//! the host from those counts, outside the graph, as the native device path decides it.
+
+use super::copy::copy_into;
+use super::recorder::{
+    Graph, RecordError, copy_of, cube, gather_into, in_use, replay, same_tensor, write,
+};
+use super::stage::outputs_of;
+use crate::data::Instance;
+use crate::loss::assign::device::ObjectSlots;
+use crate::loss::{E2eLoss, LossConstants, Reached};
+use crate::model::flow::RealNvp;
+use crate::optim::grads::{FlatGrads, get_flat};
+use crate::optim::groups::{ParamInfo, param_table};
+use crate::optim::layout::Layout;
+use crate::optim::tensors::{float_tensors, replace_float_tensors};
+use burn::backend::{Backend, Dispatch};
+use burn::optim::GradientsParams;
+use burn::prelude::*;
+use burn_cubecl::tensor::CubeTensor;
+use std::collections::HashMap;
+
+/// Eager runs of the loss and its backward before recording: they settle every allocation the
+/// recorded launches will reuse (nothing may be allocated inside the window).
+const WARMUPS: usize = 3;
+
+/// Values in the results buffer: the loss, its six logged items, the four counts.
+const RESULTS: usize = 11;
+
+/// What one replay of the recorded loss gives the trainer.
+pub struct RecordedLoss {
+    /// The one-to-one terms × gains, as the native path logs them.
+    pub items: [f32; 6],
+    pub reached: Reached,
+    /// The flow's gradients (pose), on a buffer of their own.
+    pub flow: Option<FlatGrads>,
+}
+
+/// The recorded loss and every buffer it reads or writes, kept alive as long as the graph.
+pub struct LossGraph {
+    graph: Graph,
+    /// Images and object slots per image the graph was recorded for.
+    batch: usize,
+    slots: usize,
+    keypoints: usize,
+    /// `[B, slots, 6 + 3K]`: the batch's objects, rewritten before every replay.
+    objects: Tensor<3>,
+    /// `[1]`: the one-to-many weight (ProgLoss), rewritten before every replay.
+    weight: Tensor<1>,
+    /// The anchors and keypoint rows the graph reads.
+    _constants: LossConstants,
+    /// `(path, static buffer)` of every float tensor of the private flow copy, and the
+    /// trainer's tensor each buffer now equals (held, so it cannot be updated in place).
+    flow_sources: Vec<(String, Tensor<1>)>,
+    written: Vec<Option<CubeTensor>>,
+    /// `[RESULTS]`: the loss, the items, the counts.
+    results: Tensor<1>,
+    flow_params: Vec<ParamInfo>,
+    flow_layout: Layout,
+    flow_grads: Tensor<1>,
+    /// Bytes in use on the device before recording and after it.
+    pub growth: [u64; 2],
+}
+
+impl LossGraph {
+    /// Whether this graph's shapes fit a batch of `labels` with at least `min_slots` slots.
+    pub fn fits(&self, labels: &[Vec<Instance>], min_slots: usize) -> bool {
+        labels.len() == self.batch && ObjectSlots::slots_for(labels, min_slots) == self.slots
+    }
+
+    /// Records the loss of `labels` on the network outputs `outputs` (the forward graph's output
+    /// buffers, on the inner device, in `replay::stage::flatten_outputs` order) with the flow
+    /// `flow` (pose), the objects in `loss.object_slots` slots at least.
+    pub fn record(
+        loss: &E2eLoss,
+        outputs: &[Tensor<4>],
+        labels: &[Vec<Instance>],
+        flow: Option<&RealNvp>,
+        device: &Device,
+    ) -> Result<Self, RecordError> {
+        let err = |what: &str, e: &dyn std::fmt::Debug| RecordError(format!("{what}: {e:?}"));
+        let inner = device.clone().inner();
+        let dispatch = inner.as_dispatch();
+        let before = in_use(&inner);
+        let (batch, keypoints) = (labels.len(), loss.sigmas.len());
+        let slots = ObjectSlots::slots_for(labels, loss.object_slots);
+        let objects = copy_of(upload_objects(labels, slots, keypoints, &inner));
+        let weight = copy_of(Tensor::<1>::from_floats([loss.one2many_weight], &inner));
+        let constants = loss.constants(device);
+        // A private copy of the flow with its own buffers and the trainer's parameter ids, so
+        // its gradients key like the trainer's.
+        let flow_copy = flow.map(|f| {
+            let mut copies: HashMap<String, Tensor<1>> = float_tensors(&f.valid())
+                .into_iter()
+                .map(|(p, t)| (p, copy_of(t)))
+                .collect();
+            replace_float_tensors(f.valid().train(), &mut copies).0
+        });
+        let flow_params = flow_copy.as_ref().map(param_table).unwrap_or_default();
+        let flow_layout = Layout::new(flow_params.iter().map(ParamInfo::numel).collect());
+        let flow_grads = Tensor::<1>::zeros([flow_layout.len.max(1)], &inner);
+        let results = Tensor::<1>::zeros([RESULTS], &inner);
+        let scratch: Vec<Tensor<4>> = outputs
+            .iter()
+            .map(|o| copy_of(Tensor::<4>::zeros(o.dims(), &inner)))
+            .collect();
+        let run = |seeds: &[Tensor<4>]| -> Vec<bool> {
+            let leaves: Vec<Tensor<4>> = outputs
+                .iter()
+                .map(|o| Tensor::<4>::from_inner(o.clone()).require_grad())
+                .collect();
+            let out = outputs_of(&leaves);
+            let slots_now =
+                ObjectSlots::from_packed(Tensor::from_inner(objects.clone()), keypoints);
+            let w = Tensor::<1>::from_inner(weight.clone());
+            let (value, counts) =
+                loss.dense_loss(&out, &slots_now, &constants, w, flow_copy.as_ref());
+            let total = value.total * batch as f32;
+            let grads = total.backward();
+            let row = Tensor::cat(vec![total.inner(), value.items.inner(), counts.inner()], 0);
+            write(row, &results);
+            let mut missing = Vec::new();
+            for (leaf, seed) in leaves.iter().zip(seeds) {
+                match leaf.grad(&grads) {
+                    Some(g) => write(g, seed),
+                    None => missing.push(true),
+                }
+            }
+            if let Some(f) = &flow_copy {
+                let all = GradientsParams::from_grads(grads, f);
+                let parts: Option<Vec<Tensor<1>>> =
+                    flow_params.iter().map(|p| get_flat(&all, p)).collect();
+                match parts {
+                    Some(parts) => gather_into(&flow_layout, parts, &flow_grads),
+                    None => missing.push(true),
+                }
+            }
+            missing
+        };
+
+        Dispatch::graph_prepare(dispatch).map_err(|e| err("prepare loss", &e))?;
+        for _ in 0..WARMUPS {
+            let missing = run(&scratch);
+            inner.sync().map_err(|e| err("loss warm-up sync", &e))?;
+            if !missing.is_empty() {
+                return Err(RecordError(
+                    "the device loss left an output or a flow parameter without a gradient".into(),
+                ));
+            }
+        }
+        drop(scratch);
+        inner.sync().map_err(|e| err("sync", &e))?;
+        Dispatch::graph_start_capture(dispatch).map_err(|e| err("start loss capture", &e))?;
+        let missing = run(outputs);
+        let graph = Dispatch::graph_stop_capture(dispatch).map_err(|e| err("loss capture", &e))?;
+        inner
+            .sync()
+            .map_err(|e| err("sync after loss capture", &e))?;
+        if !missing.is_empty() {
+            return Err(RecordError(
+                "the recorded loss left an output or a flow parameter without a gradient".into(),
+            ));
+        }
+        let flow_sources = flow_copy
+            .as_ref()
+            .map(|f| float_tensors(&f.valid()))
+            .unwrap_or_default();
+        Ok(Self {
+            graph,
+            batch,
+            slots,
+            keypoints,
+            objects,
+            weight,
+            _constants: constants,
+            written: vec![None; flow_sources.len()],
+            flow_sources,
+            results,
+            flow_params,
+            flow_layout,
+            flow_grads,
+            growth: [before, in_use(&inner)],
+        })
+    }
+
+    /// Replays the loss on the outputs the forward graph last wrote, for `labels` (which must
+    /// [`LossGraph::fits`]), the one-to-many weight `weight` (`None`: the one it holds; only
+    /// the `FrozenLossWeight` negative control passes that) and the trainer's flow `flow`; the
+    /// outputs' buffers then hold their gradients.
+    pub fn replay(
+        &mut self,
+        labels: &[Vec<Instance>],
+        weight: Option<f32>,
+        flow: Option<&RealNvp>,
+        device: &Device,
+    ) -> RecordedLoss {
+        let inner = device.clone().inner();
+        write(
+            upload_objects(labels, self.slots, self.keypoints, &inner),
+            &self.objects,
+        );
+        if let Some(w) = weight {
+            write(Tensor::<1>::from_floats([w], &inner), &self.weight);
+        }
+        if let Some(f) = flow {
+            let current: HashMap<String, Tensor<1>> =
+                float_tensors(&f.valid()).into_iter().collect();
+            for ((path, buffer), written) in self.flow_sources.iter().zip(&mut self.written) {
+                let now = cube(current[path].clone());
+                if written.as_ref().is_some_and(|w| same_tensor(w, &now)) {
+                    continue;
+                }
+                copy_into(now.clone(), &cube(buffer.clone()));
+                *written = Some(now);
+            }
+        }
+        replay(device, &self.graph);
+        let v: Vec<f32> = self
+            .results
+            .clone()
+            .into_data()
+            .convert::<f32>()
+            .try_into_vec()
+            .expect("f32 results");
+        RecordedLoss {
+            items: [v[1], v[2], v[3], v[4], v[5], v[6]],
+            reached: Reached::of_counts([v[7], v[8], v[9], v[10]]),
+            flow: (!self.flow_params.is_empty()).then(|| FlatGrads {
+                params: self.flow_params.clone(),
+                layout: self.flow_layout.clone(),
+                buf: copy_of(self.flow_grads.clone()),
+                copy: None,
+            }),
+        }
+    }
+}
+
+/// The objects of `labels` in `slots` slots per image, uploaded as one block.
+fn upload_objects(
+    labels: &[Vec<Instance>],
+    slots: usize,
+    keypoints: usize,
+    inner: &Device,
+) -> Tensor<3> {
+    let packed = ObjectSlots::pack(labels, slots, keypoints);
+    let width = packed.len() / (labels.len() * slots);
+    Tensor::<1>::from_floats(packed.as_slice(), inner).reshape([labels.len(), slots, width])
+}

@@ -1,0 +1,150 @@
+//! `replay.scope = "step"` against the native loop on the H200: the network's graphs and the
+//! recorded device loss (docs/replay.md, "Step recording") give byte-equal state hashes and
+//! per-step losses, and negative controls that must fail.
+
+use super::cuda;
+use super::replay::{assert_empty_parity, assert_parity_of, config_for, empty_layout_of, fit};
+use burnpose::config::Config;
+use burnpose::replay::Stage;
+use burnpose::replay::recorder::Control;
+use burnpose::train::Trainer;
+use std::path::Path;
+
+fn recordings(t: &Trainer) -> usize {
+    match &t.stage {
+        Stage::Replay(r) => r.loss_recordings(),
+        Stage::Native(_) => 0,
+    }
+}
+
+fn run(cfg: &Config) -> Trainer {
+    let mut t = super::replay::trainer(cfg, Control::None);
+    while !t.finished() {
+        t.run_epoch(&mut |_, _, _| {}).unwrap();
+    }
+    t
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn step_replay_matches_native_fp32() {
+    assert_parity_of("pose-step", "fp32");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn step_replay_matches_native_bf16() {
+    assert_parity_of("pose-step", "bf16");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn detection_step_replay_matches_native_fp32() {
+    assert_parity_of("detect-step", "fp32");
+}
+
+/// Without positives the recorded loss still writes gradients (zeros) for the keypoint
+/// outputs; the counts read back must leave the point stems absent, as natively.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn step_replay_matches_native_on_an_empty_batch() {
+    assert_empty_parity("pose-step");
+}
+
+/// With slots for every batch the loss is recorded once; with `object_slots = 0` every batch
+/// whose largest image holds another count records it again, and each recording still gives
+/// native's bits.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn step_replay_records_the_loss_again_for_other_slot_counts() {
+    let cfg = config_for("pose-step", "fp32", true);
+    assert_eq!(recordings(&run(&cfg)), 1, "16 slots hold every batch");
+    let mut cfg = cfg;
+    cfg.train.object_slots = 0;
+    let mut native_cfg = cfg.clone();
+    native_cfg.replay.enabled = false;
+    let (native, native_losses, _) = fit(&native_cfg, Control::None);
+    let t = run(&cfg);
+    assert!(
+        recordings(&t) > 1,
+        "the batches' counts differ: recorded once"
+    );
+    assert_eq!(t.step_losses, native_losses, "per-step losses differ");
+    assert_eq!(t.state_hashes(), native, "state hashes differ");
+    println!("{} recordings, {native:?}", recordings(&t));
+}
+
+/// Negative control: keeping the recorded zero gradients of the outputs the loss did not reach
+/// moves the point stems on the batch without positives. The parity check must see it.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn keeping_unreached_gradients_breaks_step_parity() {
+    let (native, _, native_still) = empty_layout_of("pose-step", false, Control::None);
+    let (broken, _, broken_still) = empty_layout_of("pose-step", true, Control::KeepUnreached);
+    assert!(
+        native_still,
+        "a point stem moved without positives natively"
+    );
+    assert!(
+        !broken_still,
+        "the point stems stayed put: the control kept nothing"
+    );
+    assert_ne!(native.model, broken.model);
+    assert_ne!(native.optimizer, broken.optimizer);
+}
+
+/// Negative control: the ProgLoss weight written into the recorded loss only when it is
+/// recorded (as a value frozen into the graph would be). It changes after the first epoch
+/// (0.8 → 0.1 over two epochs): the first epoch's losses agree, the end state must not.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_frozen_loss_weight_breaks_step_parity() {
+    let (native, native_losses, _) = fit(&config_for("pose-step", "fp32", false), Control::None);
+    let (broken, broken_losses, _) = fit(
+        &config_for("pose-step", "fp32", true),
+        Control::FrozenLossWeight,
+    );
+    let first_epoch = 24 / 4;
+    assert_eq!(
+        native_losses[..first_epoch],
+        broken_losses[..first_epoch],
+        "the first epoch runs with the recorded weight"
+    );
+    assert_ne!(native.model, broken.model);
+}
+
+/// The recorded loss at batch 3 on real COCO images (416 px, device HSV, BF16, rectangular
+/// validation on the train split), against native.
+#[test]
+#[ignore = "needs a CUDA GPU and ../shared/data/pose-real/pose_minicoco"]
+fn step_replay_matches_native_at_batch_3_on_coco() {
+    let root = Path::new("../shared/data/pose-real/pose_minicoco");
+    assert!(root.exists(), "{} is missing", root.display());
+    let config = |capture: bool| {
+        let text = format!(
+            "[replay]\nenabled = {capture}\nscope = \"step\"\n[data]\nsource = \"coco\"\npath = \"{}\"\nval_split = \"train2017\"\nimgsz = 416\nworkers = 0\n[augment]\nhsv_device = true\n[train]\nbatch = 3\nnbs = 6\nepochs = 2\nclose_mosaic = 1\nseed = 2\nprecision = \"bf16\"\nloss_on = \"device\"\nobject_slots = 24\n",
+            root.display()
+        );
+        Config::parse(&text, Path::new("coco_step.toml")).unwrap()
+    };
+    let go = |capture: bool| {
+        let mut t = Trainer::new(config(capture), Path::new("coco_step.toml"), cuda()).unwrap();
+        assert_eq!(t.stage.is_replay(), capture, "{:?}", t.replay_off);
+        while !t.finished() {
+            t.run_epoch(&mut |_, _, _| {}).unwrap();
+        }
+        (t.state_hashes(), t.step_losses.clone(), recordings(&t))
+    };
+    let (native, native_losses, _) = go(false);
+    let (replay, replay_losses, n) = go(true);
+    let first = native_losses
+        .iter()
+        .zip(&replay_losses)
+        .position(|(a, b)| a != b);
+    assert_eq!(first, None, "per-step losses differ");
+    assert_eq!(native, replay, "state hashes differ");
+    println!(
+        "coco b3 step: {} steps equal, {n} recordings, {native:?}",
+        native_losses.len()
+    );
+}
