@@ -206,15 +206,17 @@ pub fn dense_terms(
             };
             let ex = eps(coord(&raw, 0), ox, sx.clone());
             let ey = eps(coord(&raw, 1), oy, sy.clone());
+            // Grouped per image and keypoint, so the flow's backward reduces along `r` points
+            // per group rather than all of them at once.
             let points = Tensor::cat(
                 vec![
-                    ex.clone().reshape([b * k * r, 1]),
-                    ey.clone().reshape([b * k * r, 1]),
+                    ex.clone().reshape([b * k, r, 1]),
+                    ey.clone().reshape([b * k, r, 1]),
                 ],
-                1,
+                2,
             );
             let log_phi = flow
-                .log_prob_with(points, &rows.flow_masks)
+                .log_prob_grouped(points, &rows.flow_masks)
                 .reshape([b, k, r]);
             let per = |s: Tensor<3>, e: Tensor<3>| s.clone().log() + (s * 2.0).log() + e.abs();
             let l = (per(sx, ex) + per(sy, ey) - log_phi * 2.0) * rows.rle.clone();

@@ -55,9 +55,31 @@ pub struct CouplingNet {
 }
 
 impl CouplingNet {
-    pub fn forward(&self, x: Tensor<2>) -> Tensor<2> {
+    /// On points in the last dimension, any batch dimensions before it.
+    pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         self.fc3
             .forward(silu(self.fc2.forward(silu(self.fc1.forward(x)))))
+    }
+
+    /// On `[G, M, in]` points in groups, each layer a matmul batched over the groups. Burn's
+    /// `Linear` folds the groups into one `[G·M, in]` matrix, and a bias broadcast over both
+    /// leading dimensions is reduced in one go too: either way its gradient is one reduction
+    /// along all `G·M` points, which runs on a few GPU threads (0.2 ms for 8,000 points).
+    /// Here the bias is expanded over the groups first, so its gradient reduces the points of
+    /// each group (in parallel), then the groups.
+    pub fn forward_grouped(&self, x: Tensor<3>) -> Tensor<3> {
+        let layer = |l: &Linear, x: Tensor<3>| {
+            let w = l.weight.val();
+            let y = x.matmul(w.unsqueeze::<3>());
+            let [g, _, out] = y.dims();
+            match &l.bias {
+                Some(b) => y + b.val().reshape([1, 1, out]).expand([g, 1, out]),
+                None => y,
+            }
+        };
+        let h = silu(layer(&self.fc1, x));
+        let h = silu(layer(&self.fc2, h));
+        layer(&self.fc3, h)
     }
 }
 
@@ -85,22 +107,47 @@ impl RealNvp {
 
     /// [`RealNvp::log_prob`] with the masks given (uploaded once: a recorded loss may not).
     pub fn log_prob_with(&self, x: Tensor<2>, masks: &Tensor<2>) -> Tensor<1> {
-        let device = x.device();
         let [n, _] = x.dims();
+        self.log_prob_of(x, masks, CouplingNet::forward)
+            .reshape([n])
+    }
+
+    /// log φ of points `[G, M, 2]` in `G` groups → `[G, M]`: [`RealNvp::log_prob`]'s
+    /// arithmetic per point, with the coupling nets batched over the groups
+    /// ([`CouplingNet::forward_grouped`]), which keeps their gradient reductions parallel.
+    pub fn log_prob_grouped(&self, x: Tensor<3>, masks: &Tensor<2>) -> Tensor<2> {
+        let [g, m, _] = x.dims();
+        self.log_prob_of(x, masks, CouplingNet::forward_grouped)
+            .reshape([g, m])
+    }
+
+    /// The pass on points in the last dimension, each coupling net applied by `net`; the
+    /// result keeps that dimension, of size 1.
+    fn log_prob_of<const D: usize>(
+        &self,
+        x: Tensor<D>,
+        masks: &Tensor<2>,
+        net: fn(&CouplingNet, Tensor<D>) -> Tensor<D>,
+    ) -> Tensor<D> {
+        let last = D - 1;
+        let mut one = [1usize; D];
+        one[last] = 2;
+        let mut dims = x.dims();
+        dims[last] = 1;
         let mut z = x;
-        let mut log_det = Tensor::<1>::zeros([n], &device);
+        let mut log_det = Tensor::<D>::zeros(dims, &z.device());
         for i in (0..COUPLINGS).rev() {
             let row = 2 * (i % 2);
-            let mask = masks.clone().narrow(0, row, 1);
-            let inv = masks.clone().narrow(0, row + 1, 1);
+            let mask: Tensor<D> = masks.clone().narrow(0, row, 1).reshape(one);
+            let inv: Tensor<D> = masks.clone().narrow(0, row + 1, 1).reshape(one);
             let zm = z.clone() * mask.clone();
-            let s = self.scale_nets[i].forward(zm.clone()).tanh() * inv.clone();
-            let t = self.shift_nets[i].forward(zm.clone()) * inv.clone();
+            let s = net(&self.scale_nets[i], zm.clone()).tanh() * inv.clone();
+            let t = net(&self.shift_nets[i], zm.clone()) * inv.clone();
             z = inv * (z - t) * s.clone().neg().exp() + zm;
-            log_det = log_det - s.sum_dim(1).reshape([n]);
+            log_det = log_det - s.sum_dim(last);
         }
         let ln_2pi = (2.0 * std::f64::consts::PI).ln();
-        z.powi_scalar(2).sum_dim(1).reshape([n]) * (-0.5) - ln_2pi + log_det
+        z.powi_scalar(2).sum_dim(last) * (-0.5) - ln_2pi + log_det
     }
 }
 
@@ -130,5 +177,38 @@ mod tests {
         let x = Tensor::<1>::from_floats(pts.as_slice(), &d).reshape([k * k, 2]);
         let mass = flow.log_prob(x).exp().sum().into_scalar::<f32>() * step * step;
         assert!((mass - 1.0).abs() < 1e-3, "density integrates to {mass}");
+    }
+
+    /// The grouped pass gives every point the density of the plain one.
+    #[test]
+    fn grouped_density_equals_the_plain_one() {
+        use burn::tensor::Distribution;
+        let d = Device::flex();
+        let mut flow = RealNvpConfig::new().init(&d);
+        // Weights far from the near-identity start, so the couplings matter.
+        flow = crate::optim::tensors::replace_float_tensors(
+            flow.clone(),
+            &mut crate::optim::tensors::float_tensors(&flow)
+                .into_iter()
+                .map(|(p, t)| {
+                    let n = t.dims()[0];
+                    (
+                        p,
+                        Tensor::<1>::random([n], Distribution::Normal(0.0, 0.3), &d),
+                    )
+                })
+                .collect(),
+        )
+        .0;
+        let x = Tensor::<3>::random([5, 7, 2], Distribution::Normal(0.0, 2.0), &d);
+        let plain = flow.log_prob(x.clone().reshape([35, 2]));
+        let grouped = flow.log_prob_grouped(x, &RealNvp::masks(&d)).reshape([35]);
+        let (a, b) = (
+            plain.into_data().try_to_vec::<f32>().unwrap(),
+            grouped.into_data().try_to_vec::<f32>().unwrap(),
+        );
+        for (p, q) in a.iter().zip(&b) {
+            assert!((p - q).abs() <= 1e-5 * p.abs().max(1.0), "{p} vs {q}");
+        }
     }
 }

@@ -130,8 +130,8 @@ pub struct BatchAssignment {
     pub gt_index: Tensor<2, Int>,
     /// `[B, nc, A]` soft class targets, laid out like the head's scores.
     pub target_scores: Tensor<3>,
-    /// At most this many positives per image: every positive was among some object slot's
-    /// top-k candidates (`N · topk`, at most `A`).
+    /// At most this many positives per image: every object slot keeps at most
+    /// `min(topk, topk2)` of its top-k candidates (`N · min(topk, topk2)`, at most `A`).
     pub max_positives: usize,
 }
 
@@ -198,13 +198,54 @@ fn oks(px: Tensor<3>, py: Tensor<3>, gt: Tensor<4>, area: Tensor<3>, sigmas: &[f
 /// `values`' shape) holding it. Two order-free reductions, so the same on any device.
 fn first_max(values: Tensor<3>, dim: usize, iota: Tensor<3, Int>) -> Tensor<3, Bool> {
     let dims = values.dims();
-    let top = values.clone().max_dim(dim).expand(dims);
+    let top = match dim {
+        2 => max_last(values.clone()),
+        _ => values.clone().max_dim(dim),
+    };
     let at = iota
         .clone()
-        .mask_fill(values.not_equal(top), dims[dim] as i64)
-        .min_dim(dim)
-        .expand(dims);
-    iota.equal(at)
+        .mask_fill(values.not_equal(top.expand(dims)), dims[dim] as i64);
+    let at = match dim {
+        2 => min_last(at),
+        _ => at.min_dim(dim),
+    };
+    iota.equal(at.expand(dims))
+}
+
+/// The divisor of `a` nearest its square root: the rows of the first stage of [`max_last`] and
+/// [`min_last`].
+fn stage_len(a: usize) -> usize {
+    let root = (a as f64).sqrt();
+    (1..=a)
+        .filter(|d| a.is_multiple_of(*d))
+        .min_by(|x, y| {
+            (*x as f64 - root)
+                .abs()
+                .total_cmp(&(*y as f64 - root).abs())
+        })
+        .unwrap_or(1)
+}
+
+/// The maximum along the last dimension (`[B, N, A]` → `[B, N, 1]`) in two stages of about
+/// `√A` values each: one reduction of a long row runs on one GPU thread, so the rows are cut
+/// first. A maximum is exact in any order: the same value as `max_dim(2)`.
+fn max_last(t: Tensor<3>) -> Tensor<3> {
+    let [b, n, a] = t.dims();
+    let inner = stage_len(a);
+    t.reshape([b, n, a / inner, inner])
+        .max_dim(3)
+        .reshape([b, n, a / inner])
+        .max_dim(2)
+}
+
+/// [`max_last`]'s minimum, of indices.
+fn min_last(t: Tensor<3, Int>) -> Tensor<3, Int> {
+    let [b, n, a] = t.dims();
+    let inner = stage_len(a);
+    t.reshape([b, n, a / inner, inner])
+        .min_dim(3)
+        .reshape([b, n, a / inner])
+        .min_dim(2)
 }
 
 /// The `k` anchors of every `[B, N]` row of `values` (`[B, N, A]`, no NaN) with the largest
@@ -360,13 +401,8 @@ pub fn assign_batch(
     }
 
     // Soft targets: alignment × (the object's best overlap / its best alignment), positives only.
-    let max_of = |t: Tensor<3>| {
-        zeros
-            .clone()
-            .mask_where(pos.clone(), t)
-            .max_dim(2)
-            .expand([b, n, a])
-    };
+    let max_of =
+        |t: Tensor<3>| max_last(zeros.clone().mask_where(pos.clone(), t)).expand([b, n, a]);
     let (max_align, max_ov) = (max_of(align.clone()), max_of(overlap));
     let norm = zeros
         .mask_where(pos.clone(), align * max_ov / (max_align + EPS))
@@ -394,7 +430,7 @@ pub fn assign_batch(
         fg,
         gt_index,
         target_scores,
-        max_positives: (n * cfg.topk).min(a),
+        max_positives: (n * cfg.topk.min(cfg.topk2)).min(a),
     }
 }
 
