@@ -12,15 +12,14 @@ use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 use cubecl::{CubeDim, calculate_cube_count_elemwise};
-use std::sync::atomic::{AtomicBool, Ordering};
 
 /// One unit per input channel and output position, writing all `kh·kw` taps of `[n, c, tap, p]`:
 /// `x[n, c, oh·sh + i·dh − top, ow·sw + j·dw − left]` for tap `(i, j)` and `p = (oh, ow)`, or zero
 /// outside the input. One unit per tap spent most of its time on the integer divisions that
 /// locate it; here they are paid once per `kh·kw` values. Neighbouring units take neighbouring
-/// positions (`pixel_major` false: the output's memory is `[n, c, tap, p]`, so for every tap they
-/// write neighbouring addresses) or neighbouring channels (`pixel_major`: memory `[n, p, c, tap]`,
-/// where one unit's taps and the next channel's follow each other).
+/// positions, so for every tap they write neighbouring addresses. (Neighbouring channels, with
+/// the memory `[n, p, c, tap]` that makes the weight gradient's matmul operand contiguous, were
+/// slower: H200, 2026-12-04, docs/perf_log.md AJ1.)
 #[cube(launch_unchecked)]
 fn columns_kernel(
     x: &Tensor<f32>,
@@ -34,23 +33,16 @@ fn columns_kernel(
     dilation_w: u32,
     top: u32,
     left: u32,
-    #[comptime] pixel_major: bool,
 ) {
     let positions = out.shape(3);
     let channels = out.shape(1);
     if ABSOLUTE_POS >= out.shape(0) * channels * positions {
         terminate!();
     }
-    let mut p = ABSOLUTE_POS % positions;
-    let mut rest = ABSOLUTE_POS / positions;
-    let mut c = rest % channels;
-    let mut n = rest / channels;
-    if pixel_major {
-        c = ABSOLUTE_POS % channels;
-        rest = ABSOLUTE_POS / channels;
-        p = rest % positions;
-        n = rest / positions;
-    }
+    let p = ABSOLUTE_POS % positions;
+    let rest = ABSOLUTE_POS / positions;
+    let c = rest % channels;
+    let n = rest / channels;
     let ow_n = out_w as usize;
     let row0 = (p / ow_n) * (stride_h as usize);
     let col0 = (p % ow_n) * (stride_w as usize);
@@ -76,33 +68,7 @@ fn columns_kernel(
     }
 }
 
-/// How [`columns`] lays its output out in memory. The weight gradient's matmul takes the
-/// columns in chunks of pixels as `[N, S, L, C·kh·kw]` (`model::ops::wgrad`): a transposed view
-/// of the channel-major buffer (which the matmul may copy whole first: H200, batch 16, 596 µs of
-/// copy beside a 547 µs matmul for the head's 85-channel 3×3 layer, docs/perf_log.md AI3), a
-/// contiguous one of the pixel-major buffer. Which is faster overall is measured with
-/// `burnpose bench-conv --columns` (docs/bench.md).
-pub const LAYOUTS: [&str; 2] = ["channel-major", "pixel-major"];
-
-static PIXEL_MAJOR: AtomicBool = AtomicBool::new(false);
-
-/// Lays every later [`columns`] of this process out as `name` (one of [`LAYOUTS`]).
-pub fn choose_layout(name: &str) -> Result<(), String> {
-    let i = LAYOUTS
-        .iter()
-        .position(|l| *l == name)
-        .ok_or_else(|| format!("unknown columns layout {name:?}: expected one of {LAYOUTS:?}"))?;
-    PIXEL_MAJOR.store(i == 1, Ordering::Relaxed);
-    Ok(())
-}
-
-/// The layout in use, by name.
-pub fn layout() -> &'static str {
-    LAYOUTS[PIXEL_MAJOR.load(Ordering::Relaxed) as usize]
-}
-
-/// `[N, C, H, W]` (any float dtype, any strides) → `[N, C, kh·kw, Ho·Wo]` in FP32, in memory as
-/// [`layout`] says.
+/// `[N, C, H, W]` (any float dtype, any strides) → `[N, C, kh·kw, Ho·Wo]` in FP32, contiguous.
 pub fn columns(
     x: CubeTensor,
     kernel: [usize; 2],
@@ -117,22 +83,13 @@ pub fn columns(
     let s = x.meta.shape();
     let (n, c) = (s[0], s[1]);
     let (taps, positions) = (kernel[0] * kernel[1], out[0] * out[1]);
-    // Contiguous, not pitched rows (docs/kernels.md, "Output buffers"); pixel-major viewed in the
-    // `[N, C, taps, P]` order the callers index.
-    let pixel_major = PIXEL_MAJOR.load(Ordering::Relaxed);
-    let new = |shape: [usize; 4]| {
-        empty_device_contiguous_dtype(
-            x.client.clone(),
-            x.device.clone(),
-            Shape::new(shape),
-            DType::F32,
-        )
-    };
-    let cols = if pixel_major {
-        burn_cubecl::ops::permute(new([n, positions, c, taps]), &[0, 2, 3, 1])
-    } else {
-        new([n, c, taps, positions])
-    };
+    // Contiguous, not pitched rows (docs/kernels.md, "Output buffers").
+    let cols = empty_device_contiguous_dtype(
+        x.client.clone(),
+        x.device.clone(),
+        Shape::new([n, c, taps, positions]),
+        DType::F32,
+    );
     let total = n * c * positions;
     let dim = CubeDim::new(&x.client, total);
     let count = calculate_cube_count_elemwise(&x.client, total, dim);
@@ -156,7 +113,6 @@ pub fn columns(
             u(options.dilation[1]),
             u(options.padding[0].0),
             u(options.padding[1].0),
-            pixel_major,
         );
     }
     cols

@@ -3,16 +3,15 @@
 # bench-conv`, docs/bench.md): GPU busy time per pass through CUPTI, TFLOP/s and GB/s.
 # Here: `bash benches/gpu/pack.sh`. There, carrying ".gpu":
 #   source .gpu/setup.sh && bash benches/gpu/conv.sh
-# CONFIG (default the seed), BATCH, REPS, LAYOUT (`--columns`: channel-major or pixel-major);
-# writes $OUT/conv${LAYOUT:+_$LAYOUT}${BATCH:+_b$BATCH}.md; ROUTINES (a list or "all") adds
+# CONFIG (default the seed), BATCH, REPS; writes $OUT/conv${BATCH:+_b$BATCH}.md; ROUTINES (a list or "all") adds
 # the comparison of CubeCL's implicit-GEMM routines ($OUT/routines.md).
 set -u
 . "$(dirname "$0")/cupti.sh"
 CONFIG=${CONFIG:-configs/bench_seed.toml}
 [ "${WARMUP:-1}" = 1 ] && timeout 200 burnpose warmup "$CONFIG" > "$OUT/conv_warmup.log" 2>&1; tail -1 "$OUT/conv_warmup.log"
-md=$OUT/conv${LAYOUT:+_$LAYOUT}${BATCH:+_b$BATCH}.md
+md=$OUT/conv${BATCH:+_b$BATCH}.md
 timeout "${LIMIT:-200}" burnpose bench-conv "$CONFIG" --reps "${REPS:-20}" ${BATCH:+--batch "$BATCH"} \
-  ${LAYOUT:+--columns "$LAYOUT"} > "$md" 2>&1
+  > "$md" 2>&1
 echo "bench-conv rc=$?"; cat "$md"
 if [ -n "${ROUTINES:-}" ]; then
   timeout "${LIMIT:-300}" burnpose bench-conv "$CONFIG" --reps "${REPS:-20}" ${BATCH:+--batch "$BATCH"} \

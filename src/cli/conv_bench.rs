@@ -35,10 +35,6 @@ pub struct Options {
     /// routine, this many (each routine compiles its own kernels, ~0.5 s each).
     #[arg(long, default_value_t = 16)]
     pub top: usize,
-    /// Lay the weight gradients' im2col columns out `channel-major` (the default) or
-    /// `pixel-major` (CUDA only; docs/kernels.md).
-    #[arg(long)]
-    pub columns: Option<String>,
 }
 
 /// One pass of one convolution, measured.
@@ -66,15 +62,10 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
         anyhow::ensure!(b > 0, "--batch must be positive");
         cfg.train.batch = b;
     }
-    super::choose_columns(o.columns.as_deref())?;
     let calls = step_convolutions(&cfg);
     let gpu_clock = Census::available().is_ok();
     #[cfg(feature = "cuda")]
-    let routine = format!(
-        ", routine {}, columns {}",
-        crate::model::ops::conv::routine::chosen(),
-        crate::model::ops::im2col::layout()
-    );
+    let routine = format!(", routine {}", crate::model::ops::conv::routine::chosen());
     #[cfg(not(feature = "cuda"))]
     let routine = "";
     println!(

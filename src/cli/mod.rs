@@ -240,18 +240,6 @@ pub enum Command {
     },
 }
 
-/// `--columns NAME`: how the weight gradients' im2col columns are laid out in memory for the
-/// rest of the process (`model::ops::im2col`, CUDA only).
-fn choose_columns(name: Option<&str>) -> anyhow::Result<()> {
-    if let Some(name) = name {
-        #[cfg(feature = "cuda")]
-        crate::model::ops::im2col::choose_layout(name).map_err(|e| anyhow::anyhow!(e))?;
-        #[cfg(not(feature = "cuda"))]
-        anyhow::bail!("--columns {name}: the im2col kernel runs on CUDA only");
-    }
-    Ok(())
-}
-
 /// The config at `path` with `--device` applied, and the device it resolves to (with its
 /// description).
 fn config_and_device(

@@ -35,10 +35,6 @@ pub struct Options {
     /// --routines`; CUDA only).
     #[arg(long)]
     pub conv_routine: Option<String>,
-    /// Lay the weight gradients' im2col columns out `channel-major` (the default) or
-    /// `pixel-major` (CUDA only; docs/kernels.md).
-    #[arg(long)]
-    pub columns: Option<String>,
     /// Also read the memory pool inside every step (at the ends of loss, backward and optimizer)
     /// and print the largest bytes in use.
     #[arg(long)]
@@ -99,7 +95,6 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
         #[cfg(not(feature = "cuda"))]
         anyhow::bail!("--conv-routine {name}: CubeCL's routines run on CUDA only");
     }
-    super::choose_columns(o.columns.as_deref())?;
     if let Some(k) = o.conv_bn_ops {
         cfg.device.conv_bn_ops = k;
     }
