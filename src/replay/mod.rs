@@ -7,6 +7,8 @@ pub mod stage;
 mod tape;
 
 #[cfg(feature = "cuda")]
+pub mod control;
+#[cfg(feature = "cuda")]
 pub(crate) mod copy;
 #[cfg(feature = "cuda")]
 pub mod loss;

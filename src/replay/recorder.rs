@@ -15,6 +15,7 @@
 //! ([`FlatGrads::copy`]). The features stage's seeds share that buffer: the recorded backward
 //! reads them first and gathers the gradients last.
 
+pub use super::control::Control;
 use super::copy::{copy_into, duplicate};
 use super::loss::{LossGraph, RecordedLoss};
 use super::tape::{leaf, seeded_root};
@@ -53,85 +54,6 @@ pub struct Recorder {
     state: Option<Recorded>,
     control: Control,
     loss_recordings: usize,
-}
-
-/// Deliberately broken variants, kept so that the parity tests can show they catch them; only
-/// `None` exists without the `controls` feature (which only this package's tests turn on).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Control {
-    /// The real recorder.
-    None,
-    /// Hands the BatchNorm statistics of the private copy, as the warm-up and recording runs
-    /// left them, to the trainer (no rollback): what recording on the trainer's own modules
-    /// would do, without graphs that share tensors with the trainer (docs/replay.md).
-    #[cfg(feature = "controls")]
-    SkipRollback,
-    /// Records the one-to-many point stems too: their recorded backward always writes a
-    /// gradient, so a batch without positives gives them zeros instead of none, and the
-    /// optimizer moves them and their state where the native loop skips them.
-    #[cfg(feature = "controls")]
-    RecordStems,
-    /// Copies the trainer's tensors in before the first replay only, as if they never changed:
-    /// the graph keeps training the first step's weights.
-    #[cfg(feature = "controls")]
-    StaleSources,
-    /// Keeps the recorded gradients of parameters that feed only head outputs the loss did not
-    /// read (`Scope::Network`): their zero seeds give zero gradients, and the optimizer moves
-    /// them where the native loop skips them.
-    #[cfg(feature = "controls")]
-    KeepUnreached,
-    /// Writes the ProgLoss weight into the recorded loss's buffer at recording only, as if it
-    /// were a value frozen into the graph: the loss keeps the first epoch's weight.
-    #[cfg(feature = "controls")]
-    FrozenLossWeight,
-}
-
-/// Which control is on, as the recorder asks it.
-#[cfg(feature = "controls")]
-impl Control {
-    pub fn skips_rollback(self) -> bool {
-        self == Control::SkipRollback
-    }
-
-    pub fn records_stems(self) -> bool {
-        self == Control::RecordStems
-    }
-
-    pub fn stale_sources(self) -> bool {
-        self == Control::StaleSources
-    }
-
-    pub fn keeps_unreached(self) -> bool {
-        self == Control::KeepUnreached
-    }
-
-    pub fn freezes_loss_weight(self) -> bool {
-        self == Control::FrozenLossWeight
-    }
-}
-
-/// Without the `controls` feature no control exists.
-#[cfg(not(feature = "controls"))]
-impl Control {
-    pub fn skips_rollback(self) -> bool {
-        false
-    }
-
-    pub fn records_stems(self) -> bool {
-        false
-    }
-
-    pub fn stale_sources(self) -> bool {
-        false
-    }
-
-    pub fn keeps_unreached(self) -> bool {
-        false
-    }
-
-    pub fn freezes_loss_weight(self) -> bool {
-        false
-    }
 }
 
 /// Everything the two graphs read or write, kept alive for as long as they exist.

@@ -27,6 +27,8 @@ use rand::seq::SliceRandom;
 use std::path::Path;
 use std::sync::Arc;
 
+mod step;
+
 /// Why a fit cannot start or go on.
 #[derive(Debug, thiserror::Error)]
 pub enum TrainError {
@@ -300,149 +302,6 @@ impl Trainer {
             .batch(self.epoch, order, b, self.mosaic(self.epoch))
     }
 
-    /// The loss and the backward in Burn autodiff (the stage's own backward from the seeds
-    /// the loss sends to its outputs): the step's gradients, the buffer the stage's are views
-    /// of, and the logged items (still on the device).
-    fn loss_and_backward(
-        &mut self,
-        out: &HeadOutput,
-        features: StageOutputs,
-        labels: &[Vec<Instance>],
-        clock: &mut PhaseClock,
-    ) -> (GradientsParams, Option<FlatGrads>, Items) {
-        let flow = self.model.head.flow.as_ref();
-        let loss = match self.cfg.train.loss_on {
-            LossOn::Host => {
-                let targets = self.loss.targets(out, labels);
-                clock.mark(Phase::Assign);
-                self.loss.compute(out, &targets, flow)
-            }
-            LossOn::Device => {
-                clock.mark(Phase::Assign);
-                self.loss.compute_on_device(out, labels, flow)
-            }
-        };
-        clock.mark(Phase::Loss);
-        let total = match &self.scaler {
-            Some(s) => s.scale_loss(loss.total),
-            None => loss.total,
-        };
-        let head_grads = total.backward();
-        clock.mark(Phase::HeadBackward);
-        let reached = loss.reached;
-        let (stage_grads, flat) =
-            self.stage
-                .backward(&self.model, features, &head_grads, reached.as_ref());
-        let mut grads = GradientsParams::from_grads(head_grads, &self.model);
-        if let Some(r) = &reached {
-            drop_unreached(&mut grads, &self.model, r);
-        }
-        merge(&mut grads, stage_grads, &self.optimizer.table);
-        clock.mark(Phase::FeatureBackward);
-        (grads, flat, Items::OnDevice(Box::new(loss.items)))
-    }
-
-    /// [`Trainer::loss_and_backward`] from the recorded loss (`replay.scope = "step"`): its
-    /// items are read back with the counts that decide which gradients are present.
-    #[cfg(feature = "cuda")]
-    fn recorded_loss(
-        &mut self,
-        features: StageOutputs,
-        labels: &[Vec<Instance>],
-        clock: &mut PhaseClock,
-    ) -> (GradientsParams, Option<FlatGrads>, Items) {
-        clock.mark(Phase::Assign);
-        let (recorded, stage_grads, flat) =
-            self.stage
-                .recorded_loss(&self.model, features, &self.loss, labels);
-        clock.mark(Phase::Loss);
-        clock.mark(Phase::HeadBackward);
-        let mut grads = GradientsParams::new();
-        if let Some(f) = &recorded.flow {
-            f.put_views(&mut grads);
-        }
-        drop_unreached(&mut grads, &self.model, &recorded.reached);
-        merge(&mut grads, stage_grads, &self.optimizer.table);
-        clock.mark(Phase::FeatureBackward);
-        (grads, flat, Items::Read(recorded.items))
-    }
-
-    #[cfg(not(feature = "cuda"))]
-    fn recorded_loss(
-        &mut self,
-        _: StageOutputs,
-        _: &[Vec<Instance>],
-        _: &mut PhaseClock,
-    ) -> (GradientsParams, Option<FlatGrads>, Items) {
-        unreachable!("only a replayed stage records the loss")
-    }
-
-    /// One micro-batch: forward, assignment, loss, backward, and — when enough micro-batches
-    /// are accumulated — clip, optimizer step and EMA update. Returns the logged loss items.
-    pub fn train_step(&mut self, batch: &Batch) -> [f32; 6] {
-        let labels: Vec<Vec<Instance>> =
-            batch.samples.iter().map(|s| s.instances.clone()).collect();
-        let mut clock = PhaseClock::new(self.timing.as_ref(), &self.device);
-        let (out, features) = {
-            let _reduced = autocast(self.cfg.train.precision.compute_dtype());
-            let how = self.timing.as_ref().map(|t| t.upload).unwrap_or_default();
-            let pixels = batch.upload(&self.device, how);
-            clock.mark(Phase::Upload);
-            let images = batch.augment(pixels);
-            clock.mark(Phase::Augment);
-            let features = self.stage.forward(&mut self.model, images);
-            clock.mark(Phase::Features);
-            (features.head(&self.model.head), features)
-        };
-        clock.mark(Phase::Head);
-        let (mut grads, mut flat, items) = if self.stage.records_loss() {
-            self.recorded_loss(features, &labels, &mut clock)
-        } else {
-            self.loss_and_backward(&out, features, &labels, &mut clock)
-        };
-        if let Some(c) = &self.collective {
-            grads = all_reduce_grads(c.as_ref(), grads, &self.optimizer.table, &self.device);
-            flat = None;
-            // Before the optimizer step, so the EMA copies rank 0's statistics too.
-            self.model = broadcast_buffers(c.as_ref(), self.model.clone(), &self.device);
-        }
-        let stepped =
-            self.ni as i64 - self.last_opt_step >= self.schedule.accumulate(self.ni) as i64;
-        self.accumulate(grads, flat, !stepped);
-        if stepped {
-            self.optimizer_update();
-            self.last_opt_step = self.ni as i64;
-        }
-        self.ni += 1;
-        clock.mark(Phase::Optimizer);
-        if stepped {
-            self.ema.update(&self.model);
-        }
-        clock.mark(Phase::Ema);
-        let items: Vec<f32> = match items {
-            Items::Read(v) => v.to_vec(),
-            Items::OnDevice(t) => (*t)
-                .into_data()
-                .convert::<f32>()
-                .try_into_vec()
-                .expect("f32 items"),
-        };
-        clock.mark(Phase::Readback);
-        if let Some(t) = self.timing.as_mut() {
-            t.optimizer_step.push(stepped);
-            if clock.device.is_some() {
-                t.phase_ms.push(clock.ms);
-            }
-            if let Some(bytes) = clock.in_use {
-                t.in_step.push(bytes);
-                t.in_step_padding.push(clock.padding);
-            }
-        }
-        let items = [items[0], items[1], items[2], items[3], items[4], items[5]];
-        self.step_losses.push(items);
-        items
-    }
-
     /// [`Trainer::train_step`], timed between device syncs when [`Trainer::timing`] is set.
     pub fn timed_step(&mut self, batch: &Batch) -> Result<[f32; 6], TrainError> {
         if self.timing.is_none() {
@@ -687,11 +546,4 @@ pub struct StateHashes {
     pub scaler: String,
     /// Every per-step loss vector.
     pub losses: String,
-}
-
-/// A step's logged loss items: read back already, or still on the device.
-enum Items {
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    Read([f32; 6]),
-    OnDevice(Box<Tensor<1>>),
 }
