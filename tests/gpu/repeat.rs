@@ -54,6 +54,13 @@ fn repeat_check_sees_a_changed_seed() {
 #[test]
 #[ignore = "needs a CUDA GPU and ../shared/data/pose-real/pose_minicoco"]
 fn replay_matches_native_at_batch_3_on_coco() {
+    coco_b3_parity("", "");
+}
+
+/// Native and replayed two-epoch fits at batch 3 on the COCO train images, with more keys of
+/// the `[replay]` and `[train]` sections: equal per-step losses and state hashes. Returns the
+/// replayed trainer.
+pub(super) fn coco_b3_parity(replay_keys: &str, train_keys: &str) -> Trainer {
     let root = Path::new("../shared/data/pose-real/pose_minicoco");
     assert!(
         root.join("annotations/person_keypoints_train2017.json")
@@ -63,7 +70,7 @@ fn replay_matches_native_at_batch_3_on_coco() {
     );
     let config = |capture: bool| {
         let text = format!(
-            "[replay]\nenabled = {capture}\n[data]\nsource = \"coco\"\npath = \"{}\"\nval_split = \"train2017\"\nimgsz = 416\nworkers = 0\n[augment]\nhsv_device = true\n[train]\nbatch = 3\nnbs = 6\nepochs = 2\nclose_mosaic = 1\nseed = 2\nprecision = \"bf16\"\n",
+            "[replay]\nenabled = {capture}\n{replay_keys}[data]\nsource = \"coco\"\npath = \"{}\"\nval_split = \"train2017\"\nimgsz = 416\nworkers = 0\n[augment]\nhsv_device = true\n[train]\nbatch = 3\nnbs = 6\nepochs = 2\nclose_mosaic = 1\nseed = 2\nprecision = \"bf16\"\n{train_keys}",
             root.display()
         );
         Config::parse(&text, Path::new("coco_b3.toml")).unwrap()
@@ -74,17 +81,27 @@ fn replay_matches_native_at_batch_3_on_coco() {
         while !t.finished() {
             t.run_epoch(&mut |_, _, _| {}).unwrap();
         }
-        (t.state_hashes(), t.step_losses.clone())
+        t
     };
-    let (native, native_losses) = run(false);
-    let (replay, replay_losses) = run(true);
-    let first = native_losses
+    let native = run(false);
+    let replay = run(true);
+    let first = native
+        .step_losses
         .iter()
-        .zip(&replay_losses)
+        .zip(&replay.step_losses)
         .position(|(a, b)| a != b);
     assert_eq!(first, None, "per-step losses differ");
-    assert_eq!(native, replay, "state hashes differ");
-    println!("coco b3: {} steps equal, {native:?}", native_losses.len());
+    assert_eq!(
+        native.state_hashes(),
+        replay.state_hashes(),
+        "state hashes differ"
+    );
+    println!(
+        "coco b3 {replay_keys:?}: {} steps equal, {:?}",
+        native.step_losses.len(),
+        native.state_hashes()
+    );
+    replay
 }
 
 /// A checkpoint written on the GPU (its whole state read back in one transaction) resumes

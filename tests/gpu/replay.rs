@@ -189,7 +189,7 @@ fn empty_layout(capture: bool, control: Control) -> (StateHashes, Vec<[f32; 6]>,
     empty_layout_of("pose", capture, control)
 }
 
-pub(super) fn empty_layout_of(
+fn empty_layout_of(
     task: &str,
     capture: bool,
     control: Control,
@@ -318,15 +318,21 @@ fn pose_network_replay_matches_native_on_an_empty_batch() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn keeping_unreached_gradients_breaks_parity() {
-    let (native, _, native_still) = empty_layout_of("pose-network", false, Control::None);
-    let (broken, _, broken_still) = empty_layout_of("pose-network", true, Control::KeepUnreached);
+    assert_keeping_unreached_breaks_parity("pose-network");
+}
+
+/// The empty-batch layout of `task` natively and with `Control::KeepUnreached`: the stems stay
+/// put natively, move under the control, and the state hashes differ.
+pub(super) fn assert_keeping_unreached_breaks_parity(task: &str) {
+    let (native, _, native_still) = empty_layout_of(task, false, Control::None);
+    let (broken, _, broken_still) = empty_layout_of(task, true, Control::KeepUnreached);
     assert!(
         native_still,
-        "a point stem moved without positives natively"
+        "{task}: a point stem moved without positives natively"
     );
     assert!(
         !broken_still,
-        "the point stems stayed put: the control kept nothing"
+        "{task}: the point stems stayed put: the control kept nothing"
     );
     assert_ne!(native.model, broken.model);
     assert_ne!(native.optimizer, broken.optimizer);

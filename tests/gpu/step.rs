@@ -2,13 +2,11 @@
 //! recorded device loss (docs/replay.md, "Step recording") give byte-equal state hashes and
 //! per-step losses, and negative controls that must fail.
 
-use super::cuda;
-use super::replay::{assert_empty_parity, assert_parity_of, config_for, empty_layout_of, fit};
+use super::replay::{assert_empty_parity, assert_parity_of, config_for, fit};
 use burnpose::config::Config;
 use burnpose::replay::Stage;
 use burnpose::replay::recorder::Control;
 use burnpose::train::Trainer;
-use std::path::Path;
 
 fn recordings(t: &Trainer) -> usize {
     match &t.stage {
@@ -79,18 +77,7 @@ fn step_replay_records_the_loss_again_for_other_slot_counts() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn keeping_unreached_gradients_breaks_step_parity() {
-    let (native, _, native_still) = empty_layout_of("pose-step", false, Control::None);
-    let (broken, _, broken_still) = empty_layout_of("pose-step", true, Control::KeepUnreached);
-    assert!(
-        native_still,
-        "a point stem moved without positives natively"
-    );
-    assert!(
-        !broken_still,
-        "the point stems stayed put: the control kept nothing"
-    );
-    assert_ne!(native.model, broken.model);
-    assert_ne!(native.optimizer, broken.optimizer);
+    super::replay::assert_keeping_unreached_breaks_parity("pose-step");
 }
 
 /// Negative control: the ProgLoss weight written into the recorded loss only when it is
@@ -118,33 +105,9 @@ fn a_frozen_loss_weight_breaks_step_parity() {
 #[test]
 #[ignore = "needs a CUDA GPU and ../shared/data/pose-real/pose_minicoco"]
 fn step_replay_matches_native_at_batch_3_on_coco() {
-    let root = Path::new("../shared/data/pose-real/pose_minicoco");
-    assert!(root.exists(), "{} is missing", root.display());
-    let config = |capture: bool| {
-        let text = format!(
-            "[replay]\nenabled = {capture}\nscope = \"step\"\n[data]\nsource = \"coco\"\npath = \"{}\"\nval_split = \"train2017\"\nimgsz = 416\nworkers = 0\n[augment]\nhsv_device = true\n[train]\nbatch = 3\nnbs = 6\nepochs = 2\nclose_mosaic = 1\nseed = 2\nprecision = \"bf16\"\nloss_on = \"device\"\nobject_slots = 24\n",
-            root.display()
-        );
-        Config::parse(&text, Path::new("coco_step.toml")).unwrap()
-    };
-    let go = |capture: bool| {
-        let mut t = Trainer::new(config(capture), Path::new("coco_step.toml"), cuda()).unwrap();
-        assert_eq!(t.stage.is_replay(), capture, "{:?}", t.replay_off);
-        while !t.finished() {
-            t.run_epoch(&mut |_, _, _| {}).unwrap();
-        }
-        (t.state_hashes(), t.step_losses.clone(), recordings(&t))
-    };
-    let (native, native_losses, _) = go(false);
-    let (replay, replay_losses, n) = go(true);
-    let first = native_losses
-        .iter()
-        .zip(&replay_losses)
-        .position(|(a, b)| a != b);
-    assert_eq!(first, None, "per-step losses differ");
-    assert_eq!(native, replay, "state hashes differ");
-    println!(
-        "coco b3 step: {} steps equal, {n} recordings, {native:?}",
-        native_losses.len()
+    let replay = super::repeat::coco_b3_parity(
+        "scope = \"step\"\n",
+        "loss_on = \"device\"\nobject_slots = 24\n",
     );
+    println!("{} loss recordings", recordings(&replay));
 }
