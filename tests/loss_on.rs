@@ -68,3 +68,23 @@ fn the_device_path_leaves_unreached_branches_alone() {
         common::empty_batch::moves_only_classes(pose, point_stem_weight, scope);
     }
 }
+
+/// A config changed after parsing (as `fit --scope step` changes it) is checked again: the step
+/// scope without the device loss is refused with the key and what to set.
+#[test]
+fn the_step_scope_without_the_device_loss_is_refused() {
+    let mut cfg = Config::parse(
+        "[data]\nimgsz = 64\ntrain_images = 8\n",
+        Path::new("t.toml"),
+    )
+    .unwrap();
+    cfg.replay.scope = Some(burnpose::config::Scope::Step);
+    let err = Trainer::new(cfg, Path::new("t.toml"), Device::flex())
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        err.contains("replay.scope") && err.contains("loss_on"),
+        "{err}"
+    );
+}

@@ -409,7 +409,9 @@ impl Config {
         })
     }
 
-    fn validate(&self, path: &Path) -> Result<(), ConfigError> {
+    /// Every rule a config must keep; [`Config::parse`] checks it, and a trainer again for a
+    /// config changed after parsing (command-line overrides such as `fit --scope`).
+    pub fn validate(&self, path: &Path) -> Result<(), ConfigError> {
         let bad = |key, message: String| {
             Err(ConfigError::Value {
                 path: path.to_path_buf(),

@@ -143,6 +143,8 @@ pub fn resolve_optimizer(cfg: &Config, n_train: usize) -> (Rule, f64, f64, f64) 
 impl Trainer {
     /// A fresh run: seeded model, EMA, optimizer and schedule.
     pub fn new(cfg: Config, config_path: &Path, device: Device) -> Result<Self, TrainError> {
+        cfg.validate(config_path)
+            .map_err(|e| TrainError::Setup(e.to_string()))?;
         let (train, val, skipped) = Source::open(&cfg, config_path)?;
         if skipped > 0 {
             eprintln!("warning: {skipped} bad records skipped (data.skip_bad = true)");
