@@ -174,7 +174,6 @@ impl E2eLoss {
             .convert::<f32>()
             .try_into_vec()
             .expect("f32 counts");
-        out.total = out.total * labels.len() as f32;
         out.reached = Some(Reached::of_counts([
             counts[0], counts[1], counts[2], counts[3],
         ]));
@@ -189,8 +188,8 @@ impl E2eLoss {
         }
     }
 
-    /// [`E2eLoss::compute_on_device`]'s loss before the batch-size factor, and the four counts
-    /// of [`Reached::of_counts`] as a `[4]` tensor, from inputs that may all live in fixed
+    /// [`E2eLoss::compute_on_device`]'s loss, and the four counts of [`Reached::of_counts`] as a
+    /// `[4]` tensor, from inputs that may all live in fixed
     /// buffers: the objects, the constants and the one-to-many weight `w` (`[1]`; a value
     /// passed to a kernel would be frozen into a recording). Nothing in it reads from or
     /// uploads to the host.
@@ -236,7 +235,8 @@ impl E2eLoss {
         let (o2m, o2o) = (weighted(&copies[0]), weighted(&copies[1]));
         let sum = |terms: &[Tensor<1>]| terms.iter().cloned().reduce(|x, y| x + y).unwrap();
         let rest = w.clone().neg() + 1.0;
-        let total = sum(&o2m) * w + sum(&o2o) * rest;
+        let batch = out.one2many.scores.dims()[0] as f32;
+        let total = (sum(&o2m) * w + sum(&o2o) * rest) * batch;
         let out = LossOutput {
             total,
             items: Tensor::cat(o2o, 0).detach(),

@@ -12,10 +12,7 @@
 //! into one small buffer, read back once per step: which outputs the loss reached is decided on
 //! the host from those counts, outside the graph, as the native device path decides it.
 
-use super::copy::copy_into;
-use super::recorder::{
-    Graph, RecordError, copy_of, cube, gather_into, in_use, replay, same_tensor, write,
-};
+use super::recorder::{Graph, RecordError, copy_of, gather_into, in_use, refresh, replay, write};
 use super::stage::outputs_of;
 use crate::data::Instance;
 use crate::loss::assign::device::ObjectSlots;
@@ -95,7 +92,7 @@ impl LossGraph {
         let before = in_use(&inner);
         let (batch, keypoints) = (labels.len(), loss.sigmas.len());
         let slots = ObjectSlots::slots_for(labels, loss.object_slots);
-        let objects = copy_of(upload_objects(labels, slots, keypoints, &inner));
+        let objects = copy_of(ObjectSlots::upload(labels, slots, keypoints, &inner));
         let weight = copy_of(Tensor::<1>::from_floats([loss.one2many_weight], &inner));
         let constants = loss.constants(device);
         // A private copy of the flow with its own buffers and the trainer's parameter ids, so
@@ -115,7 +112,8 @@ impl LossGraph {
             .iter()
             .map(|o| copy_of(Tensor::<4>::zeros(o.dims(), &inner)))
             .collect();
-        let run = |seeds: &[Tensor<4>]| -> Vec<bool> {
+        // Whether every output and flow parameter got a gradient.
+        let run = |seeds: &[Tensor<4>]| -> bool {
             let leaves: Vec<Tensor<4>> = outputs
                 .iter()
                 .map(|o| Tensor::<4>::from_inner(o.clone()).require_grad())
@@ -126,15 +124,17 @@ impl LossGraph {
             let w = Tensor::<1>::from_inner(weight.clone());
             let (value, counts) =
                 loss.dense_loss(&out, &slots_now, &constants, w, flow_copy.as_ref());
-            let total = value.total * batch as f32;
-            let grads = total.backward();
-            let row = Tensor::cat(vec![total.inner(), value.items.inner(), counts.inner()], 0);
+            let grads = value.total.backward();
+            let row = Tensor::cat(
+                vec![value.total.inner(), value.items.inner(), counts.inner()],
+                0,
+            );
             write(row, &results);
-            let mut missing = Vec::new();
+            let mut complete = true;
             for (leaf, seed) in leaves.iter().zip(seeds) {
                 match leaf.grad(&grads) {
                     Some(g) => write(g, seed),
-                    None => missing.push(true),
+                    None => complete = false,
                 }
             }
             if let Some(f) = &flow_copy {
@@ -143,17 +143,17 @@ impl LossGraph {
                     flow_params.iter().map(|p| get_flat(&all, p)).collect();
                 match parts {
                     Some(parts) => gather_into(&flow_layout, parts, &flow_grads),
-                    None => missing.push(true),
+                    None => complete = false,
                 }
             }
-            missing
+            complete
         };
 
         Dispatch::graph_prepare(dispatch).map_err(|e| err("prepare loss", &e))?;
         for _ in 0..WARMUPS {
-            let missing = run(&scratch);
+            let complete = run(&scratch);
             inner.sync().map_err(|e| err("loss warm-up sync", &e))?;
-            if !missing.is_empty() {
+            if !complete {
                 return Err(RecordError(
                     "the device loss left an output or a flow parameter without a gradient".into(),
                 ));
@@ -162,12 +162,12 @@ impl LossGraph {
         drop(scratch);
         inner.sync().map_err(|e| err("sync", &e))?;
         Dispatch::graph_start_capture(dispatch).map_err(|e| err("start loss capture", &e))?;
-        let missing = run(outputs);
+        let complete = run(outputs);
         let graph = Dispatch::graph_stop_capture(dispatch).map_err(|e| err("loss capture", &e))?;
         inner
             .sync()
             .map_err(|e| err("sync after loss capture", &e))?;
-        if !missing.is_empty() {
+        if !complete {
             return Err(RecordError(
                 "the recorded loss left an output or a flow parameter without a gradient".into(),
             ));
@@ -207,23 +207,14 @@ impl LossGraph {
     ) -> RecordedLoss {
         let inner = device.clone().inner();
         write(
-            upload_objects(labels, self.slots, self.keypoints, &inner),
+            ObjectSlots::upload(labels, self.slots, self.keypoints, &inner),
             &self.objects,
         );
         if let Some(w) = weight {
             write(Tensor::<1>::from_floats([w], &inner), &self.weight);
         }
         if let Some(f) = flow {
-            let current: HashMap<String, Tensor<1>> =
-                float_tensors(&f.valid()).into_iter().collect();
-            for ((path, buffer), written) in self.flow_sources.iter().zip(&mut self.written) {
-                let now = cube(current[path].clone());
-                if written.as_ref().is_some_and(|w| same_tensor(w, &now)) {
-                    continue;
-                }
-                copy_into(now.clone(), &cube(buffer.clone()));
-                *written = Some(now);
-            }
+            refresh(&self.flow_sources, &mut self.written, f, false);
         }
         replay(device, &self.graph);
         let v: Vec<f32> = self
@@ -244,16 +235,4 @@ impl LossGraph {
             }),
         }
     }
-}
-
-/// The objects of `labels` in `slots` slots per image, uploaded as one block.
-fn upload_objects(
-    labels: &[Vec<Instance>],
-    slots: usize,
-    keypoints: usize,
-    inner: &Device,
-) -> Tensor<3> {
-    let packed = ObjectSlots::pack(labels, slots, keypoints);
-    let width = packed.len() / (labels.len() * slots);
-    Tensor::<1>::from_floats(packed.as_slice(), inner).reshape([labels.len(), slots, width])
 }

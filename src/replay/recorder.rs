@@ -129,6 +129,26 @@ fn bytes_of<const D: usize>(t: &Tensor<D>) -> u64 {
     (t.shape().num_elements() * t.dtype().size()) as u64
 }
 
+/// Copies into each static buffer of `sources` (`(path, buffer)`) the tensor at that path of
+/// `module`, unless `written` says the buffer already equals it (the same allocation region,
+/// held there so it cannot change); `stale` (the `StaleSources` control) copies each only once.
+pub(super) fn refresh<M: burn::module::Module>(
+    sources: &[(String, Tensor<1>)],
+    written: &mut [Option<CubeTensor>],
+    module: &M,
+    stale: bool,
+) {
+    let current: HashMap<String, Tensor<1>> = float_tensors(&module.valid()).into_iter().collect();
+    for ((path, buffer), written) in sources.iter().zip(written) {
+        let now = cube(current[path].clone());
+        if (stale && written.is_some()) || written.as_ref().is_some_and(|w| same_tensor(w, &now)) {
+            continue;
+        }
+        copy_into(now.clone(), &cube(buffer.clone()));
+        *written = Some(now);
+    }
+}
+
 /// Whether `a` and `b` are the same region of the same allocation, with the same layout. CubeCL
 /// never gives an allocation's id to another, so while `a` is held this means equal values.
 pub(super) fn same_tensor(a: &CubeTensor, b: &CubeTensor) -> bool {
@@ -302,17 +322,12 @@ impl Recorder {
             self.state = Some(r);
         }
         let r = self.state.as_mut().expect("recorded");
-        let current: HashMap<String, Tensor<1>> =
-            float_tensors(&model.valid()).into_iter().collect();
-        for ((path, buffer), written) in r.sources.iter().zip(&mut r.written) {
-            let now = cube(current[path].clone());
-            let stale = self.control.stale_sources() && written.is_some();
-            if stale || written.as_ref().is_some_and(|w| same_tensor(w, &now)) {
-                continue;
-            }
-            copy_into(now.clone(), &cube(buffer.clone()));
-            *written = Some(now);
-        }
+        refresh(
+            &r.sources,
+            &mut r.written,
+            model,
+            self.control.stale_sources(),
+        );
         write(images, &r.input);
         replay(&self.device, &r.forward);
         let flat = copy_of(r.stats_flat.clone());

@@ -224,12 +224,7 @@ fn drop_branches(
     if let Some(f) = flat.take() {
         f.owned(out);
     }
-    let prefixes = unreached_prefixes(unreached);
-    for p in param_table(model) {
-        if prefixes.iter().any(|x| p.path.starts_with(x.as_str())) {
-            take_flat(out, &p);
-        }
-    }
+    take_under(out, model, &unreached_prefixes(unreached));
     // `flat` stays taken: its buffer still holds the removed ones.
 }
 
@@ -300,6 +295,15 @@ pub fn drop_unreached(grads: &mut GradientsParams, model: &Yolo, reached: &Reach
     let mut prefixes = unreached_prefixes(&unreached);
     if !reached.flow {
         prefixes.push("head.flow.".into());
+    }
+    take_under(grads, model, &prefixes);
+}
+
+/// Removes from `grads` every parameter of `model` whose path starts with one of `prefixes`
+/// (none: nothing to look up, the common case of a batch with positives).
+fn take_under(grads: &mut GradientsParams, model: &Yolo, prefixes: &[String]) {
+    if prefixes.is_empty() {
+        return;
     }
     for p in param_table(model) {
         if prefixes.iter().any(|x| p.path.starts_with(x.as_str())) {

@@ -65,13 +65,18 @@ impl ObjectSlots {
     /// `nk` keypoints per object (0: none).
     pub fn new(labels: &[Vec<Instance>], slots: usize, nk: usize, device: &Device) -> Self {
         let n = Self::slots_for(labels, slots);
+        Self::from_packed(Self::upload(labels, n, nk, device), nk)
+    }
+
+    /// [`ObjectSlots::pack`]'s block of `labels` in `n` slots, uploaded to `device` as
+    /// `[B, n, 6 + 3·nk]`.
+    pub fn upload(labels: &[Vec<Instance>], n: usize, nk: usize, device: &Device) -> Tensor<3> {
         let packed = Self::pack(labels, n, nk);
-        let packed = Tensor::<1>::from_floats(packed.as_slice(), device).reshape([
+        Tensor::<1>::from_floats(packed.as_slice(), device).reshape([
             labels.len(),
             n,
             PACKED + 3 * nk,
-        ]);
-        Self::from_packed(packed, nk)
+        ])
     }
 
     /// The slots per image [`ObjectSlots::new`] uses: `slots`, the largest image's count or 1,
