@@ -79,10 +79,7 @@ fn the_step_scope_without_the_device_loss_is_refused() {
     )
     .unwrap();
     cfg.replay.scope = Some(burnpose::config::Scope::Step);
-    let err = Trainer::new(cfg, Path::new("t.toml"), Device::flex())
-        .err()
-        .expect("refused")
-        .to_string();
+    let err = common::refusal(cfg, "t.toml");
     assert!(
         err.contains("replay.scope") && err.contains("loss_on"),
         "{err}"

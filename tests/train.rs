@@ -169,10 +169,7 @@ fn batch_larger_than_the_data_is_refused() {
         Path::new("big_batch.toml"),
     )
     .unwrap();
-    let e = Trainer::new(cfg, Path::new("big_batch.toml"), Device::flex())
-        .err()
-        .expect("refused")
-        .to_string();
+    let e = common::refusal(cfg, "big_batch.toml");
     assert!(
         e.contains("big_batch.toml") && e.contains("3 training images but train.batch = 4"),
         "{e}"

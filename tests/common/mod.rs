@@ -8,6 +8,19 @@ pub mod fixtures;
 use std::path::PathBuf;
 use std::process::Command;
 
+/// The error a trainer built from `cfg` (read from `path`) stops with, as text; panics if it
+/// builds.
+pub fn refusal(cfg: burnpose::config::Config, path: &str) -> String {
+    burnpose::train::Trainer::new(
+        cfg,
+        std::path::Path::new(path),
+        burn::prelude::Device::flex(),
+    )
+    .err()
+    .expect("refused")
+    .to_string()
+}
+
 /// Runs the burnpose binary from the project root: whether it succeeded, and stdout + stderr.
 pub fn burnpose(args: &[&str]) -> (bool, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_burnpose"))
