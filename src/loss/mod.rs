@@ -15,6 +15,7 @@ use assign::device::{AnchorTensors, ObjectSlots, assign_batch};
 use assign::{Anchors, AssignerConfig};
 use burn::prelude::*;
 use dense::{KeypointRows, dense_terms};
+use std::sync::OnceLock;
 use targets::{BranchTargets, build_targets};
 use terms::branch_parts;
 
@@ -38,6 +39,9 @@ pub struct E2eLoss {
     /// The device loss's object slots per image, at least (`train.object_slots`).
     pub object_slots: usize,
     anchors: Anchors,
+    /// [`E2eLoss::constants`] on the device of the first device-loss step, kept so that an eager
+    /// step does not upload them again (a recorded loss keeps its own).
+    kept: OnceLock<LossConstants>,
 }
 
 /// Targets of both copies for one batch.
@@ -121,6 +125,7 @@ impl E2eLoss {
             imgsz,
             object_slots: 0,
             anchors: Anchors::new(imgsz[0], imgsz[1]),
+            kept: OnceLock::new(),
         }
     }
 
@@ -167,8 +172,15 @@ impl E2eLoss {
         let device = out.one2many.scores.device();
         let objects = ObjectSlots::new(labels, self.object_slots, self.sigmas.len(), &device);
         let weight = Tensor::<1>::from_floats([self.one2many_weight], &device);
-        let constants = self.constants(&device);
-        let (mut out, counts) = self.dense_loss(out, &objects, &constants, weight, flow);
+        let kept = self.kept.get_or_init(|| self.constants(&device));
+        let other;
+        let constants = if kept.anchors.x.device() == device {
+            kept
+        } else {
+            other = self.constants(&device);
+            &other
+        };
+        let (mut out, counts) = self.dense_loss(out, &objects, constants, weight, flow);
         let counts: Vec<f32> = counts
             .into_data()
             .convert::<f32>()

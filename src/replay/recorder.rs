@@ -360,6 +360,11 @@ impl Recorder {
         self.backward_in_place()
     }
 
+    /// How many outputs each head copy has among the stage's (both copies' come in order).
+    pub fn outputs_per_copy(&self) -> usize {
+        self.state.as_ref().map_or(0, |r| r.outputs.len() / 2)
+    }
+
     /// [`Recorder::backward`] with the seeds already in their buffers (the recorded loss wrote
     /// them).
     pub fn backward_in_place(&mut self) -> FlatGrads {

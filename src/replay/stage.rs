@@ -172,10 +172,9 @@ impl Stage {
     }
 
     /// `replay.scope = "step"`, replayed: the recorded loss of `labels` on this step's outputs
-    /// (`features`), then the network's backward from the seeds it wrote. Returns the loss's
-    /// items and reach, the network's parameter gradients (those feeding only outputs the loss
-    /// did not reach dropped, as [`Stage::backward`] drops them) and the buffer they are views
-    /// of. The flow's gradients come with the loss ([`RecordedLoss::flow`]).
+    /// (`features`, released first: the loss graph writes its seeds into their buffers). Returns
+    /// the loss's items and reach; the flow's gradients come with it ([`RecordedLoss::flow`]).
+    /// [`Stage::recorded_backward`] follows.
     #[cfg(feature = "cuda")]
     pub fn recorded_loss(
         &mut self,
@@ -183,27 +182,37 @@ impl Stage {
         features: StageOutputs,
         loss: &crate::loss::E2eLoss,
         labels: &[Vec<crate::data::Instance>],
-    ) -> (
-        super::loss::RecordedLoss,
-        GradientsParams,
-        Option<FlatGrads>,
-    ) {
+    ) -> super::loss::RecordedLoss {
         let Stage::Replay(r) = self else {
             panic!("the recorded loss needs a replayed stage");
         };
-        let per = features.leaves.len() / 2;
         drop(features);
-        let recorded = r.loss(loss, labels, model.head.flow.as_ref());
+        r.loss(loss, labels, model.head.flow.as_ref())
+    }
+
+    /// The network's backward from the seeds [`Stage::recorded_loss`] wrote: the network's
+    /// parameter gradients (those feeding only outputs the loss did not reach dropped, as
+    /// [`Stage::backward`] drops them) and the buffer they are views of.
+    #[cfg(feature = "cuda")]
+    pub fn recorded_backward(
+        &mut self,
+        model: &Yolo,
+        reached: &Reached,
+    ) -> (GradientsParams, Option<FlatGrads>) {
+        let Stage::Replay(r) = self else {
+            panic!("the recorded loss needs a replayed stage");
+        };
+        let per = r.outputs_per_copy();
         let mut flat = Some(r.backward_in_place());
         let mut out = GradientsParams::new();
         if let Some(f) = &flat {
             f.put_views(&mut out);
         }
-        let unreached: Vec<bool> = recorded.reached.flat(per).into_iter().map(|r| !r).collect();
+        let unreached: Vec<bool> = reached.flat(per).into_iter().map(|r| !r).collect();
         if !r.control().keeps_unreached() {
             drop_branches(&mut out, &mut flat, model, &unreached);
         }
-        (recorded, out, flat)
+        (out, flat)
     }
 }
 

@@ -56,11 +56,12 @@ impl Trainer {
         clock: &mut PhaseClock,
     ) -> (GradientsParams, Option<FlatGrads>, Items) {
         clock.mark(Phase::Assign);
-        let (recorded, stage_grads, flat) =
-            self.stage
-                .recorded_loss(&self.model, features, &self.loss, labels);
+        let recorded = self
+            .stage
+            .recorded_loss(&self.model, features, &self.loss, labels);
         clock.mark(Phase::Loss);
         clock.mark(Phase::HeadBackward);
+        let (stage_grads, flat) = self.stage.recorded_backward(&self.model, &recorded.reached);
         let mut grads = GradientsParams::new();
         if let Some(f) = &recorded.flow {
             f.put_views(&mut grads);
