@@ -447,22 +447,12 @@ impl Config {
                     .into(),
             );
         }
-        if self.replay.scope == Some(Scope::Step) {
-            if t.loss_on != LossOn::Device {
-                return bad(
-                    "replay.scope",
-                    "\"step\" records the loss on the device: set train.loss_on = \"device\" too"
-                        .into(),
-                );
-            }
-            if t.precision == Precision::Fp16 {
-                return bad(
-                    "replay.scope",
-                    "\"step\" records FP32 and BF16 steps; FP16's loss scale is not yet a value \
-                     the recorded loss reads (use \"network\" with FP16)"
-                        .into(),
-                );
-            }
+        if self.replay.scope == Some(Scope::Step) && t.loss_on != LossOn::Device {
+            return bad(
+                "replay.scope",
+                "\"step\" records the loss on the device: set train.loss_on = \"device\" too"
+                    .into(),
+            );
         }
         if d.imgsz == 0 || d.imgsz % 32 != 0 {
             return bad(

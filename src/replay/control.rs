@@ -31,6 +31,10 @@ pub enum Control {
     /// were a value frozen into the graph: the loss keeps the first epoch's weight.
     #[cfg(feature = "controls")]
     FrozenLossWeight,
+    /// Writes FP16's loss scale into the recorded loss's buffer at recording only: the seeds
+    /// keep the first scale while the optimizer unscales by the current one.
+    #[cfg(feature = "controls")]
+    FrozenLossScale,
 }
 
 /// Which control is on, as the recorder asks it.
@@ -55,6 +59,10 @@ impl Control {
     pub fn freezes_loss_weight(self) -> bool {
         self == Control::FrozenLossWeight
     }
+
+    pub fn freezes_loss_scale(self) -> bool {
+        self == Control::FrozenLossScale
+    }
 }
 
 /// Without the `controls` feature no control exists.
@@ -77,6 +85,10 @@ impl Control {
     }
 
     pub fn freezes_loss_weight(self) -> bool {
+        false
+    }
+
+    pub fn freezes_loss_scale(self) -> bool {
         false
     }
 }

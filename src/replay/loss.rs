@@ -4,8 +4,8 @@
 //! step and replayed on every later one, between the network's forward and backward graphs.
 //!
 //! It reads the network's outputs where the forward graph writes them, the batch's objects from
-//! a fixed block of slots ([`ObjectSlots::pack`]), the ProgLoss weight from a one-value buffer
-//! and the flow's parameters from a private copy refreshed when the trainer's change. It writes
+//! a fixed block of slots ([`ObjectSlots::pack`]), the ProgLoss weight and (FP16) the loss scale
+//! from one-value buffers, and the flow's parameters from a private copy refreshed when the trainer's change. It writes
 //! the outputs' gradients into the outputs' own buffers (the network backward graph's seeds:
 //! every read of the outputs comes before them on the stream), the flow's gradients into one
 //! flat buffer, and the loss, its logged items and the four counts of [`Reached::of_counts`]
@@ -55,6 +55,9 @@ pub struct LossGraph {
     objects: Tensor<3>,
     /// `[1]`: the one-to-many weight (ProgLoss), rewritten before every replay.
     weight: Tensor<1>,
+    /// `[1]`: FP16's loss scale (the loss is multiplied by it before its backward), rewritten
+    /// before every replay; `None` without loss scaling.
+    scale: Option<Tensor<1>>,
     /// The anchors and keypoint rows the graph reads.
     _constants: LossConstants,
     /// `(path, static buffer)` of every float tensor of the private flow copy, and the
@@ -78,12 +81,14 @@ impl LossGraph {
 
     /// Records the loss of `labels` on the network outputs `outputs` (the forward graph's output
     /// buffers, on the inner device, in `replay::stage::flatten_outputs` order) with the flow
-    /// `flow` (pose), the objects in `loss.object_slots` slots at least.
+    /// `flow` (pose), the objects in `loss.object_slots` slots at least, and the loss scaled
+    /// by `scale` before its backward (FP16's loss scale; `None`: not scaled).
     pub fn record(
         loss: &E2eLoss,
         outputs: &[Tensor<4>],
         labels: &[Vec<Instance>],
         flow: Option<&RealNvp>,
+        scale: Option<f32>,
         device: &Device,
     ) -> Result<Self, RecordError> {
         let err = |what: &str, e: &dyn std::fmt::Debug| RecordError(format!("{what}: {e:?}"));
@@ -94,6 +99,7 @@ impl LossGraph {
         let slots = ObjectSlots::slots_for(labels, loss.object_slots);
         let objects = copy_of(ObjectSlots::upload(labels, slots, keypoints, &inner));
         let weight = copy_of(Tensor::<1>::from_floats([loss.one2many_weight], &inner));
+        let scale = scale.map(|s| copy_of(Tensor::<1>::from_floats([s], &inner)));
         let constants = loss.constants(device);
         // A private copy of the flow with its own buffers and the trainer's parameter ids, so
         // its gradients key like the trainer's.
@@ -124,7 +130,12 @@ impl LossGraph {
             let w = Tensor::<1>::from_inner(weight.clone());
             let (value, counts) =
                 loss.dense_loss(&out, &slots_now, &constants, w, flow_copy.as_ref());
-            let grads = value.total.backward();
+            // The scale as a tensor, not a scalar: a scalar would be frozen into the graph. The
+            // product is the native path's `loss * scale` (`LossScaler::scale_loss`), bit for bit.
+            let grads = match &scale {
+                Some(s) => (value.total.clone() * Tensor::<1>::from_inner(s.clone())).backward(),
+                None => value.total.clone().backward(),
+            };
             let row = Tensor::cat(
                 vec![value.total.inner(), value.items.inner(), counts.inner()],
                 0,
@@ -183,6 +194,7 @@ impl LossGraph {
             keypoints,
             objects,
             weight,
+            scale,
             _constants: constants,
             written: vec![None; flow_sources.len()],
             flow_sources,
@@ -195,13 +207,15 @@ impl LossGraph {
     }
 
     /// Replays the loss on the outputs the forward graph last wrote, for `labels` (which must
-    /// [`LossGraph::fits`]), the one-to-many weight `weight` (`None`: the one it holds; only
-    /// the `FrozenLossWeight` negative control passes that) and the trainer's flow `flow`; the
-    /// outputs' buffers then hold their gradients.
+    /// [`LossGraph::fits`]), the one-to-many weight `weight` and the loss scale `scale` (each
+    /// `None`: the one it holds; only the `FrozenLossWeight` and `FrozenLossScale` negative
+    /// controls pass that) and the trainer's flow `flow`; the outputs' buffers then hold their
+    /// gradients.
     pub fn replay(
         &mut self,
         labels: &[Vec<Instance>],
         weight: Option<f32>,
+        scale: Option<f32>,
         flow: Option<&RealNvp>,
         device: &Device,
     ) -> RecordedLoss {
@@ -212,6 +226,9 @@ impl LossGraph {
         );
         if let Some(w) = weight {
             write(Tensor::<1>::from_floats([w], &inner), &self.weight);
+        }
+        if let (Some(s), Some(buffer)) = (scale, &self.scale) {
+            write(Tensor::<1>::from_floats([s], &inner), buffer);
         }
         if let Some(f) = flow {
             refresh(&self.flow_sources, &mut self.written, f, false);

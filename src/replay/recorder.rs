@@ -379,7 +379,7 @@ impl Recorder {
     }
 
     /// `replay.scope = "step"`: the recorded loss of `labels` on the outputs the last forward
-    /// replay wrote, with the trainer's flow `flow`; it leaves the outputs' gradients in their
+    /// replay wrote, with the trainer's flow `flow` and (FP16) loss scale `scale`; it leaves the outputs' gradients in their
     /// buffers for [`Recorder::backward_in_place`]. Recorded on the first call, and again
     /// (said on stderr) when a batch needs other shapes (another count of object slots).
     pub fn loss(
@@ -387,6 +387,7 @@ impl Recorder {
         loss: &E2eLoss,
         labels: &[Vec<Instance>],
         flow: Option<&RealNvp>,
+        scale: Option<f32>,
     ) -> RecordedLoss {
         let r = self.state.as_mut().expect("forward before the loss");
         if !r
@@ -402,14 +403,15 @@ impl Recorder {
                     loss.object_slots
                 );
             }
-            let g = LossGraph::record(loss, &r.outputs, labels, flow, &self.device)
+            let g = LossGraph::record(loss, &r.outputs, labels, flow, scale, &self.device)
                 .unwrap_or_else(|e| panic!("{e}"));
             self.loss_recordings += 1;
             r.loss = Some(g);
         }
         let g = r.loss.as_mut().expect("recorded");
         let weight = (!self.control.freezes_loss_weight()).then_some(loss.one2many_weight);
-        g.replay(labels, weight, flow, &self.device)
+        let scale = scale.filter(|_| !self.control.freezes_loss_scale());
+        g.replay(labels, weight, scale, flow, &self.device)
     }
 
     /// How many times the loss was recorded ([`Recorder::loss`]).

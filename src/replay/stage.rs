@@ -172,9 +172,10 @@ impl Stage {
     }
 
     /// `replay.scope = "step"`, replayed: the recorded loss of `labels` on this step's outputs
-    /// (`features`, released first: the loss graph writes its seeds into their buffers). Returns
-    /// the loss's items and reach; the flow's gradients come with it ([`RecordedLoss::flow`]).
-    /// [`Stage::recorded_backward`] follows.
+    /// (`features`, released first: the loss graph writes its seeds into their buffers), scaled
+    /// by `scale` before its backward (FP16's loss scale). Returns the loss's items and reach;
+    /// the flow's gradients come with it ([`RecordedLoss::flow`]). [`Stage::recorded_backward`]
+    /// follows.
     #[cfg(feature = "cuda")]
     pub fn recorded_loss(
         &mut self,
@@ -182,12 +183,13 @@ impl Stage {
         features: StageOutputs,
         loss: &crate::loss::E2eLoss,
         labels: &[Vec<crate::data::Instance>],
+        scale: Option<f32>,
     ) -> super::loss::RecordedLoss {
         let Stage::Replay(r) = self else {
             panic!("the recorded loss needs a replayed stage");
         };
         drop(features);
-        r.loss(loss, labels, model.head.flow.as_ref())
+        r.loss(loss, labels, model.head.flow.as_ref(), scale)
     }
 
     /// The network's backward from the seeds [`Stage::recorded_loss`] wrote: the network's

@@ -6,7 +6,7 @@ use super::replay::{assert_empty_parity, assert_parity_of, config_for, fit};
 use burnpose::config::Config;
 use burnpose::replay::Stage;
 use burnpose::replay::recorder::Control;
-use burnpose::train::Trainer;
+use burnpose::train::{StateHashes, Trainer};
 
 fn recordings(t: &Trainer) -> usize {
     match &t.stage {
@@ -39,6 +39,54 @@ fn step_replay_matches_native_bf16() {
 #[ignore = "needs a CUDA GPU"]
 fn detection_step_replay_matches_native_fp32() {
     assert_parity_of("detect-step", "fp32");
+}
+
+/// FP16 with a loss scale that changes during the fit (it doubles after every two clean
+/// optimizer steps here): the recorded loss reads the scale from its buffer, so every step
+/// seeds the backward with the current one, as native multiplies by it.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn step_replay_matches_native_fp16() {
+    let (native, native_losses, native_scale) = fit_fp16(false, Control::None);
+    let (replay, replay_losses, replay_scale) = fit_fp16(true, Control::None);
+    assert!(native_scale > 64.0, "the scale never grew: {native_scale}");
+    assert_eq!(native_scale, replay_scale);
+    assert_eq!(replay_losses, native_losses, "per-step losses differ");
+    assert_eq!(replay, native, "state hashes differ");
+    println!("fp16: scale 64 -> {native_scale}, {native:?}");
+}
+
+/// Negative control: FP16's loss scale written into the recorded loss at recording only (as a
+/// scalar frozen into the graph would be). The gradients are unscaled by the current scale, so
+/// once it has grown they come out too small: the steps before agree, the end state must not.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_frozen_loss_scale_breaks_step_parity() {
+    let (native, native_losses, native_scale) = fit_fp16(false, Control::None);
+    let (broken, broken_losses, _) = fit_fp16(true, Control::FrozenLossScale);
+    assert!(native_scale > 64.0, "the scale never grew: {native_scale}");
+    assert_eq!(
+        native_losses[..2],
+        broken_losses[..2],
+        "the first steps run with the recorded scale"
+    );
+    assert_ne!(native.model, broken.model);
+}
+
+/// A two-epoch FP16 fit of the step config from loss scale 64, the scale growing after every
+/// two clean optimizer steps: its state hashes, per-step losses and final scale.
+fn fit_fp16(capture: bool, control: Control) -> (StateHashes, Vec<[f32; 6]>, f32) {
+    let cfg = config_for("pose-step", "fp16", capture);
+    let mut t = super::replay::trainer(&cfg, control);
+    t.scaler
+        .as_mut()
+        .expect("fp16 scales its loss")
+        .growth_interval = 2;
+    while !t.finished() {
+        t.run_epoch(&mut |_, _, _| {}).unwrap();
+    }
+    let scale = t.scaler.as_ref().map_or(0.0, |s| s.scale);
+    (t.state_hashes(), t.step_losses.clone(), scale)
 }
 
 /// Without positives the recorded loss still writes gradients (zeros) for the keypoint

@@ -56,9 +56,10 @@ impl Trainer {
         clock: &mut PhaseClock,
     ) -> (GradientsParams, Option<FlatGrads>, Items) {
         clock.mark(Phase::Assign);
+        let scale = self.scaler.as_ref().map(|s| s.scale);
         let recorded = self
             .stage
-            .recorded_loss(&self.model, features, &self.loss, labels);
+            .recorded_loss(&self.model, features, &self.loss, labels, scale);
         clock.mark(Phase::Loss);
         clock.mark(Phase::HeadBackward);
         let (stage_grads, flat) = self.stage.recorded_backward(&self.model, &recorded.reached);
