@@ -6,7 +6,7 @@
 //! autodiff's. The RLE flow runs on a fixed number of rows per image (the assignment's bound on
 //! its positives) holding the foreground anchors' keypoints; a mask keeps the labelled ones.
 
-use super::assign::device::{AnchorTensors, BatchAssignment, ObjectSlots, ciou, iota};
+use super::assign::device::{AnchorTensors, BatchAssignment, ObjectSlots, ciou, prefix_sum_last};
 use super::terms::{bce_with_logits, rle_weights};
 use crate::model::BranchOutput;
 use crate::model::flow::RealNvp;
@@ -183,9 +183,9 @@ pub fn dense_terms(
         (Some(flow), Some(sigma_raw)) => {
             let r = asg.max_positives.clamp(1, a);
             let fg_i = asg.fg.clone().int();
-            let index = iota(a, &device);
+            let index = anchors.index.clone();
             let iota = index.clone().reshape([1, a]).expand([b, a]);
-            let place = (fg_i.clone().cumsum(1) - 1)
+            let place = (prefix_sum_last(fg_i.clone()) - 1)
                 .mask_where(asg.fg.clone().bool_not(), iota.clone() + r as i64);
             let picked = Tensor::<2, Int>::zeros([b, r + a], &device)
                 .scatter(1, place, iota, IndexingUpdateOp::Add)

@@ -252,3 +252,19 @@ fn ties_go_to_the_lower_anchors() {
         );
     }
 }
+
+/// The two-stage prefix sum gives `cumsum`'s values, for row lengths with a divisor near their
+/// square root (8,400: the 640 px anchors), without one (a prime: one stage of everything) and
+/// small ones; a stage boundary dropped or counted twice would fail it.
+#[test]
+fn prefix_sum_last_equals_cumsum() {
+    let device = Device::flex();
+    let mut rng = StdRng::seed_from_u64(3);
+    for a in [1, 2, 7, 12, 97, 441, 8400] {
+        let b = 3;
+        let values: Vec<i64> = (0..b * a).map(|_| rng.random_range(0..2)).collect();
+        let t = Tensor::<1, Int>::from_ints(values.as_slice(), &device).reshape([b, a]);
+        let got = prefix_sum_last(t.clone()).into_data();
+        assert_eq!(got, t.cumsum(1).into_data(), "{a} values per row");
+    }
+}
