@@ -185,8 +185,10 @@ pub fn dense_terms(
             let fg_i = asg.fg.clone().int();
             let index = anchors.index.clone();
             let iota = index.clone().reshape([1, a]).expand([b, a]);
-            let place = (prefix_sum_last(fg_i.clone()) - 1)
-                .mask_where(asg.fg.clone().bool_not(), iota.clone() + r as i64);
+            let prefix = prefix_sum_last(fg_i);
+            // The last running count is the image's number of positives.
+            let count = prefix.clone().narrow(1, a - 1, 1);
+            let place = (prefix - 1).mask_where(asg.fg.clone().bool_not(), iota.clone() + r as i64);
             let picked = Tensor::<2, Int>::zeros([b, r + a], &device)
                 .scatter(1, place, iota, IndexingUpdateOp::Add)
                 .narrow(1, 0, r)
@@ -196,7 +198,7 @@ pub fn dense_terms(
                 .narrow(0, 0, r)
                 .reshape([1, 1, r])
                 .expand([b, k, r])
-                .lower(fg_i.sum_dim(1).reshape([b, 1, 1]).expand([b, k, r]));
+                .lower(count.reshape([b, 1, 1]).expand([b, k, r]));
             let take = |t: Tensor<3>| t.gather(2, picked.clone());
             let sigma =
                 sigmoid(sigma_raw.clone().reshape([b, k, 2, a])).clamp_min(f32::MIN_POSITIVE);
