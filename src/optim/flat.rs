@@ -141,7 +141,7 @@ pub fn step(
     // Padding divides by its bias correction: 1, not 0 (masked out either way).
     rows[table.len() * COLUMNS + ADAM_BC2] = 1.0;
     // Off CUDA the update is one pass on the host.
-    if !is_cuda(&device) {
+    if !is_cuda(&device) && !force::tensor_path() {
         let parts: Vec<Option<HostValues>> = parts
             .into_iter()
             .map(|t| t.map(|t| HostValues::of(f32_of(t))))
@@ -160,6 +160,13 @@ pub fn step(
             .slice([0..layout.len, j..j + 1])
             .reshape([layout.len])
     };
+    // The momentum changes during warm-up: a device value (`[mu, 1 − mu]`, broadcast), not a
+    // scalar a recorded update would freeze. The products are the scalar ones, bit for bit.
+    let momentum = Tensor::<1>::from_data(
+        TensorData::new(vec![mu as f32, (1.0 - mu) as f32], [2]),
+        (&device, DType::F32),
+    );
+    let (mu_t, one_mu) = (momentum.clone().slice(0..1), momentum.slice(1..2));
     let present_mask = col(PRESENT).equal_elem(1.0);
     // Padding and absent gradients are zero, whatever a run copied between its segments.
     let g = layout
@@ -171,9 +178,8 @@ pub fn step(
     let (p, buf, second) = (flat.p.clone(), flat.buf.clone(), flat.second.clone());
     let (p_new, buf_new, second_new) = match rule {
         Rule::AdamW => {
-            let first_m = g.clone() * (1.0 - mu);
-            let m =
-                first_m.mask_where(init_mask.clone(), buf.clone() * mu + g.clone() * (1.0 - mu));
+            let first_m = g.clone() * one_mu.clone();
+            let m = first_m.mask_where(init_mask.clone(), buf.clone() * mu_t + g.clone() * one_mu);
             let first_v = g.clone().powi_scalar(2) * (1.0 - beta2);
             let v = first_v.mask_where(
                 init_mask,
@@ -187,8 +193,8 @@ pub fn step(
             let gd = g + p.clone() * col(SGD_WD);
             let b = gd
                 .clone()
-                .mask_where(init_mask, buf.clone() * mu + gd.clone());
-            let p_new = p.clone() - (gd + b.clone() * mu) * col(SGD_LR);
+                .mask_where(init_mask, buf.clone() * mu_t.clone() + gd.clone());
+            let p_new = p.clone() - (gd + b.clone() * mu_t) * col(SGD_LR);
             (p_new, b, None)
         }
     };
@@ -312,5 +318,36 @@ fn host_update(
     flat.buf = upload(buf);
     if let Some(v) = second {
         flat.second = upload(v);
+    }
+}
+
+/// The tests' switch to run [`step`]'s tensor operations (CUDA's path) on the CPU, where
+/// `host_update` runs otherwise: both must give the per-tensor update's bits.
+#[cfg(test)]
+pub(crate) mod force {
+    use std::cell::Cell;
+
+    thread_local! {
+        static TENSOR_PATH: Cell<bool> = const { Cell::new(false) };
+    }
+
+    /// Whether this thread's flat steps run as tensor operations on any device.
+    pub fn tensor_path() -> bool {
+        TENSOR_PATH.with(Cell::get)
+    }
+
+    /// Runs `f` with this thread's flat steps as tensor operations.
+    pub fn with_tensor_path<T>(f: impl FnOnce() -> T) -> T {
+        TENSOR_PATH.with(|c| c.set(true));
+        let out = f();
+        TENSOR_PATH.with(|c| c.set(false));
+        out
+    }
+}
+
+#[cfg(not(test))]
+mod force {
+    pub fn tensor_path() -> bool {
+        false
     }
 }

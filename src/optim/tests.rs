@@ -536,3 +536,15 @@ fn accumulation_copies_a_recorders_buffer_only_to_keep_it() {
     assert_eq!(sum, [vec![1001.0; 6], vec![2003.0; 2]]);
     assert_eq!(flat, None);
 }
+
+/// CUDA's flat update (tensor operations, the momentum a device value) run on the CPU, where
+/// `host_update` runs otherwise: the same bits as the per-tensor update, with the momentum
+/// changing every step as in warm-up.
+#[test]
+fn flat_tensor_path_equals_per_tensor() {
+    for rule in [Rule::AdamW, Rule::Sgd] {
+        let (a, b, _, _) =
+            super::flat::force::with_tensor_path(|| flat_against_per_tensor(rule, 1e-4));
+        assert_eq!(a, b, "{rule:?}");
+    }
+}
