@@ -141,7 +141,7 @@ pub fn step(
     // Padding divides by its bias correction: 1, not 0 (masked out either way).
     rows[table.len() * COLUMNS + ADAM_BC2] = 1.0;
     // Off CUDA the update is one pass on the host.
-    if !is_cuda(&device) && !force::tensor_path() {
+    if !is_cuda(&device) && !super::host::force::tensor_path() {
         let parts: Vec<Option<HostValues>> = parts
             .into_iter()
             .map(|t| t.map(|t| HostValues::of(f32_of(t))))
@@ -318,36 +318,5 @@ fn host_update(
     flat.buf = upload(buf);
     if let Some(v) = second {
         flat.second = upload(v);
-    }
-}
-
-/// The tests' switch to run [`step`]'s tensor operations (CUDA's path) on the CPU, where
-/// `host_update` runs otherwise: both must give the per-tensor update's bits.
-#[cfg(test)]
-pub(crate) mod force {
-    use std::cell::Cell;
-
-    thread_local! {
-        static TENSOR_PATH: Cell<bool> = const { Cell::new(false) };
-    }
-
-    /// Whether this thread's flat steps run as tensor operations on any device.
-    pub fn tensor_path() -> bool {
-        TENSOR_PATH.with(Cell::get)
-    }
-
-    /// Runs `f` with this thread's flat steps as tensor operations.
-    pub fn with_tensor_path<T>(f: impl FnOnce() -> T) -> T {
-        TENSOR_PATH.with(|c| c.set(true));
-        let out = f();
-        TENSOR_PATH.with(|c| c.set(false));
-        out
-    }
-}
-
-#[cfg(not(test))]
-mod force {
-    pub fn tensor_path() -> bool {
-        false
     }
 }

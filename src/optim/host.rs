@@ -49,3 +49,35 @@ fn contiguous_f32(t: &Tensor<1>) -> Option<burn::backend::flex::FlexTensor> {
         _ => None,
     }
 }
+
+/// The tests' switch to run the flat optimizer step's and EMA update's tensor operations (CUDA's
+/// path) on the CPU, where the loops over these buffers run otherwise: both must give the
+/// per-tensor update's bits.
+#[cfg(test)]
+pub(crate) mod force {
+    use std::cell::Cell;
+
+    thread_local! {
+        static TENSOR_PATH: Cell<bool> = const { Cell::new(false) };
+    }
+
+    /// Whether this thread's flat updates run as tensor operations on any device.
+    pub fn tensor_path() -> bool {
+        TENSOR_PATH.with(Cell::get)
+    }
+
+    /// Runs `f` with this thread's flat updates as tensor operations.
+    pub fn with_tensor_path<T>(f: impl FnOnce() -> T) -> T {
+        TENSOR_PATH.with(|c| c.set(true));
+        let out = f();
+        TENSOR_PATH.with(|c| c.set(false));
+        out
+    }
+}
+
+#[cfg(not(test))]
+pub(super) mod force {
+    pub fn tensor_path() -> bool {
+        false
+    }
+}

@@ -360,27 +360,36 @@ fn flat_update_clips_like_per_tensor() {
     );
 }
 
+/// The flat EMA against the per-tensor one over three updates (the decay changes with each),
+/// on the CPU's loop and on CUDA's tensor path (the decay a device value): the same bits.
 #[test]
 fn flat_ema_equals_per_tensor() {
     use crate::model::{Scale, Task, YoloConfig};
     let d = device();
     let model = YoloConfig::new(Scale::N, Task::Pose).init(&d);
-    let mut per_tensor = Ema::new(&model);
-    let mut flat = per_tensor.clone();
-    flat.flat_update = true;
-    let mut m = model;
-    for k in 0..3 {
-        // Move every float tensor, running statistics included, differently per step.
-        let mut moved: std::collections::HashMap<String, Tensor<1>> = tensors::float_tensors(&m)
-            .into_iter()
-            .map(|(p, t)| (p, t.inner().mul_scalar(0.5).add_scalar(0.1 * k as f64)))
-            .collect();
-        m = tensors::replace_float_tensors(m, &mut moved).0;
-        per_tensor.update(&m);
-        flat.update(&m);
-    }
-    assert_eq!(per_tensor.state_hash(), flat.state_hash());
-    assert_ne!(per_tensor.state_hash(), Ema::new(&m).state_hash());
+    let run = || {
+        let mut per_tensor = Ema::new(&model);
+        let mut flat = per_tensor.clone();
+        flat.flat_update = true;
+        let mut m = model.clone();
+        for k in 0..3 {
+            // Move every float tensor, running statistics included, differently per step.
+            let mut moved: std::collections::HashMap<String, Tensor<1>> =
+                tensors::float_tensors(&m)
+                    .into_iter()
+                    .map(|(p, t)| (p, t.inner().mul_scalar(0.5).add_scalar(0.1 * k as f64)))
+                    .collect();
+            m = tensors::replace_float_tensors(m, &mut moved).0;
+            per_tensor.update(&m);
+            flat.update(&m);
+        }
+        assert_ne!(per_tensor.state_hash(), Ema::new(&m).state_hash());
+        (per_tensor.state_hash(), flat.state_hash())
+    };
+    let (a, b) = run();
+    assert_eq!(a, b, "host loop");
+    let (a, b) = super::host::force::with_tensor_path(run);
+    assert_eq!(a, b, "tensor path");
 }
 
 #[test]
@@ -544,7 +553,7 @@ fn accumulation_copies_a_recorders_buffer_only_to_keep_it() {
 fn flat_tensor_path_equals_per_tensor() {
     for rule in [Rule::AdamW, Rule::Sgd] {
         let (a, b, _, _) =
-            super::flat::force::with_tensor_path(|| flat_against_per_tensor(rule, 1e-4));
+            super::host::force::with_tensor_path(|| flat_against_per_tensor(rule, 1e-4));
         assert_eq!(a, b, "{rule:?}");
     }
 }
