@@ -238,10 +238,23 @@ fn loss_scaler_unscales_skips_on_overflow_and_grows() {
     assert_ne!(s.state_hash(), h0);
     s.update(true);
     assert_eq!((s.scale, s.growth_tracker), (8.0, 0));
-    for bad in [f32::INFINITY, f32::NAN] {
+    for bad in [f32::INFINITY, f32::NEG_INFINITY, f32::NAN] {
         let mut g = grads(&m, [[1.0, bad, 0.0], [0.0; 3]], Some([1.0, 1.0]), &d);
         assert!(!s.unscale(&mut g, &table), "{bad} must be found");
+        // In the bias, the last segment of the flat buffer.
+        let mut g = grads(&m, [[1.0; 3], [0.0; 3]], Some([1.0, bad]), &d);
+        assert!(
+            !s.unscale(&mut g, &table),
+            "{bad} in the bias must be found"
+        );
     }
+    // Every value finite, though their sum overflows f32: finite, as PyTorch checks each value.
+    let mut g = grads(&m, [[3e38, 3e38, -3e38], [3e38; 3]], None, &d);
+    let one = LossScaler {
+        scale: 1.0,
+        ..LossScaler::default()
+    };
+    assert!(one.unscale(&mut g, &table));
     s.update(false);
     assert_eq!((s.scale, s.growth_tracker, s.skipped), (4.0, 0, 1));
 }
