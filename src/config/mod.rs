@@ -232,9 +232,11 @@ pub struct ReplaySection {
     /// (backbone + neck; the head runs in Burn
     /// autodiff; pose only), "network" (the whole network but the pose loss's flow; only
     /// assignment and losses run in Burn autodiff) or "step" (the network as "network", and the
-    /// device loss with its backward recorded too: needs `train.loss_on = "device"`; FP32 or
-    /// BF16; docs/replay.md). Default unset: "features" for pose, "network" for detection. Native and replayed fits of one scope are byte-identical; the two scopes sum
-    /// gradients in different orders, so their results differ by rounding (docs/replay.md).
+    /// device loss with its backward recorded too: needs `train.loss_on = "device"`; every
+    /// precision, FP16 with its loss scale read by the graph; docs/replay.md). Default unset:
+    /// "features" for pose, "network" for detection. Native and replayed fits of one scope are
+    /// byte-identical; the two scopes sum gradients in different orders, so their results
+    /// differ by rounding (docs/replay.md).
     pub scope: Option<Scope>,
 }
 
