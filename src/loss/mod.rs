@@ -62,6 +62,9 @@ pub struct LossOutput {
     /// tape ([`E2eLoss::compute_on_device`]: every term is on the tape, and an unreached output
     /// gets zeros where the host path gives it no gradient). `None`: the tape decides.
     pub reached: Option<Reached>,
+    /// `items`' values when they were already read back ([`E2eLoss::compute_on_device`] reads
+    /// them with its counts, so the step needs no second read). `None`: not read yet.
+    pub items_read: Option<[f32; 6]>,
 }
 
 /// The constant tensors of the device loss ([`E2eLoss::constants`]): uploaded once, where a
@@ -160,7 +163,8 @@ impl E2eLoss {
     /// docs/replay.md): the value of [`E2eLoss::targets`] + [`E2eLoss::compute`] up to the order
     /// of the sums, with autodiff's gradients. Every term is on the tape whatever the batch
     /// holds, so the same operations run on every batch; which outputs the host path's tape
-    /// would reach is returned in [`LossOutput::reached`] (one readback of four counts), and the
+    /// would reach is returned in [`LossOutput::reached`] (one readback of four counts, with the
+    /// items: [`LossOutput::items_read`]), and the
     /// caller drops the gradients of the parameters that feed only unreached ones, which are
     /// zeros here (`Trainer::train_step`).
     pub fn compute_on_device(
@@ -181,14 +185,14 @@ impl E2eLoss {
             &other
         };
         let (mut out, counts) = self.dense_loss(out, &objects, constants, weight, flow);
-        let counts: Vec<f32> = counts
+        // The items with the counts: one read, one sync.
+        let v: Vec<f32> = Tensor::cat(vec![out.items.clone(), counts], 0)
             .into_data()
             .convert::<f32>()
             .try_into_vec()
-            .expect("f32 counts");
-        out.reached = Some(Reached::of_counts([
-            counts[0], counts[1], counts[2], counts[3],
-        ]));
+            .expect("f32 items and counts");
+        out.items_read = Some([v[0], v[1], v[2], v[3], v[4], v[5]]);
+        out.reached = Some(Reached::of_counts([v[6], v[7], v[8], v[9]]));
         out
     }
 
@@ -253,6 +257,7 @@ impl E2eLoss {
             total,
             items: Tensor::cat(o2o, 0).detach(),
             reached: None,
+            items_read: None,
         };
         (out, counts)
     }
@@ -292,6 +297,7 @@ impl E2eLoss {
             total: (o2m.sum * w + o2o.sum * (1.0 - w)) * b,
             items: o2o.items,
             reached: None,
+            items_read: None,
         }
     }
 }

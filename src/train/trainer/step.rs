@@ -43,7 +43,11 @@ impl Trainer {
         }
         merge(&mut grads, stage_grads, &self.optimizer.table);
         clock.mark(Phase::FeatureBackward);
-        (grads, flat, Items::OnDevice(Box::new(loss.items)))
+        let items = match loss.items_read {
+            Some(v) => Items::Read(v),
+            None => Items::OnDevice(Box::new(loss.items)),
+        };
+        (grads, flat, items)
     }
 
     /// [`Trainer::loss_and_backward`] from the recorded loss (`replay.scope = "step"`): its
@@ -152,7 +156,6 @@ impl Trainer {
 
 /// A step's logged loss items: read back already, or still on the device.
 enum Items {
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     Read([f32; 6]),
     OnDevice(Box<Tensor<1>>),
 }
