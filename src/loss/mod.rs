@@ -39,8 +39,8 @@ pub struct E2eLoss {
     /// The device loss's object slots per image, at least (`train.object_slots`).
     pub object_slots: usize,
     anchors: Anchors,
-    /// [`E2eLoss::constants`] on the device of the first device-loss step, kept so that an eager
-    /// step does not upload them again (a recorded loss keeps its own).
+    /// [`E2eLoss::constants`] on the first device asked for, kept so that they are uploaded
+    /// once (every eager device-loss step and every recording of the loss read them).
     kept: OnceLock<LossConstants>,
 }
 
@@ -176,15 +176,8 @@ impl E2eLoss {
         let device = out.one2many.scores.device();
         let objects = ObjectSlots::new(labels, self.object_slots, self.sigmas.len(), &device);
         let weight = Tensor::<1>::from_floats([self.one2many_weight], &device);
-        let kept = self.kept.get_or_init(|| self.constants(&device));
-        let other;
-        let constants = if kept.anchors.x.device() == device {
-            kept
-        } else {
-            other = self.constants(&device);
-            &other
-        };
-        let (mut out, counts) = self.dense_loss(out, &objects, constants, weight, flow);
+        let constants = self.constants(&device);
+        let (mut out, counts) = self.dense_loss(out, &objects, &constants, weight, flow);
         // The items with the counts: one read, one sync.
         let v: Vec<f32> = Tensor::cat(vec![out.items.clone(), counts], 0)
             .into_data()
@@ -196,8 +189,18 @@ impl E2eLoss {
         out
     }
 
-    /// The constant tensors [`E2eLoss::dense_loss`] reads, on `device`.
+    /// The constant tensors [`E2eLoss::dense_loss`] reads, on `device`: uploaded on the first
+    /// call, then the same tensors (on another device, uploaded anew).
     pub fn constants(&self, device: &Device) -> LossConstants {
+        let kept = self.kept.get_or_init(|| self.upload_constants(device));
+        if kept.anchors.x.device() == *device {
+            kept.clone()
+        } else {
+            self.upload_constants(device)
+        }
+    }
+
+    fn upload_constants(&self, device: &Device) -> LossConstants {
         LossConstants {
             anchors: AnchorTensors::new(&self.anchors, device),
             keypoints: (!self.sigmas.is_empty()).then(|| KeypointRows::new(&self.sigmas, device)),

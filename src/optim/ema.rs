@@ -9,7 +9,6 @@ use crate::config::device::is_cuda;
 use crate::model::ops::storage;
 use burn::module::Module;
 use burn::prelude::*;
-use burn::tensor::{DType, TensorData};
 use std::collections::HashMap;
 
 #[derive(Clone, Debug)]
@@ -105,13 +104,9 @@ impl<M: Module> Ema<M> {
         let averaged = if is_cuda(&averaged.device()) || super::host::force::tensor_path() {
             let device = averaged.device();
             let m = layout.gather(parts, &device);
-            // The decay changes every update: a device value (`[d, 1 − d]`, broadcast), not a
-            // scalar a recorded update would freeze. The products are the scalar ones.
-            let decay = Tensor::<1>::from_data(
-                TensorData::new(vec![d as f32, (1.0 - d) as f32], [2]),
-                (&device, DType::F32),
-            );
-            averaged * decay.clone().slice(0..1) + m * decay.slice(1..2)
+            // The decay changes every update.
+            let (d_t, keep) = super::flat::and_complement(d, &device);
+            averaged * d_t + m * keep
         } else {
             host_average(&layout, &averaged, parts, d)
         };

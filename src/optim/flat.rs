@@ -68,6 +68,17 @@ pub fn sum_of_squares(x: &Tensor<1>, len: usize) -> Tensor<1> {
     sum_all(rows)
 }
 
+/// `x` and `1 − x` (each rounded to f32) as `[1]` device values, to broadcast over a flat buffer:
+/// a per-step factor a recorded update must read rather than have frozen into its kernels, as a
+/// scalar would be. Multiplying by them gives the scalar products' bits.
+pub(super) fn and_complement(x: f64, device: &Device) -> (Tensor<1>, Tensor<1>) {
+    let both = Tensor::<1>::from_data(
+        TensorData::new(vec![x as f32, (1.0 - x) as f32], [2]),
+        (device, DType::F32),
+    );
+    (both.clone().slice(0..1), both.slice(1..2))
+}
+
 /// What one flat step produced: which parameters moved.
 pub struct FlatStep {
     pub present: Vec<bool>,
@@ -160,13 +171,8 @@ pub fn step(
             .slice([0..layout.len, j..j + 1])
             .reshape([layout.len])
     };
-    // The momentum changes during warm-up: a device value (`[mu, 1 − mu]`, broadcast), not a
-    // scalar a recorded update would freeze. The products are the scalar ones, bit for bit.
-    let momentum = Tensor::<1>::from_data(
-        TensorData::new(vec![mu as f32, (1.0 - mu) as f32], [2]),
-        (&device, DType::F32),
-    );
-    let (mu_t, one_mu) = (momentum.clone().slice(0..1), momentum.slice(1..2));
+    // The momentum changes during warm-up.
+    let (mu_t, one_mu) = and_complement(mu, &device);
     let present_mask = col(PRESENT).equal_elem(1.0);
     // Padding and absent gradients are zero, whatever a run copied between its segments.
     let g = layout

@@ -3,7 +3,6 @@
 //! per-step losses, and negative controls that must fail.
 
 use super::replay::{assert_empty_parity, assert_parity_of, config_for, fit};
-use burnpose::config::Config;
 use burnpose::replay::Stage;
 use burnpose::replay::recorder::Control;
 use burnpose::train::{StateHashes, Trainer};
@@ -15,8 +14,8 @@ fn recordings(t: &Trainer) -> usize {
     }
 }
 
-fn run(cfg: &Config) -> Trainer {
-    let mut t = super::replay::trainer(cfg, Control::None);
+/// `t`'s fit to its end.
+fn run(mut t: Trainer) -> Trainer {
     while !t.finished() {
         t.run_epoch(&mut |_, _, _| {}).unwrap();
     }
@@ -82,9 +81,7 @@ fn fit_fp16(capture: bool, control: Control) -> (StateHashes, Vec<[f32; 6]>, f32
         .as_mut()
         .expect("fp16 scales its loss")
         .growth_interval = 2;
-    while !t.finished() {
-        t.run_epoch(&mut |_, _, _| {}).unwrap();
-    }
+    let t = run(t);
     let scale = t.scaler.as_ref().map_or(0.0, |s| s.scale);
     (t.state_hashes(), t.step_losses.clone(), scale)
 }
@@ -104,13 +101,14 @@ fn step_replay_matches_native_on_an_empty_batch() {
 #[ignore = "needs a CUDA GPU"]
 fn step_replay_records_the_loss_again_for_other_slot_counts() {
     let cfg = config_for("pose-step", "fp32", true);
-    assert_eq!(recordings(&run(&cfg)), 1, "16 slots hold every batch");
+    let once = run(super::replay::trainer(&cfg, Control::None));
+    assert_eq!(recordings(&once), 1, "16 slots hold every batch");
     let mut cfg = cfg;
     cfg.train.object_slots = 0;
     let mut native_cfg = cfg.clone();
     native_cfg.replay.enabled = false;
     let (native, native_losses, _) = fit(&native_cfg, Control::None);
-    let t = run(&cfg);
+    let t = run(super::replay::trainer(&cfg, Control::None));
     assert!(
         recordings(&t) > 1,
         "the batches' counts differ: recorded once"

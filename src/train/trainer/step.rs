@@ -129,14 +129,7 @@ impl Trainer {
             self.ema.update(&self.model);
         }
         clock.mark(Phase::Ema);
-        let items: Vec<f32> = match items {
-            Items::Read(v) => v.to_vec(),
-            Items::OnDevice(t) => (*t)
-                .into_data()
-                .convert::<f32>()
-                .try_into_vec()
-                .expect("f32 items"),
-        };
+        let items = items.read();
         clock.mark(Phase::Readback);
         if let Some(t) = self.timing.as_mut() {
             t.optimizer_step.push(stepped);
@@ -148,7 +141,6 @@ impl Trainer {
                 t.in_step_padding.push(clock.padding);
             }
         }
-        let items = [items[0], items[1], items[2], items[3], items[4], items[5]];
         self.step_losses.push(items);
         items
     }
@@ -158,4 +150,21 @@ impl Trainer {
 enum Items {
     Read([f32; 6]),
     OnDevice(Box<Tensor<1>>),
+}
+
+impl Items {
+    /// The values (one read from the device for `OnDevice`).
+    fn read(self) -> [f32; 6] {
+        match self {
+            Items::Read(v) => v,
+            Items::OnDevice(t) => {
+                let v: Vec<f32> = (*t)
+                    .into_data()
+                    .convert::<f32>()
+                    .try_into_vec()
+                    .expect("f32 items");
+                [v[0], v[1], v[2], v[3], v[4], v[5]]
+            }
+        }
+    }
 }
