@@ -25,6 +25,7 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 use cubecl::{CubeCount, CubeDim, calculate_cube_count_elemwise};
 
+use super::fused_bn_nhwc as nhwc;
 use super::tree::{UNITS, parts};
 
 /// Offset of the `j`-th value of channel `c` (`j` over N, H, W in that order) in a `[N, C, H, W]`
@@ -391,14 +392,41 @@ pub fn forward(
         &[&x, &gamma, &beta, &running_mean, &running_var],
     );
     let [n, c, h, w] = nchw(&x);
+    let [mean, var, new_mean, new_var] = if nhwc::dense_channels_last(&x) {
+        nhwc::statistics(&x, running_mean, running_var, momentum)
+    } else {
+        statistics(&x, running_mean, running_var, momentum)
+    };
+    let out = empty(&x, Shape::new([n, c, h, w]));
+    normalise(
+        x,
+        mean.clone(),
+        var.clone(),
+        gamma,
+        beta,
+        &out,
+        epsilon,
+        act,
+    );
+    [out, mean, var, new_mean, new_var]
+}
+
+/// `(mean, var, running_mean', running_var')` of `x` (any strides), each `[C]`: one cube per
+/// (chunk, channel) walking the channel's values.
+fn statistics(
+    x: &CubeTensor,
+    running_mean: CubeTensor,
+    running_var: CubeTensor,
+    momentum: f32,
+) -> [CubeTensor; 4] {
+    let [n, c, h, w] = nchw(x);
     let m = n * h * w;
     let p = parts(m);
-    let partial = empty(&x, Shape::new([c * p * 3]));
-    let per_channel = || empty(&x, Shape::new([c]));
+    let partial = empty(x, Shape::new([c * p * 3]));
+    let per_channel = || empty(x, Shape::new([c]));
     let (mean, var, new_mean, new_var) =
         (per_channel(), per_channel(), per_channel(), per_channel());
-    let out = empty(&x, Shape::new([n, c, h, w]));
-    let (count, dim) = elementwise(&x, c);
+    let (count, dim) = elementwise(x, c);
     let client = x.client.clone();
     // SAFETY: every kernel bounds its units by the shapes it reads, and indexes every tensor by
     // its own strides; the partial buffer holds exactly C·P records.
@@ -426,17 +454,7 @@ pub fn forward(
             momentum,
         );
     }
-    normalise(
-        x,
-        mean.clone(),
-        var.clone(),
-        gamma,
-        beta,
-        &out,
-        epsilon,
-        act,
-    );
-    [out, mean, var, new_mean, new_var]
+    [mean, var, new_mean, new_var]
 }
 
 /// BatchNorm inference (+ SiLU when `act`) of `x` `[N, C, H, W]` with the running statistics,
@@ -519,14 +537,57 @@ pub fn backward(
     check_f32("bn_act backward", &[&x, &gamma, &beta, &mean, &var, &grad]);
     let [n, c, h, w] = nchw(&x);
     assert_eq!(nchw(&grad), [n, c, h, w], "bn_act backward: gradient shape");
-    let p = parts(n * h * w);
-    let partial = empty(&x, Shape::new([c * p * 2]));
-    let (d_gamma, d_beta) = (empty(&x, Shape::new([c])), empty(&x, Shape::new([c])));
+    let [d_gamma, d_beta] = if nhwc::dense_channels_last(&x) {
+        nhwc::grad_sums(&x, &grad, &mean, &var, &gamma, &beta, epsilon, act)
+    } else {
+        grad_sums(&x, &grad, &mean, &var, &gamma, &beta, epsilon, act)
+    };
     let dx = empty(&x, Shape::new([n, c, h, w]));
-    let (count, dim) = elementwise(&x, c);
     let (count_all, dim_all) = elementwise(&x, n * c * h * w);
     let client = x.client.clone();
-    // SAFETY: as in `forward`.
+    // SAFETY: the kernel bounds its units by `x`'s shape and indexes every tensor by its strides.
+    unsafe {
+        grad_x_kernel::launch_unchecked(
+            &client,
+            count_all,
+            dim_all,
+            x.into_tensor_arg(),
+            grad.into_tensor_arg(),
+            mean.into_tensor_arg(),
+            var.into_tensor_arg(),
+            gamma.into_tensor_arg(),
+            beta.into_tensor_arg(),
+            d_gamma.clone().into_tensor_arg(),
+            d_beta.clone().into_tensor_arg(),
+            dx.clone().into_tensor_arg(),
+            epsilon,
+            act,
+        );
+    }
+    [dx, d_gamma, d_beta]
+}
+
+/// `(dγ, dβ)` of [`forward`] for `x` and `grad` of any strides: one cube per (chunk, channel)
+/// walking the channel's values, then one unit per channel.
+#[allow(clippy::too_many_arguments)]
+fn grad_sums(
+    x: &CubeTensor,
+    grad: &CubeTensor,
+    mean: &CubeTensor,
+    var: &CubeTensor,
+    gamma: &CubeTensor,
+    beta: &CubeTensor,
+    epsilon: f32,
+    act: bool,
+) -> [CubeTensor; 2] {
+    let [n, c, h, w] = nchw(x);
+    let p = parts(n * h * w);
+    let partial = empty(x, Shape::new([c * p * 2]));
+    let (d_gamma, d_beta) = (empty(x, Shape::new([c])), empty(x, Shape::new([c])));
+    let (count, dim) = elementwise(x, c);
+    let client = x.client.clone();
+    // SAFETY: every kernel bounds its units by the shapes it reads and indexes every tensor by
+    // its strides; the partial buffer holds exactly C·P records.
     unsafe {
         grad_partial_kernel::launch_unchecked(
             &client,
@@ -552,22 +613,6 @@ pub fn backward(
             d_beta.clone().into_tensor_arg(),
             p as u32,
         );
-        grad_x_kernel::launch_unchecked(
-            &client,
-            count_all,
-            dim_all,
-            x.into_tensor_arg(),
-            grad.into_tensor_arg(),
-            mean.into_tensor_arg(),
-            var.into_tensor_arg(),
-            gamma.into_tensor_arg(),
-            beta.into_tensor_arg(),
-            d_gamma.clone().into_tensor_arg(),
-            d_beta.clone().into_tensor_arg(),
-            dx.clone().into_tensor_arg(),
-            epsilon,
-            act,
-        );
     }
-    [dx, d_gamma, d_beta]
+    [d_gamma, d_beta]
 }

@@ -41,7 +41,7 @@ fn values(t: Tensor<3>) -> Vec<f32> {
 }
 
 /// The CUDA tensor inside `t`, for calling our kernels directly.
-fn cube(t: Tensor<4>) -> burn_cubecl::tensor::CubeTensor {
+fn cube<const D: usize>(t: Tensor<D>) -> burn_cubecl::tensor::CubeTensor {
     use burn::backend::{BackendTensor, DispatchTensorKind};
     match t.into_dispatch().kind {
         DispatchTensorKind::Cube(BackendTensor::Float(c)) => c,
@@ -49,10 +49,15 @@ fn cube(t: Tensor<4>) -> burn_cubecl::tensor::CubeTensor {
     }
 }
 
-/// A kernel's output read back as FP32 values.
+/// A kernel's `[_, _, _, _]` output read back as FP32 values.
 fn cube_values(c: burn_cubecl::tensor::CubeTensor) -> Vec<f32> {
+    cube_values_of::<4>(c)
+}
+
+/// A kernel's rank-`D` output read back as FP32 values.
+fn cube_values_of<const D: usize>(c: burn_cubecl::tensor::CubeTensor) -> Vec<f32> {
     use burn::backend::{BackendTensor, DispatchTensor, DispatchTensorKind};
-    Tensor::<4>::from_dispatch(DispatchTensor {
+    Tensor::<D>::from_dispatch(DispatchTensor {
         kind: DispatchTensorKind::Cube(BackendTensor::Float(c)),
         autodiff: Default::default(),
     })

@@ -396,6 +396,115 @@ fn fused_batch_norm_silu_matches_the_staged_operations_on_cuda() {
     }
 }
 
+/// The channels-last BatchNorm sums (`kernels/batch_norm_nhwc.rs`) take what convolutions hand
+/// BatchNorm, a dense channels-last input: the incoming gradient's own layout changes no bit of
+/// any result, two runs are equal, output and input gradient come out NCHW as for any input, and
+/// all of it matches the same values laid out NCHW (`batch_norm.rs`'s own sums) to rounding,
+/// with statistics whose low bits differ from those sums' (so the channels-last sums ran).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn channels_last_batch_norm_sums_match_nchw_on_cuda() {
+    use super::{cube, cube_values, cube_values_of};
+    use burn::tensor::TensorData;
+    use burn_cubecl::CubeBackend;
+    use burn_cubecl::tensor::CubeTensor;
+    use ops::FastOps;
+    let d = cuda();
+    d.seed(23);
+    ops::set_conv_bn_ops(ops::ConvBnOps::Fast);
+    // 40 channels: two channel tiles, the second part-filled, and 29·31 pixels per image (not a
+    // multiple of a cube's rows); 5 channels: 8 lanes, 3 idle; the 160-px layer of the seed.
+    for [n, c, h, w] in [[3, 40, 29, 31], [2, 5, 64, 70], [4, 32, 160, 160]] {
+        let nhwc = |m: f64, s: f64| {
+            Tensor::<4>::random([n, h, w, c], Distribution::Normal(m, s), &d).permute([0, 3, 1, 2])
+        };
+        // The same values, contiguous NCHW.
+        let nchw = |t: &Tensor<4>| {
+            let v = t
+                .clone()
+                .into_data()
+                .convert::<f32>()
+                .try_into_vec::<f32>()
+                .unwrap();
+            cube(Tensor::<4>::from_data(TensorData::new(v, [n, c, h, w]), &d))
+        };
+        let (x, g) = (nhwc(0.4, 1.7), nhwc(0.0, 0.3));
+        let channel =
+            |m: f64, s: f64| cube(Tensor::<1>::random([c], Distribution::Normal(m, s), &d));
+        let (gamma, beta, running_mean) = (channel(1.0, 0.3), channel(0.0, 0.5), channel(0.1, 0.2));
+        let running_var = cube(Tensor::<1>::ones([c], &d));
+        for act in [true, false] {
+            let run = |x: CubeTensor, g: CubeTensor| {
+                let (y, mean, var, new_mean, new_var) = CubeBackend::bn_act_train(
+                    x.clone(),
+                    gamma.clone(),
+                    beta.clone(),
+                    running_mean.clone(),
+                    running_var.clone(),
+                    1e-3,
+                    0.03,
+                    act,
+                );
+                let (dx, d_gamma, d_beta) = CubeBackend::bn_act_train_backward(
+                    x,
+                    gamma.clone(),
+                    beta.clone(),
+                    mean.clone(),
+                    var.clone(),
+                    1e-3,
+                    act,
+                    g,
+                );
+                let layouts = [y.meta.strides().to_vec(), dx.meta.strides().to_vec()];
+                let mut out = vec![cube_values(y), cube_values(dx)];
+                for t in [mean, var, new_mean, new_var, d_gamma, d_beta] {
+                    out.push(cube_values_of::<1>(t));
+                }
+                (out, layouts)
+            };
+            let (last, layouts) = run(cube(x.clone()), cube(g.clone()));
+            let case = format!("[{n}, {c}, {h}, {w}] act={act}");
+            let (again, _) = run(cube(x.clone()), cube(g.clone()));
+            assert_eq!(last, again, "{case}: two runs differ");
+            let (nchw_grad, _) = run(cube(x.clone()), nchw(&g));
+            assert_eq!(
+                last, nchw_grad,
+                "{case}: the gradient's layout changed bits"
+            );
+            let (plain, plain_layouts) = run(nchw(&x), nchw(&g));
+            for s in layouts.iter().chain(&plain_layouts) {
+                assert!(s[3] == 1 && s[2] == w, "{case}: results not NCHW: {s:?}");
+            }
+            // Mean or variance: another order of the same sums.
+            assert!(
+                last[2] != plain[2] || last[3] != plain[3],
+                "{case}: the statistics equal the NCHW sums' bit for bit"
+            );
+            let names = [
+                "y",
+                "dx",
+                "mean",
+                "var",
+                "running mean",
+                "running var",
+                "dgamma",
+                "dbeta",
+            ];
+            let bound = [1e-5, 1e-4, 1e-5, 1e-5, 1e-5, 1e-5, 1e-4, 1e-4];
+            for k in 0..names.len() {
+                let e = rel_vec(&last[k], &plain[k]);
+                println!("{case}: {} off the NCHW path by {e}", names[k]);
+                assert!(e <= bound[k], "{case}: {} off by {e}", names[k]);
+                assert!(
+                    last[k].iter().all(|v| v.is_finite()),
+                    "{case}: {} not finite",
+                    names[k]
+                );
+            }
+        }
+    }
+}
+
 /// The im2col kernel gives the columns of the tensor operations it replaced bit for bit: odd
 /// sizes, padding, stride 2, dilation, 1×1, BF16 input and an NHWC-strided input.
 #[test]

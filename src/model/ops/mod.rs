@@ -32,6 +32,9 @@ pub mod depthwise;
 #[cfg(feature = "cuda")]
 #[path = "../../../kernels/batch_norm.rs"]
 mod fused_bn;
+#[cfg(feature = "cuda")]
+#[path = "../../../kernels/batch_norm_nhwc.rs"]
+mod fused_bn_nhwc;
 mod host;
 #[cfg(feature = "cuda")]
 #[path = "../../../kernels/im2col.rs"]
