@@ -26,6 +26,7 @@ use cubecl::prelude::*;
 use cubecl::{CubeCount, CubeDim, calculate_cube_count_elemwise};
 
 use super::fused_bn_nhwc as nhwc;
+use super::fused_bn_tiles as tiles;
 use super::tree::{UNITS, parts};
 
 /// Offset of the `j`-th value of channel `c` (`j` over N, H, W in that order) in a `[N, C, H, W]`
@@ -148,19 +149,19 @@ fn stats_final_kernel(
 
 /// Channel `c` of a `[C]` tensor, by its stride.
 #[cube]
-fn channel(t: &Tensor<f32>, c: usize) -> f32 {
+pub(super) fn channel(t: &Tensor<f32>, c: usize) -> f32 {
     let at = c * t.stride(0);
     t[at]
 }
 
 /// `1 / √(var[c] + ε)`: the one expression every kernel uses, so all see the same bits.
 #[cube]
-fn inv_std(var: &Tensor<f32>, c: usize, epsilon: f32) -> f32 {
+pub(super) fn inv_std(var: &Tensor<f32>, c: usize, epsilon: f32) -> f32 {
     1.0f32 / f32::sqrt(channel(var, c) + epsilon)
 }
 
 #[cube]
-fn sigmoid(z: f32) -> f32 {
+pub(super) fn sigmoid(z: f32) -> f32 {
     1.0f32 / (1.0f32 + f32::exp(-z))
 }
 
@@ -203,7 +204,7 @@ fn apply_kernel(
 
 /// `g_z` of one value: the incoming gradient through SiLU (when `act`) at `z`.
 #[cube]
-fn grad_z(g: f32, z: f32, #[comptime] act: bool) -> f32 {
+pub(super) fn grad_z(g: f32, z: f32, #[comptime] act: bool) -> f32 {
     if act {
         let s = sigmoid(z);
         g * (s * (1.0f32 + z * (1.0f32 - s)))
@@ -501,6 +502,10 @@ fn normalise(
     epsilon: f32,
     act: bool,
 ) {
+    if tiles::takes(&x, &[], out) {
+        tiles::normalise(x, mean, var, gamma, beta, out, epsilon, act);
+        return;
+    }
     let [n, c, h, w] = nchw(&x);
     let (count, dim) = elementwise(&x, n * c * h * w);
     let client = x.client.clone();
@@ -543,6 +548,22 @@ pub fn backward(
         grad_sums(&x, &grad, &mean, &var, &gamma, &beta, epsilon, act)
     };
     let dx = empty(&x, Shape::new([n, c, h, w]));
+    if tiles::takes(&x, &[&grad], &dx) {
+        tiles::grad_x(
+            x,
+            grad,
+            mean,
+            var,
+            gamma,
+            beta,
+            d_gamma.clone(),
+            d_beta.clone(),
+            &dx,
+            epsilon,
+            act,
+        );
+        return [dx, d_gamma, d_beta];
+    }
     let (count_all, dim_all) = elementwise(&x, n * c * h * w);
     let client = x.client.clone();
     // SAFETY: the kernel bounds its units by `x`'s shape and indexes every tensor by its strides.

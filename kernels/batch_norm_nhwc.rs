@@ -30,6 +30,7 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 use cubecl::{CubeCount, CubeDim};
 
+use super::fused_bn::{channel, grad_z, inv_std};
 use super::tree::UNITS;
 
 /// Values one unit takes at least, and the most chunks per channel.
@@ -261,18 +262,6 @@ fn load(t: &Tensor<f32>, c: usize, j: usize, pixel: usize, #[comptime] dense: bo
     t[at]
 }
 
-/// `g_z` of one value (`act`: the gradient through SiLU at `z`, as `batch_norm.rs`).
-#[cube]
-fn grad_z(g: f32, xhat: f32, ga: f32, be: f32, #[comptime] act: bool) -> f32 {
-    if act {
-        let z = xhat * ga + be;
-        let s = 1.0f32 / (1.0f32 + f32::exp(-z));
-        g * (s * (1.0f32 + z * (1.0f32 - s)))
-    } else {
-        g
-    }
-}
-
 /// Cube `(p, t)`, units `(lane, row)`: `Σ g_z` and `Σ g_z · x̂` of channel `t·lanes + lane` over
 /// chunk `p`'s pixels (as [`stats_partial_kernel`]), into `partial[(c·P + p)·2 ..]`. `x` is read
 /// as [`dense_channels_last`]; `grad` the same way when `grad_dense`, else by its four strides.
@@ -311,10 +300,10 @@ fn grad_partial_kernel(
     let mut sum_g = 0.0f32;
     let mut sum_gx = 0.0f32;
     if c < c_n {
-        let mu = mean[c * mean.stride(0)];
-        let is = 1.0f32 / f32::sqrt(var[c * var.stride(0)] + epsilon);
-        let ga = gamma[c * gamma.stride(0)];
-        let be = beta[c * beta.stride(0)];
+        let mu = channel(mean, c);
+        let is = inv_std(var, c, epsilon);
+        let ga = channel(gamma, c);
+        let be = channel(beta, c);
         let mut j = start + row;
         while j < end {
             let j1 = j + rows;
@@ -341,24 +330,24 @@ fn grad_partial_kernel(
                 g3 = load(grad, c, j3, g_pixel, grad_dense);
             }
             let h0 = (x0 - mu) * is;
-            let z0 = grad_z(g0, h0, ga, be, act);
+            let z0 = grad_z(g0, h0 * ga + be, act);
             sum_g += z0;
             sum_gx += z0 * h0;
             if j1 < end {
                 let h1 = (x1 - mu) * is;
-                let z1 = grad_z(g1, h1, ga, be, act);
+                let z1 = grad_z(g1, h1 * ga + be, act);
                 sum_g += z1;
                 sum_gx += z1 * h1;
             }
             if j2 < end {
                 let h2 = (x2 - mu) * is;
-                let z2 = grad_z(g2, h2, ga, be, act);
+                let z2 = grad_z(g2, h2 * ga + be, act);
                 sum_g += z2;
                 sum_gx += z2 * h2;
             }
             if j3 < end {
                 let h3 = (x3 - mu) * is;
-                let z3 = grad_z(g3, h3, ga, be, act);
+                let z3 = grad_z(g3, h3 * ga + be, act);
                 sum_g += z3;
                 sum_gx += z3 * h3;
             }

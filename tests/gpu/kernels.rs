@@ -400,11 +400,14 @@ fn fused_batch_norm_silu_matches_the_staged_operations_on_cuda() {
 /// BatchNorm, a dense channels-last input: the incoming gradient's own layout changes no bit of
 /// any result, two runs are equal, output and input gradient come out NCHW as for any input, and
 /// all of it matches the same values laid out NCHW (`batch_norm.rs`'s own sums) to rounding,
-/// with statistics whose low bits differ from those sums' (so the channels-last sums ran).
+/// with statistics whose low bits differ from those sums' (so the channels-last sums ran). The
+/// tile kernels (`kernels/batch_norm_tiles.rs`) give the NCHW kernels' bits: the input gradient
+/// for either gradient layout (the NCHW one takes `batch_norm.rs`'s kernel), and inference.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn channels_last_batch_norm_sums_match_nchw_on_cuda() {
     use super::{cube, cube_values, cube_values_of};
+    use burn::module::RunningState;
     use burn::tensor::TensorData;
     use burn_cubecl::CubeBackend;
     use burn_cubecl::tensor::CubeTensor;
@@ -419,15 +422,16 @@ fn channels_last_batch_norm_sums_match_nchw_on_cuda() {
             Tensor::<4>::random([n, h, w, c], Distribution::Normal(m, s), &d).permute([0, 3, 1, 2])
         };
         // The same values, contiguous NCHW.
-        let nchw = |t: &Tensor<4>| {
+        let nchw_tensor = |t: &Tensor<4>| {
             let v = t
                 .clone()
                 .into_data()
                 .convert::<f32>()
                 .try_into_vec::<f32>()
                 .unwrap();
-            cube(Tensor::<4>::from_data(TensorData::new(v, [n, c, h, w]), &d))
+            Tensor::<4>::from_data(TensorData::new(v, [n, c, h, w]), &d)
         };
+        let nchw = |t: &Tensor<4>| cube(nchw_tensor(t));
         let (x, g) = (nhwc(0.4, 1.7), nhwc(0.0, 0.3));
         let channel =
             |m: f64, s: f64| cube(Tensor::<1>::random([c], Distribution::Normal(m, s), &d));
@@ -501,6 +505,31 @@ fn channels_last_batch_norm_sums_match_nchw_on_cuda() {
                     names[k]
                 );
             }
+        }
+        // Inference: the same running statistics for both layouts, so the tile kernel
+        // (`batch_norm_tiles.rs`, channels-last in) gives the NCHW kernel's bits.
+        let mut bn = BatchNormConfig::new(c).with_epsilon(1e-3).init(&d);
+        let normal = |m: f64, s: f64| Tensor::<1>::random([c], Distribution::Normal(m, s), &d);
+        bn.gamma = Param::from_tensor(normal(1.0, 0.3));
+        bn.beta = Param::from_tensor(normal(0.0, 0.5));
+        bn.running_mean = RunningState::new(normal(0.2, 1.0));
+        bn.running_var = RunningState::new(normal(0.0, 1.0).abs() + 0.05);
+        let bits = |t: Tensor<4>| {
+            let v = t
+                .into_data()
+                .convert::<f32>()
+                .try_into_vec::<f32>()
+                .unwrap();
+            v.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+        };
+        for act in [true, false] {
+            let tiled = ops::batch_norm_act(&bn, x.clone(), act);
+            let plain = ops::batch_norm_act(&bn, nchw_tensor(&x), act);
+            assert_eq!(
+                bits(tiled),
+                bits(plain),
+                "[{n}, {c}, {h}, {w}] act={act}: inference bits differ between layouts"
+            );
         }
     }
 }

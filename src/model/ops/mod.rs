@@ -35,6 +35,9 @@ mod fused_bn;
 #[cfg(feature = "cuda")]
 #[path = "../../../kernels/batch_norm_nhwc.rs"]
 mod fused_bn_nhwc;
+#[cfg(feature = "cuda")]
+#[path = "../../../kernels/batch_norm_tiles.rs"]
+mod fused_bn_tiles;
 mod host;
 #[cfg(feature = "cuda")]
 #[path = "../../../kernels/im2col.rs"]

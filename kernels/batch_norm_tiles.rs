@@ -1,0 +1,238 @@
+//! The element-wise kernels of the fused BatchNorm + SiLU (`batch_norm.rs`) for a channels-last
+//! input and an NCHW output: normalise + affine + SiLU forward, the input gradient backward.
+//! `batch_norm.rs`'s kernels give each unit one value in NCHW order, so for a channels-last `x`
+//! every load of a warp is `C` floats apart, and each unit spends three divisions finding its
+//! value. Here a cube transposes a tile of 32 pixels × 32 channels through shared memory: it
+//! reads the tile along the channels (one line per pixel), writes it along the pixels (one line
+//! per channel), and finds its values with one division per unit. Every value is computed by
+//! the same expression as in `batch_norm.rs` (its helpers), so the results are the same bits.
+
+// `#[cube]` expands to `cubecl::…` paths.
+use burn::cubecl;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::prelude::*;
+use cubecl::{CubeCount, CubeDim};
+
+use super::fused_bn::{channel, grad_z, inv_std, sigmoid};
+use super::fused_bn_nhwc::dense_channels_last;
+
+/// Pixels and channels of a tile; a cube is `TILE × ROWS` units, each unit taking
+/// `TILE / ROWS` values of the tile each way.
+const TILE: usize = 32;
+const ROWS: usize = 8;
+/// A tile row in shared memory: one more than `TILE`, so the units of a warp reading a column
+/// hit 32 different banks.
+const PITCH: usize = TILE + 1;
+
+/// Whether the tile kernels take `x` (and, backward, `grad`) with output `out`: `x` as
+/// [`dense_channels_last`], `out` `[N, C, H, W]` with contiguous rows of `H·W` pixels.
+pub fn takes(x: &CubeTensor, others: &[&CubeTensor], out: &CubeTensor) -> bool {
+    let s = out.meta.strides();
+    let w = out.meta.shape()[3];
+    dense_channels_last(x)
+        && others.iter().all(|t| dense_channels_last(t))
+        && s[3] == 1
+        && s[2] == w
+}
+
+/// Writes tile `(pixel p0 + lane, channel c0 + row + r·ROWS)` from shared memory to `out` at
+/// `n·stride(0) + c·stride(1) + q` (`q` the pixel within its image).
+#[cube]
+fn store(tile: &Shared<[f32]>, out: &mut Tensor<f32>, p0: usize, c0: usize, m: usize) {
+    let lane = UNIT_POS_X as usize;
+    let row = UNIT_POS_Y as usize;
+    let hw = out.shape(2) * out.shape(3);
+    let c_n = out.shape(1);
+    let j = p0 + lane;
+    if j < m {
+        let n = j / hw;
+        let q = j % hw;
+        #[unroll]
+        for r in 0..TILE / ROWS {
+            let cl = row + r * ROWS;
+            let c = c0 + cl;
+            if c < c_n {
+                let at = n * out.stride(0) + c * out.stride(1) + q;
+                out[at] = tile[cl * PITCH + lane];
+            }
+        }
+    }
+}
+
+/// Cube `(pixel tile, channel tile)`: `z = (x − mean) · inv_std · γ + β`, then SiLU when `act`.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn apply_tile_kernel(
+    x: &Tensor<f32>,
+    mean: &Tensor<f32>,
+    var: &Tensor<f32>,
+    gamma: &Tensor<f32>,
+    beta: &Tensor<f32>,
+    out: &mut Tensor<f32>,
+    epsilon: f32,
+    #[comptime] act: bool,
+) {
+    let lane = UNIT_POS_X as usize;
+    let row = UNIT_POS_Y as usize;
+    let p0 = CUBE_POS_X as usize * TILE;
+    let c0 = CUBE_POS_Y as usize * TILE;
+    let m = x.shape(0) * x.shape(2) * x.shape(3);
+    let pixel = x.stride(3);
+    let mut tile = Shared::<[f32]>::new_slice(TILE * PITCH);
+    // Read: lanes along the channels, rows along the pixels.
+    let c = c0 + lane;
+    if c < x.shape(1) {
+        let mu = channel(mean, c);
+        let is = inv_std(var, c, epsilon);
+        let ga = channel(gamma, c);
+        let be = channel(beta, c);
+        #[unroll]
+        for r in 0..TILE / ROWS {
+            let pl = row + r * ROWS;
+            let j = p0 + pl;
+            if j < m {
+                let xv = x[j * pixel + c];
+                let xhat = (xv - mu) * is;
+                let z = xhat * ga + be;
+                let mut y = z;
+                if act {
+                    y = z * sigmoid(z);
+                }
+                tile[lane * PITCH + pl] = y;
+            }
+        }
+    }
+    sync_cube();
+    store(&tile, out, p0, c0, m);
+}
+
+/// Cube `(pixel tile, channel tile)`: `dx = γ · inv_std · (g_z − dβ / M − x̂ · dγ / M)`.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn grad_x_tile_kernel(
+    x: &Tensor<f32>,
+    grad: &Tensor<f32>,
+    mean: &Tensor<f32>,
+    var: &Tensor<f32>,
+    gamma: &Tensor<f32>,
+    beta: &Tensor<f32>,
+    d_gamma: &Tensor<f32>,
+    d_beta: &Tensor<f32>,
+    dx: &mut Tensor<f32>,
+    epsilon: f32,
+    #[comptime] act: bool,
+) {
+    let lane = UNIT_POS_X as usize;
+    let row = UNIT_POS_Y as usize;
+    let p0 = CUBE_POS_X as usize * TILE;
+    let c0 = CUBE_POS_Y as usize * TILE;
+    let m = x.shape(0) * x.shape(2) * x.shape(3);
+    let pixel = x.stride(3);
+    let g_pixel = grad.stride(3);
+    let count = f32::cast_from(m);
+    let mut tile = Shared::<[f32]>::new_slice(TILE * PITCH);
+    let c = c0 + lane;
+    if c < x.shape(1) {
+        let is = inv_std(var, c, epsilon);
+        let ga = channel(gamma, c);
+        let mu = channel(mean, c);
+        let be = channel(beta, c);
+        let mean_g = channel(d_beta, c) / count;
+        let mean_gx = channel(d_gamma, c) / count;
+        #[unroll]
+        for r in 0..TILE / ROWS {
+            let pl = row + r * ROWS;
+            let j = p0 + pl;
+            if j < m {
+                let xv = x[j * pixel + c];
+                let gv = grad[j * g_pixel + c];
+                let xhat = (xv - mu) * is;
+                let gz = grad_z(gv, xhat * ga + be, act);
+                tile[lane * PITCH + pl] = (ga * is) * ((gz - mean_g) - xhat * mean_gx);
+            }
+        }
+    }
+    sync_cube();
+    store(&tile, dx, p0, c0, m);
+}
+
+fn cubes(x: &CubeTensor) -> (CubeCount, CubeDim) {
+    let s = x.meta.shape();
+    let m = s[0] * s[2] * s[3];
+    (
+        CubeCount::Static(m.div_ceil(TILE) as u32, s[1].div_ceil(TILE) as u32, 1),
+        CubeDim::new_2d(TILE as u32, ROWS as u32),
+    )
+}
+
+/// `out = (x − mean) · inv_std · γ + β`, then SiLU when `act`, for `x` and `out` as [`takes`].
+#[allow(clippy::too_many_arguments)]
+pub fn normalise(
+    x: CubeTensor,
+    mean: CubeTensor,
+    var: CubeTensor,
+    gamma: CubeTensor,
+    beta: CubeTensor,
+    out: &CubeTensor,
+    epsilon: f32,
+    act: bool,
+) {
+    let (count, dim) = cubes(&x);
+    let client = x.client.clone();
+    // SAFETY: every read and write is bounded by the shapes (pixels below M, channels below C)
+    // and follows the strides [`takes`] checked.
+    unsafe {
+        apply_tile_kernel::launch_unchecked(
+            &client,
+            count,
+            dim,
+            x.into_tensor_arg(),
+            mean.into_tensor_arg(),
+            var.into_tensor_arg(),
+            gamma.into_tensor_arg(),
+            beta.into_tensor_arg(),
+            out.clone().into_tensor_arg(),
+            epsilon,
+            act,
+        );
+    }
+}
+
+/// The input gradient of the fused BatchNorm + SiLU into `dx`, for `x`, `grad` and `dx` as
+/// [`takes`].
+#[allow(clippy::too_many_arguments)]
+pub fn grad_x(
+    x: CubeTensor,
+    grad: CubeTensor,
+    mean: CubeTensor,
+    var: CubeTensor,
+    gamma: CubeTensor,
+    beta: CubeTensor,
+    d_gamma: CubeTensor,
+    d_beta: CubeTensor,
+    dx: &CubeTensor,
+    epsilon: f32,
+    act: bool,
+) {
+    let (count, dim) = cubes(&x);
+    let client = x.client.clone();
+    // SAFETY: as in `normalise`.
+    unsafe {
+        grad_x_tile_kernel::launch_unchecked(
+            &client,
+            count,
+            dim,
+            x.into_tensor_arg(),
+            grad.into_tensor_arg(),
+            mean.into_tensor_arg(),
+            var.into_tensor_arg(),
+            gamma.into_tensor_arg(),
+            beta.into_tensor_arg(),
+            d_gamma.into_tensor_arg(),
+            d_beta.into_tensor_arg(),
+            dx.clone().into_tensor_arg(),
+            epsilon,
+            act,
+        );
+    }
+}
