@@ -11,6 +11,8 @@ use burnpose::model::{Scale, Task, YoloConfig};
 use burnpose::train::Trainer;
 use std::path::Path;
 
+#[path = "gpu/batch_norm.rs"]
+mod batch_norm;
 #[path = "gpu/depthwise.rs"]
 mod depthwise;
 #[path = "gpu/kernels.rs"]

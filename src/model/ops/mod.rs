@@ -36,6 +36,9 @@ mod fused_bn;
 #[path = "../../../kernels/batch_norm_nhwc.rs"]
 mod fused_bn_nhwc;
 #[cfg(feature = "cuda")]
+#[path = "../../../kernels/batch_norm_sums.rs"]
+mod fused_bn_sums;
+#[cfg(feature = "cuda")]
 #[path = "../../../kernels/batch_norm_tiles.rs"]
 mod fused_bn_tiles;
 mod host;
