@@ -24,13 +24,13 @@
 
 // `#[cube]` expands to `cubecl::…` paths.
 use burn::cubecl;
-use burn::tensor::{DType, Shape};
-use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
+use burn::tensor::Shape;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 use cubecl::{CubeCount, CubeDim};
 
-use super::fused_bn::{channel, grad_z, inv_std};
+use super::fused_bn::{channel, empty, grad_z, inv_std};
+use super::fused_bn_sums::offset;
 use super::tree::UNITS;
 
 /// Values one unit takes at least, and the most chunks per channel.
@@ -233,22 +233,13 @@ fn stats_final_kernel(
         mean[at_mean] = mu;
         var[at_var] = v;
         let keep = 1.0f32 - momentum;
-        let old_mean = running_mean[c * running_mean.stride(0)];
-        let old_var = running_var[c * running_var.stride(0)];
+        let old_mean = channel(running_mean, c);
+        let old_var = channel(running_var, c);
         let at_new_mean = c * new_mean.stride(0);
         let at_new_var = c * new_var.stride(0);
         new_mean[at_new_mean] = old_mean * keep + mu * momentum;
         new_var[at_new_var] = old_var * keep + v * momentum;
     }
-}
-
-/// Offset of pixel `j`'s channel `c` in a `[N, C, H, W]` tensor by its four strides.
-#[cube]
-fn offset(t: &Tensor<f32>, c: usize, j: usize) -> usize {
-    let w = t.shape(3);
-    let hw = t.shape(2) * w;
-    let r = j % hw;
-    (j / hw) * t.stride(0) + c * t.stride(1) + (r / w) * t.stride(2) + (r % w) * t.stride(3)
 }
 
 /// Pixel `j`'s channel `c` of `t`: at `j · pixel + c` when `dense` ([`dense_channels_last`]),
@@ -423,15 +414,6 @@ fn grad_final_kernel(
     }
 }
 
-fn empty(like: &CubeTensor, len: usize) -> CubeTensor {
-    empty_device_contiguous_dtype(
-        like.client.clone(),
-        like.device.clone(),
-        Shape::new([len]),
-        DType::F32,
-    )
-}
-
 fn merge_cubes(c: usize) -> (CubeCount, CubeDim) {
     (
         CubeCount::Static(c.div_ceil(MERGE_CHANNELS) as u32, 1, 1),
@@ -449,8 +431,8 @@ pub fn statistics(
     let s = x.meta.shape();
     let (n, c, h, w) = (s[0], s[1], s[2], s[3]);
     let (lanes, rows, tiles, parts) = split(n * h * w, c);
-    let partial = empty(x, c * parts * 3);
-    let [mean, var, new_mean, new_var] = [(); 4].map(|_| empty(x, c));
+    let partial = empty(x, Shape::new([c * parts * 3]));
+    let [mean, var, new_mean, new_var] = [(); 4].map(|_| empty(x, Shape::new([c])));
     let (count, dim) = merge_cubes(c);
     let client = x.client.clone();
     // SAFETY: units with a channel beyond C only take part in the trees; every read is bounded
@@ -500,8 +482,8 @@ pub fn grad_sums(
     let s = x.meta.shape();
     let (n, c, h, w) = (s[0], s[1], s[2], s[3]);
     let (lanes, rows, tiles, parts) = split(n * h * w, c);
-    let partial = empty(x, c * parts * 2);
-    let (d_gamma, d_beta) = (empty(x, c), empty(x, c));
+    let partial = empty(x, Shape::new([c * parts * 2]));
+    let (d_gamma, d_beta) = (empty(x, Shape::new([c])), empty(x, Shape::new([c])));
     let (count, dim) = merge_cubes(c);
     let grad_dense = dense_channels_last(grad);
     let client = x.client.clone();

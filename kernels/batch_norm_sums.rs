@@ -21,7 +21,7 @@ use super::tree::{UNITS, parts};
 /// Offset of the `j`-th value of channel `c` (`j` over N, H, W in that order) in a `[N, C, H, W]`
 /// tensor with the given strides.
 #[cube]
-fn offset(t: &Tensor<f32>, c: usize, j: usize) -> usize {
+pub(super) fn offset(t: &Tensor<f32>, c: usize, j: usize) -> usize {
     let w = t.shape(3);
     let hw = t.shape(2) * w;
     let n = j / hw;
