@@ -3,11 +3,14 @@
 //! made loss values and — through the clipping norm — model states differ between identical GPU
 //! runs at 640 px (docs/perf_log.md, 2026-11-29). `sum_dim` uses the deterministic reduce routines.
 //!
-//! A `sum_dim` to one value is one row, and CubeCL reduces a row in one cube: a 1.6M-value sum
-//! took 11 ms on the H200 (docs/perf_log.md, launch census of 2026-12-01). Large sums therefore
-//! go in stages of many short rows, each stage spread over the GPU; the split depends on the size
-//! only, so the order of the additions, and the result, are the same every run.
+//! A sum to one value is one row, and one row is one cube's work on CUDA
+//! ([`row_sums`]; Burn's own `sum_dim` without autotune even gives a row to one unit: a
+//! 1.6M-value sum took 11 ms on the H200, docs/perf_log.md, launch census of 2026-12-01). Large
+//! sums therefore go in stages of many short rows, each stage spread over the GPU; the split
+//! depends on the size only, so the order of the additions, and the result, are the same every
+//! run.
 
+use crate::model::ops::row_sums;
 use burn::prelude::*;
 
 /// Values one stage sums per row at most; sums of at most this many are one row.
@@ -18,8 +21,8 @@ pub fn sum_all<const D: usize>(t: Tensor<D>) -> Tensor<1> {
     let n = t.shape().num_elements();
     let t = t.reshape([n]);
     match row_length(n) {
-        Some(row) => sum_all(t.reshape([n / row, row]).sum_dim(1)),
-        None => t.sum_dim(0),
+        Some(row) => sum_all(row_sums(t.reshape([n / row, row]))),
+        None => row_sums(t.reshape([1, n])).reshape([1]),
     }
 }
 
@@ -44,6 +47,19 @@ mod tests {
         assert_eq!(row_length(33_600), Some(960));
         // 1,000,003 is prime: one row.
         assert_eq!(row_length(1_000_003), None);
+    }
+
+    #[test]
+    fn a_staged_sum_passes_its_gradient_to_every_value() {
+        let d = Device::flex().autodiff();
+        // 3,214 = 2 · 1,607: no row length in 64..=1024, one row; 65,536: two stages.
+        for n in [3_214usize, 65_536] {
+            let x = Tensor::<1>::ones([n], &d).require_grad();
+            let grads = (sum_all(x.clone()) * 2.5).backward();
+            let g: Vec<f32> = x.grad(&grads).unwrap().into_data().try_to_vec().unwrap();
+            assert_eq!(g.len(), n);
+            assert!(g.iter().all(|&v| v == 2.5), "n = {n}");
+        }
     }
 
     #[test]

@@ -315,3 +315,96 @@ fn silu_matches_burns_on_cuda() {
         assert!(ey < 1e-6 && eg < 1e-5, "{name}: {ey} {eg}");
     }
 }
+
+/// `ops::row_sums` on CUDA (one cube per row, not Burn's one unit per row): each row within
+/// f32 rounding of its exact sum, the same bits on a second run, at row counts and lengths the
+/// step meets (one long row of 28,926 as the clipping norm's, lengths not a multiple of 4, a
+/// transposed input); its gradient the incoming row gradient along the row, bit for bit.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn row_sums_match_exact_sums_and_repeat_on_cuda() {
+    let d = cuda();
+    d.seed(31);
+    let cases: Vec<(&str, Tensor<2>)> = vec![
+        (
+            "1x28926",
+            Tensor::random([1, 28_926], Distribution::Normal(0.5, 2.0), &d),
+        ),
+        (
+            "1x1607",
+            Tensor::random([1, 1_607], Distribution::Normal(0.0, 1.0), &d),
+        ),
+        (
+            "34x859",
+            Tensor::random([34, 859], Distribution::Normal(0.0, 1.0), &d),
+        ),
+        (
+            "29x1024",
+            Tensor::random([29, 1_024], Distribution::Uniform(0.0, 1.0), &d),
+        ),
+        (
+            "1000x7",
+            Tensor::random([1_000, 7], Distribution::Normal(0.0, 1.0), &d),
+        ),
+        (
+            "6x3",
+            Tensor::random([6, 3], Distribution::Normal(0.0, 1.0), &d),
+        ),
+        (
+            "transposed 300x64",
+            Tensor::random([64, 300], Distribution::Normal(0.0, 1.0), &d).swap_dims(0, 1),
+        ),
+    ];
+    for (name, x) in cases {
+        let [r, c] = x.dims();
+        let host: Vec<f32> = x
+            .clone()
+            .into_data()
+            .convert::<f32>()
+            .try_into_vec()
+            .unwrap();
+        let ours = ops::row_sums(x.clone());
+        assert_eq!(ours.dims(), [r, 1], "{name}");
+        let got: Vec<f32> = ours.into_data().convert::<f32>().try_into_vec().unwrap();
+        let again: Vec<f32> = ops::row_sums(x.clone())
+            .into_data()
+            .convert::<f32>()
+            .try_into_vec()
+            .unwrap();
+        for (i, row) in host.chunks(c).enumerate() {
+            let exact: f64 = row.iter().map(|&v| v as f64).sum();
+            let mass: f64 = row.iter().map(|&v| (v as f64).abs()).sum();
+            let err = (got[i] as f64 - exact).abs();
+            assert!(
+                err <= 1e-6 * mass + 1e-30,
+                "{name} row {i}: {} vs exact {exact} (|x| sum {mass})",
+                got[i]
+            );
+            assert_eq!(
+                got[i].to_bits(),
+                again[i].to_bits(),
+                "{name} row {i}: runs differ"
+            );
+        }
+        // The gradient: row i's incoming gradient along the whole row.
+        let da = d.clone().autodiff();
+        let xa = Tensor::<2>::from_data(x.into_data(), &da).require_grad();
+        let probe = Tensor::<2>::random([r, 1], Distribution::Normal(0.0, 1.0), &da);
+        let grads = (ops::row_sums(xa.clone()) * probe.clone()).sum().backward();
+        let g: Vec<f32> = xa
+            .grad(&grads)
+            .unwrap()
+            .into_data()
+            .convert::<f32>()
+            .try_into_vec()
+            .unwrap();
+        let p: Vec<f32> = probe.into_data().convert::<f32>().try_into_vec().unwrap();
+        for (i, row) in g.chunks(c).enumerate() {
+            assert!(
+                row.iter().all(|v| v.to_bits() == p[i].to_bits()),
+                "{name} gradient row {i}"
+            );
+        }
+        println!("row_sums {name}: within 1e-6 of the exact sums, two runs equal");
+    }
+}

@@ -10,7 +10,7 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::ops::ConvOptions;
 use burn::backend::tensor::FloatTensor;
-use burn::backend::{Autodiff, AutodiffBackend, Backend};
+use burn::backend::{Autodiff, AutodiffBackend, Backend, Shape, TensorMetadata};
 use burn::tensor::FloatDType;
 
 #[derive(Debug)]
@@ -145,6 +145,23 @@ impl<B: Backend + FastOps> Backward<B, 2> for BiasOp {
         }
         if let Some(node) = node_y {
             grads.register::<B>(node.id, grad);
+        }
+    }
+}
+
+/// [`FastOps::row_sums`]: each row's gradient is its sum's, broadcast along the row (Burn's
+/// `sum_dim` multiplies it by ones: the same values, two launches more).
+#[derive(Debug)]
+struct RowSumsOp;
+
+impl<B: Backend + FastOps> Backward<B, 1> for RowSumsOp {
+    type State = Shape;
+
+    fn backward(self, ops: Ops<Shape, 1>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
+        let [node_x] = ops.parents;
+        let grad = grads.consume::<B>(&ops.node);
+        if let Some(node) = node_x {
+            grads.register::<B>(node.id, B::float_expand(grad, ops.state));
         }
     }
 }
@@ -292,6 +309,19 @@ impl<B: Backend + FastOps, C: CheckpointStrategy> FastOps for Autodiff<B, C> {
     }
     fn channel_sums(_x: FloatTensor<Self>) -> FloatTensor<Self> {
         panic!("channel_sums is first-order only")
+    }
+    fn row_sums(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        match RowSumsOp
+            .prepare::<C>([x.node()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let shape = x.primitive().shape();
+                prep.finish(shape, B::row_sums(x.into_primitive()))
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::row_sums(x.into_primitive())),
+        }
     }
     fn conv_in_x_backward(
         _x: FloatTensor<Self>,

@@ -142,6 +142,9 @@ impl FastOps for burn_cubecl::CubeBackend {
         let d = x.dtype;
         cast(channels::channel_sums(cast(x, F32)), d)
     }
+    fn row_sums(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        cube_row_sums(x)
+    }
     fn conv_in_x_backward(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,
@@ -151,6 +154,33 @@ impl FastOps for burn_cubecl::CubeBackend {
     ) -> FloatTensor<Self> {
         conv::gemm::x_backward_in(x, weight, grad, options, dtype)
     }
+}
+
+/// Each row of `[R, C]` `x` summed by one cube (cubek's cube routine: a fixed stride per unit,
+/// then a fixed tree through planes and shared memory, no atomics, so the same bits every run).
+/// Burn's `sum_dim` without autotune takes the unit routine, one unit walking a whole row.
+fn cube_row_sums(x: CubeTensor) -> CubeTensor {
+    use burn_cubecl::kernel::reduce::{KernelReduceStrategy, reduce_dim};
+    use cubek::reduce::components::instructions::ReduceOperationConfig;
+    use cubek::reduce::launch::{ReduceStrategy, RoutineStrategy, VectorizationStrategy};
+    use cubek::reduce::routines::{BlueprintStrategy, cube::CubeStrategy};
+    let strategy = ReduceStrategy {
+        routine: RoutineStrategy::Cube(BlueprintStrategy::Inferred(CubeStrategy {
+            use_planes: true,
+        })),
+        vectorization: VectorizationStrategy {
+            parallel_output_vectorization: false,
+        },
+        autotune_level: Default::default(),
+    };
+    reduce_dim(
+        x,
+        None,
+        1,
+        KernelReduceStrategy::Specific(strategy),
+        ReduceOperationConfig::Sum,
+    )
+    .expect("a sum along a row of a 2-D CUDA tensor is a valid reduction")
 }
 
 /// BatchNorm inference with the running statistics, then SiLU when `act`, as one kernel
