@@ -38,7 +38,8 @@ fn cuda() -> Device {
         .0
 }
 
-fn values(t: Tensor<3>) -> Vec<f32> {
+/// `t`'s values read back as FP32.
+fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
     t.into_data().convert::<f32>().try_into_vec().unwrap()
 }
 

@@ -1,7 +1,7 @@
 //! Our convolution and BatchNorm-training operations (`model::ops`) against Burn's on CUDA:
 //! values and gradients, plus the time of one forward+backward of each (median of 5, alternating).
 
-use super::cuda;
+use super::{cuda, values};
 use burn::module::Param;
 use burn::nn::PaddingConfig2d;
 use burn::nn::conv::{Conv2d, Conv2dConfig};
@@ -357,20 +357,11 @@ fn row_sums_match_exact_sums_and_repeat_on_cuda() {
     ];
     for (name, x) in cases {
         let [r, c] = x.dims();
-        let host: Vec<f32> = x
-            .clone()
-            .into_data()
-            .convert::<f32>()
-            .try_into_vec()
-            .unwrap();
+        let host = values(x.clone());
         let ours = ops::row_sums(x.clone());
         assert_eq!(ours.dims(), [r, 1], "{name}");
-        let got: Vec<f32> = ours.into_data().convert::<f32>().try_into_vec().unwrap();
-        let again: Vec<f32> = ops::row_sums(x.clone())
-            .into_data()
-            .convert::<f32>()
-            .try_into_vec()
-            .unwrap();
+        let got = values(ours);
+        let again = values(ops::row_sums(x.clone()));
         for (i, row) in host.chunks(c).enumerate() {
             let exact: f64 = row.iter().map(|&v| v as f64).sum();
             let mass: f64 = row.iter().map(|&v| (v as f64).abs()).sum();
@@ -391,14 +382,8 @@ fn row_sums_match_exact_sums_and_repeat_on_cuda() {
         let xa = Tensor::<2>::from_data(x.into_data(), &da).require_grad();
         let probe = Tensor::<2>::random([r, 1], Distribution::Normal(0.0, 1.0), &da);
         let grads = (ops::row_sums(xa.clone()) * probe.clone()).sum().backward();
-        let g: Vec<f32> = xa
-            .grad(&grads)
-            .unwrap()
-            .into_data()
-            .convert::<f32>()
-            .try_into_vec()
-            .unwrap();
-        let p: Vec<f32> = probe.into_data().convert::<f32>().try_into_vec().unwrap();
+        let g = values(xa.grad(&grads).unwrap());
+        let p = values(probe);
         for (i, row) in g.chunks(c).enumerate() {
             assert!(
                 row.iter().all(|v| v.to_bits() == p[i].to_bits()),
