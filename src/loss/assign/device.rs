@@ -20,6 +20,13 @@ use burn::tensor::kind::Basic;
 use burn::tensor::{Bool, Int};
 use std::f32::consts::PI;
 
+#[cfg(feature = "cuda")]
+#[path = "../../../kernels/top_k.rs"]
+pub mod top_k;
+#[cfg(feature = "cuda")]
+#[path = "../../../kernels/oks.rs"]
+pub mod kernel_oks;
+
 /// The anchors of one input size as `[1, 1, A]` tensors: cell centres in grid units and strides,
 /// and the anchors' indices.
 #[derive(Clone, Debug)]
@@ -185,7 +192,12 @@ pub(crate) fn ciou(a: [Tensor<3>; 4], b: [Tensor<3>; 4]) -> Tensor<3> {
 /// [`super::super::geometry::oks`] of every predicted pose (`px`, `py`: `[B, K, A]`) against
 /// every object's keypoints (`[B, N, K, 3]`) with area `area` (`[B, N, 1]`), keypoint by
 /// keypoint in order as the host sums.
+/// On CUDA one launch of ours (`kernels/oks.rs`, the same formula).
 fn oks(px: Tensor<3>, py: Tensor<3>, gt: Tensor<4>, area: Tensor<3>, sigmas: &[f32]) -> Tensor<3> {
+    #[cfg(feature = "cuda")]
+    if let Some(o) = oks_on_cuda(&px, &py, &gt, &area, sigmas) {
+        return o;
+    }
     let [b, n, _, _] = gt.dims();
     let a = px.dims()[2];
     let mut sum = Tensor::<3>::zeros([b, n, a], &px.device());
@@ -202,6 +214,62 @@ fn oks(px: Tensor<3>, py: Tensor<3>, gt: Tensor<4>, area: Tensor<3>, sigmas: &[f
         visible = visible.clone().mask_where(seen, visible + 1.0);
     }
     sum / (visible + 1e-7)
+}
+
+/// [`oks`] by `kernels/oks.rs`, or `None` off CUDA or for inputs not in FP32. The inputs carry no
+/// gradient (the assignment's); the result comes back on the inputs' device kind.
+#[cfg(feature = "cuda")]
+fn oks_on_cuda(
+    px: &Tensor<3>,
+    py: &Tensor<3>,
+    gt: &Tensor<4>,
+    area: &Tensor<3>,
+    sigmas: &[f32],
+) -> Option<Tensor<3>> {
+    // `8·σ²` as the tensor operations' scalar: f32, `(8·σ)·σ`.
+    let c: Vec<f32> = sigmas.iter().map(|&s| 8.0 * s * s).collect();
+    let c = Tensor::<1>::from_floats(c.as_slice(), &px.device());
+    let out = kernel_oks::oks(
+        cuda_f32(px)?,
+        cuda_f32(py)?,
+        cuda_f32(gt)?,
+        cuda_f32(area)?,
+        cuda_f32(&c)?,
+    );
+    Some(on_kind_of(out, px))
+}
+
+/// The FP32 CUDA tensor inside `t` (past any autodiff wrapper), or `None`.
+#[cfg(feature = "cuda")]
+fn cuda_f32<const D: usize>(t: &Tensor<D>) -> Option<burn_cubecl::tensor::CubeTensor> {
+    use burn::backend::{BackendTensor, DispatchTensorKind};
+    let t = t.clone().inner();
+    if t.dtype() != burn::tensor::DType::F32 {
+        return None;
+    }
+    match t.into_dispatch().kind {
+        DispatchTensorKind::Cube(BackendTensor::Float(c)) => Some(c),
+        _ => None,
+    }
+}
+
+/// A kernel's result `c` as a tensor on `like`'s device kind (autodiff or not), as the tensor
+/// operations it replaces would return it (and as `hsv_jitter` hands its result back).
+#[cfg(feature = "cuda")]
+fn on_kind_of<const D: usize, const E: usize>(
+    c: burn_cubecl::tensor::CubeTensor,
+    like: &Tensor<E>,
+) -> Tensor<D> {
+    use burn::backend::{BackendTensor, DispatchTensor, DispatchTensorKind};
+    let t = Tensor::<D>::from_dispatch(DispatchTensor {
+        kind: DispatchTensorKind::Cube(BackendTensor::Float(c)),
+        autodiff: Default::default(),
+    });
+    if like.is_autodiff() {
+        Tensor::from_inner(t)
+    } else {
+        t
+    }
 }
 
 /// Where along `dim` each row of `values` (no NaN) first holds its maximum, as a mask of the
@@ -281,7 +349,12 @@ pub(crate) fn prefix_sum_last(t: Tensor<2, Int>) -> Tensor<2, Int> {
 
 /// The `k` anchors of every `[B, N]` row of `values` (`[B, N, A]`, no NaN) with the largest
 /// values, ties to the lower anchor: `k` rounds of [`first_max`], each taking its anchor out.
+/// On CUDA the same rounds are one launch of ours (`kernels/top_k.rs`, the same mask).
 fn top_mask(values: Tensor<3>, k: usize, iota: &Tensor<3, Int>) -> Tensor<3, Bool> {
+    #[cfg(feature = "cuda")]
+    if let Some(mask) = top_mask_on_cuda(&values, k) {
+        return mask;
+    }
     let [b, n, a] = values.dims();
     let iota = iota.clone().expand([b, n, a]);
     let mut values = values;
@@ -292,6 +365,14 @@ fn top_mask(values: Tensor<3>, k: usize, iota: &Tensor<3, Int>) -> Tensor<3, Boo
         values = values.mask_fill(hit, f32::NEG_INFINITY);
     }
     chosen
+}
+
+/// [`top_mask`] by `kernels/top_k.rs`, or `None` off CUDA or for values not in FP32 (detached:
+/// the assignment takes no gradient).
+#[cfg(feature = "cuda")]
+fn top_mask_on_cuda(values: &Tensor<3>, k: usize) -> Option<Tensor<3, Bool>> {
+    let mask = top_k::top_k_mask(cuda_f32(values)?, k);
+    Some(on_kind_of::<3, 3>(mask, values).equal_elem(1.0))
 }
 
 /// The assignment of every image of a batch from one branch copy's raw outputs (detached here),
