@@ -10,7 +10,7 @@ use burn::tensor::DType;
 pub(super) const ALIGN: usize = 128;
 
 /// The room a segment of `n` values takes: `n` rounded up to a multiple of [`ALIGN`].
-pub(super) fn padded(n: usize) -> usize {
+pub(crate) fn padded(n: usize) -> usize {
     n.div_ceil(ALIGN) * ALIGN
 }
 

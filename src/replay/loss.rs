@@ -12,7 +12,8 @@
 //! into one small buffer, read back once per step: which outputs the loss reached is decided on
 //! the host from those counts, outside the graph, as the native device path decides it.
 
-use super::recorder::{Graph, RecordError, copy_of, gather_into, in_use, refresh, replay, write};
+use super::recorder::{Graph, RecordError, copy_of, gather_into, in_use, replay, write};
+use super::sources::Sources;
 use super::stage::outputs_of;
 use crate::data::Instance;
 use crate::loss::assign::device::ObjectSlots;
@@ -25,7 +26,6 @@ use crate::optim::tensors::{float_tensors, replace_float_tensors};
 use burn::backend::{Backend, Dispatch};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
-use burn_cubecl::tensor::CubeTensor;
 use std::collections::HashMap;
 
 /// Eager runs of the loss and its backward before recording: they settle every allocation the
@@ -60,10 +60,8 @@ pub struct LossGraph {
     scale: Option<Tensor<1>>,
     /// The anchors and keypoint rows the graph reads.
     _constants: LossConstants,
-    /// `(path, static buffer)` of every float tensor of the private flow copy, and the
-    /// trainer's tensor each buffer now equals (held, so it cannot be updated in place).
-    flow_sources: Vec<(String, Tensor<1>)>,
-    written: Vec<Option<CubeTensor>>,
+    /// The static buffers of every float tensor of the private flow copy.
+    flow_sources: Sources,
     /// `[RESULTS]`: the loss, the items, the counts.
     results: Tensor<1>,
     flow_params: Vec<ParamInfo>,
@@ -196,8 +194,7 @@ impl LossGraph {
             weight,
             scale,
             _constants: constants,
-            written: vec![None; flow_sources.len()],
-            flow_sources,
+            flow_sources: Sources::separate(flow_sources),
             results,
             flow_params,
             flow_layout,
@@ -231,7 +228,7 @@ impl LossGraph {
             write(Tensor::<1>::from_floats([s], &inner), buffer);
         }
         if let Some(f) = flow {
-            refresh(&self.flow_sources, &mut self.written, f, false);
+            self.flow_sources.refresh(f, false);
         }
         replay(device, &self.graph);
         let v: Vec<f32> = self

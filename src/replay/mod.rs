@@ -14,5 +14,7 @@ pub(crate) mod copy;
 pub mod loss;
 #[cfg(feature = "cuda")]
 pub mod recorder;
+#[cfg(feature = "cuda")]
+mod sources;
 
 pub use stage::{Scope, Stage, StageOutputs};

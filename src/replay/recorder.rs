@@ -4,7 +4,7 @@
 //!
 //! The graphs run on a private copy of the stage whose tensors are static buffers.
 //! Before each forward replay the trainer's current parameters and BatchNorm running statistics
-//! are copied into them (so the graph always sees the new weights, and warm-up or recording runs
+//! are copied into them (`sources`: after a flat optimizer step the parameters in one copy) (so the graph always sees the new weights, and warm-up or recording runs
 //! never touch the trainer's state); after it the updated running statistics are copied back.
 //! A tensor the trainer still holds from the previous replay is not copied again: between
 //! optimizer steps the parameters do not change, and the forward graph itself writes the new
@@ -18,6 +18,7 @@
 pub use super::control::Control;
 use super::copy::{copy_into, duplicate};
 use super::loss::{LossGraph, RecordedLoss};
+use super::sources::{Sources, private_copies};
 use super::tape::{leaf, seeded_root};
 use crate::config::Scope;
 use crate::data::Instance;
@@ -66,12 +67,8 @@ struct Recorded {
     /// recording step, which would stay allocated after the optimizer replaced them.
     net: Option<Yolo>,
     input: Tensor<4>,
-    /// `(path, static buffer)` of every parameter and of the running statistics the recorded
-    /// forward reads.
-    sources: Vec<(String, Tensor<1>)>,
-    /// Per source, the trainer's tensor its buffer now equals. Held, so that its buffer cannot
-    /// be updated in place (CubeCL mutates only buffers with one owner) or reused.
-    written: Vec<Option<CubeTensor>>,
+    /// The static buffers of every parameter and running statistic the recorded forward reads.
+    sources: Sources,
     /// `(index in sources, buffer)` of the running statistics the recorded forward writes.
     updated: Vec<(usize, Tensor<1>)>,
     /// Where each of `updated` sits in `stats_flat`, the buffer the recorded forward gathers
@@ -127,36 +124,6 @@ pub(super) fn copy_of<const D: usize>(t: Tensor<D>) -> Tensor<D> {
 
 fn bytes_of<const D: usize>(t: &Tensor<D>) -> u64 {
     (t.shape().num_elements() * t.dtype().size()) as u64
-}
-
-/// Copies into each static buffer of `sources` (`(path, buffer)`) the tensor at that path of
-/// `module`, unless `written` says the buffer already equals it (the same allocation region,
-/// held there so it cannot change); `stale` (the `StaleSources` control) copies each only once.
-pub(super) fn refresh<M: burn::module::Module>(
-    sources: &[(String, Tensor<1>)],
-    written: &mut [Option<CubeTensor>],
-    module: &M,
-    stale: bool,
-) {
-    let current: HashMap<String, Tensor<1>> = float_tensors(&module.valid()).into_iter().collect();
-    for ((path, buffer), written) in sources.iter().zip(written) {
-        let now = cube(current[path].clone());
-        if (stale && written.is_some()) || written.as_ref().is_some_and(|w| same_tensor(w, &now)) {
-            continue;
-        }
-        copy_into(now.clone(), &cube(buffer.clone()));
-        *written = Some(now);
-    }
-}
-
-/// Whether `a` and `b` are the same region of the same allocation, with the same layout. CubeCL
-/// never gives an allocation's id to another, so while `a` is held this means equal values.
-pub(super) fn same_tensor(a: &CubeTensor, b: &CubeTensor) -> bool {
-    a.handle.memory.descriptor().id == b.handle.memory.descriptor().id
-        && a.handle.offset_start == b.handle.offset_start
-        && a.handle.offset_end == b.handle.offset_end
-        && a.meta == b.meta
-        && a.dtype == b.dtype
 }
 
 /// The memory pool's bytes in use on `device` (0 where it has no pool).
@@ -268,7 +235,7 @@ impl Recorder {
         vec![
             (
                 "parameters and statistics",
-                r.sources.iter().map(|(_, t)| bytes_of(t)).sum(),
+                r.sources.bytes(),
             ),
             ("input", bytes_of(&r.input)),
             ("outputs", sum(&r.outputs)),
@@ -322,12 +289,7 @@ impl Recorder {
             self.state = Some(r);
         }
         let r = self.state.as_mut().expect("recorded");
-        refresh(
-            &r.sources,
-            &mut r.written,
-            model,
-            self.control.stale_sources(),
-        );
+        r.sources.refresh(model, self.control.stale_sources());
         write(images, &r.input);
         replay(&self.device, &r.forward);
         let flat = copy_of(r.stats_flat.clone());
@@ -335,8 +297,8 @@ impl Recorder {
         for (k, (i, _)) in r.updated.iter().enumerate() {
             let view = r.stats_layout.view(&flat, k);
             // The graph has written the same values into the source buffer.
-            r.written[*i] = Some(cube(view.clone()));
-            stats.insert(r.sources[*i].0.clone(), Tensor::from_inner(view));
+            r.sources.written[*i] = Some(cube(view.clone()));
+            stats.insert(r.sources.buffers[*i].0.clone(), Tensor::from_inner(view));
         }
         let (updated, missing) = replace_float_tensors(model.clone(), &mut stats);
         assert!(
@@ -442,14 +404,15 @@ fn record(
     // A private copy with its own buffers and its own BatchNorm state (`valid()` detaches the
     // running statistics, which a plain clone would share), and the same parameter ids, so its
     // gradients key like the trainer's.
-    let net = {
+    // The parameters' copies are segments of one buffer (`sources::private_copies`).
+    let (net, shared) = {
         let net = model.valid().train();
-        let mut copies: HashMap<String, Tensor<1>> = float_tensors(&net.valid())
+        let recorded = float_tensors(&net.valid())
             .into_iter()
             .filter(|(p, _)| is_recorded(p, scope, control))
-            .map(|(p, t)| (p, copy_of(t)))
             .collect();
-        replace_float_tensors(net, &mut copies).0
+        let (mut copies, shared) = private_copies(&net, recorded, &inner);
+        (replace_float_tensors(net, &mut copies).0, shared)
     };
     let input = copy_of(images.inner());
     let run = |net: &Yolo| outputs(net, &input, scope, control);
@@ -538,6 +501,7 @@ fn record(
     for (i, t) in &updated {
         write(t.clone(), &sources[*i].1);
     }
+    let sources = Sources::with_shared(sources, shared);
     let forward = Dispatch::graph_stop_capture(dispatch).map_err(|e| err("forward capture", &e))?;
     growth.push(("forward graph", in_use(&inner)));
 
@@ -590,7 +554,6 @@ fn record(
         backward,
         net: control.skips_rollback().then_some(net),
         input,
-        written: vec![None; sources.len()],
         sources,
         updated,
         stats_layout,

@@ -1,0 +1,206 @@
+//! The static buffers a recorded graph reads the trainer's tensors from (parameters, BatchNorm
+//! running statistics, the flow's parameters), and their refresh before each replay.
+//!
+//! The flat optimizer hands the model's parameters back as views of one new buffer after every
+//! step (`optim::flat`), one segment per parameter in the parameter table's order
+//! (`optim::layout::Layout`). The recorded parameters' static buffers are segments of one buffer
+//! laid out by the same rule, so after an optimizer step the parameters of the stage are one run
+//! at the same distances there as here, and the refresh is one copy instead of one per tensor
+//! (428 copies and ~13 ms of host time per optimizer step on the nano pose model,
+//! docs/perf_log.md AK2). Whatever is not such a run (the first step's separate tensors, a
+//! checkpoint just loaded, MuSGD's per-tensor update, the running statistics) is copied tensor by
+//! tensor.
+
+use super::copy::copy_into;
+use super::recorder::{copy_of, cube, write};
+use crate::model::ops::{run, segment};
+use crate::optim::groups::param_table;
+use crate::optim::layout::{Layout, padded};
+use crate::optim::tensors::float_tensors;
+use burn::module::Module;
+use burn::prelude::*;
+use burn::tensor::DType;
+use burn_cubecl::tensor::CubeTensor;
+use std::collections::HashMap;
+
+/// The static buffers of one recorded graph set.
+pub(super) struct Sources {
+    /// `(path, static buffer)`.
+    pub(super) buffers: Vec<(String, Tensor<1>)>,
+    /// Per buffer, the trainer's tensor it now equals. Held, so that its buffer cannot be updated
+    /// in place (CubeCL mutates only buffers with one owner) or reused.
+    pub(super) written: Vec<Option<CubeTensor>>,
+    /// The parameters' buffers as segments of one.
+    params: Option<Segments>,
+}
+
+/// Buffers that are segments of `flat` at `layout`: segment `k` is buffer `members[k]`.
+struct Segments {
+    layout: Layout,
+    flat: Tensor<1>,
+    members: Vec<usize>,
+}
+
+/// The parameters' private copies as segments of one buffer: segment `k` is the parameter at
+/// `paths[k]`.
+pub(super) struct SharedParams {
+    layout: Layout,
+    flat: Tensor<1>,
+    paths: Vec<String>,
+}
+
+/// Private copies of `tensors` (`(path, tensor)` of `net`): the FP32 parameters among them as
+/// segments of one new buffer laid out as the flat optimizer lays out `net`'s parameter table,
+/// the rest each in its own buffer. Returns the copies by path and the shared buffer with its
+/// layout and paths, if any parameter went there.
+pub(super) fn private_copies<M: Module>(
+    net: &M,
+    tensors: Vec<(String, Tensor<1>)>,
+    device: &Device,
+) -> (HashMap<String, Tensor<1>>, Option<SharedParams>) {
+    let mut copies: HashMap<String, Tensor<1>> = tensors.into_iter().collect();
+    let params: Vec<(String, usize)> = param_table(net)
+        .into_iter()
+        .filter(|p| copies.get(&p.path).is_some_and(|t| t.dtype() == DType::F32))
+        .map(|p| {
+            let n = p.numel();
+            (p.path, n)
+        })
+        .collect();
+    let shared = (!params.is_empty()).then(|| {
+        let layout = Layout::new(params.iter().map(|(_, n)| *n).collect());
+        let flat = Tensor::<1>::zeros([layout.len], (device, DType::F32));
+        for (i, (path, _)) in params.iter().enumerate() {
+            let view = layout.view(&flat, i);
+            write(copies[path].clone(), &view);
+            copies.insert(path.clone(), view);
+        }
+        let paths = params.into_iter().map(|(p, _)| p).collect();
+        SharedParams {
+            layout,
+            flat,
+            paths,
+        }
+    });
+    for (path, t) in copies.iter_mut() {
+        if !shared.as_ref().is_some_and(|s| s.paths.contains(path)) {
+            *t = copy_of(t.clone());
+        }
+    }
+    (copies, shared)
+}
+
+impl Sources {
+    /// `buffers`, each refreshed on its own.
+    pub(super) fn separate(buffers: Vec<(String, Tensor<1>)>) -> Self {
+        Self {
+            written: vec![None; buffers.len()],
+            buffers,
+            params: None,
+        }
+    }
+
+    /// `buffers`, of which those at `shared`'s paths are its buffer's segments (from
+    /// [`private_copies`]).
+    pub(super) fn with_shared(
+        buffers: Vec<(String, Tensor<1>)>,
+        shared: Option<SharedParams>,
+    ) -> Self {
+        let mut s = Self::separate(buffers);
+        s.params = shared.map(|SharedParams { layout, flat, paths }| {
+            let index: HashMap<&str, usize> = s
+                .buffers
+                .iter()
+                .enumerate()
+                .map(|(i, (p, _))| (p.as_str(), i))
+                .collect();
+            let members = paths.iter().map(|p| index[p.as_str()]).collect();
+            Segments {
+                layout,
+                flat,
+                members,
+            }
+        });
+        s
+    }
+
+    /// Bytes of the static buffers.
+    pub(super) fn bytes(&self) -> u64 {
+        self.buffers
+            .iter()
+            .map(|(_, t)| (t.shape().num_elements() * t.dtype().size()) as u64)
+            .sum()
+    }
+
+    /// Copies into each static buffer the tensor at its path in `module`, unless `written` says
+    /// the buffer already equals it (the same allocation region, held there so it cannot
+    /// change); `stale` (the `StaleSources` control) copies each only once.
+    pub(super) fn refresh<M: Module>(&mut self, module: &M, stale: bool) {
+        let current: HashMap<String, Tensor<1>> =
+            float_tensors(&module.valid()).into_iter().collect();
+        let mut done = vec![false; self.buffers.len()];
+        if let Some(seg) = &self.params {
+            let parts: Vec<Option<Tensor<1>>> = seg
+                .members
+                .iter()
+                .map(|&b| current.get(&self.buffers[b].0).cloned())
+                .collect();
+            let (offsets, sizes) = (&seg.layout.offsets, &seg.layout.sizes);
+            let mut i = 0;
+            while i < parts.len() {
+                let Some((j, whole)) = run(&parts, offsets, sizes, i) else {
+                    i += 1;
+                    continue;
+                };
+                let members = &seg.members[i..j];
+                let now: Vec<CubeTensor> = parts[i..j]
+                    .iter()
+                    .map(|t| cube(t.clone().expect("a part of a run")))
+                    .collect();
+                let written = |b: usize| self.written[b].as_ref();
+                let fresh = members
+                    .iter()
+                    .zip(&now)
+                    .all(|(&b, n)| written(b).is_some_and(|w| same_tensor(w, n)));
+                let once = stale && members.iter().all(|&b| written(b).is_some());
+                if !fresh && !once {
+                    let start = offsets[i];
+                    let len = whole.dims()[0];
+                    let reach = offsets[j - 1] + padded(sizes[j - 1]) - start;
+                    copy_into(cube(whole), &cube(segment(seg.flat.clone(), start, len, reach)));
+                    for (&b, n) in members.iter().zip(now) {
+                        self.written[b] = Some(n);
+                    }
+                }
+                for &b in members {
+                    done[b] = true;
+                }
+                i = j;
+            }
+        }
+        for (((path, buffer), written), done) in
+            self.buffers.iter().zip(&mut self.written).zip(done)
+        {
+            if done {
+                continue;
+            }
+            let now = cube(current[path].clone());
+            if (stale && written.is_some()) || written.as_ref().is_some_and(|w| same_tensor(w, &now))
+            {
+                continue;
+            }
+            copy_into(now.clone(), &cube(buffer.clone()));
+            *written = Some(now);
+        }
+    }
+}
+
+/// Whether `a` and `b` are the same region of the same allocation, with the same layout. CubeCL
+/// never gives an allocation's id to another, so while `a` is held this means equal values.
+pub(super) fn same_tensor(a: &CubeTensor, b: &CubeTensor) -> bool {
+    a.handle.memory.descriptor().id == b.handle.memory.descriptor().id
+        && a.handle.offset_start == b.handle.offset_start
+        && a.handle.offset_end == b.handle.offset_end
+        && a.meta == b.meta
+        && a.dtype == b.dtype
+}
