@@ -233,10 +233,7 @@ impl Recorder {
             "gradients"
         };
         vec![
-            (
-                "parameters and statistics",
-                r.sources.bytes(),
-            ),
+            ("parameters and statistics", r.sources.bytes()),
             ("input", bytes_of(&r.input)),
             ("outputs", sum(&r.outputs)),
             (pool, bytes_of(&r.pool)),

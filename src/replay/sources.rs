@@ -107,20 +107,26 @@ impl Sources {
         shared: Option<SharedParams>,
     ) -> Self {
         let mut s = Self::separate(buffers);
-        s.params = shared.map(|SharedParams { layout, flat, paths }| {
-            let index: HashMap<&str, usize> = s
-                .buffers
-                .iter()
-                .enumerate()
-                .map(|(i, (p, _))| (p.as_str(), i))
-                .collect();
-            let members = paths.iter().map(|p| index[p.as_str()]).collect();
-            Segments {
-                layout,
-                flat,
-                members,
-            }
-        });
+        s.params = shared.map(
+            |SharedParams {
+                 layout,
+                 flat,
+                 paths,
+             }| {
+                let index: HashMap<&str, usize> = s
+                    .buffers
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (p, _))| (p.as_str(), i))
+                    .collect();
+                let members = paths.iter().map(|p| index[p.as_str()]).collect();
+                Segments {
+                    layout,
+                    flat,
+                    members,
+                }
+            },
+        );
         s
     }
 
@@ -167,7 +173,10 @@ impl Sources {
                     let start = offsets[i];
                     let len = whole.dims()[0];
                     let reach = offsets[j - 1] + padded(sizes[j - 1]) - start;
-                    copy_into(cube(whole), &cube(segment(seg.flat.clone(), start, len, reach)));
+                    copy_into(
+                        cube(whole),
+                        &cube(segment(seg.flat.clone(), start, len, reach)),
+                    );
                     for (&b, n) in members.iter().zip(now) {
                         self.written[b] = Some(n);
                     }
@@ -185,7 +194,8 @@ impl Sources {
                 continue;
             }
             let now = cube(current[path].clone());
-            if (stale && written.is_some()) || written.as_ref().is_some_and(|w| same_tensor(w, &now))
+            if (stale && written.is_some())
+                || written.as_ref().is_some_and(|w| same_tensor(w, &now))
             {
                 continue;
             }

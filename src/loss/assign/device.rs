@@ -21,11 +21,11 @@ use burn::tensor::{Bool, Int};
 use std::f32::consts::PI;
 
 #[cfg(feature = "cuda")]
-#[path = "../../../kernels/top_k.rs"]
-pub mod top_k;
-#[cfg(feature = "cuda")]
 #[path = "../../../kernels/oks.rs"]
 pub mod kernel_oks;
+#[cfg(feature = "cuda")]
+#[path = "../../../kernels/top_k.rs"]
+pub mod top_k;
 
 /// The anchors of one input size as `[1, 1, A]` tensors: cell centres in grid units and strides,
 /// and the anchors' indices.
