@@ -4,8 +4,9 @@
 //!
 //! The graphs run on a private copy of the stage whose tensors are static buffers.
 //! Before each forward replay the trainer's current parameters and BatchNorm running statistics
-//! are copied into them (`sources`: after a flat optimizer step the parameters in one copy) (so the graph always sees the new weights, and warm-up or recording runs
-//! never touch the trainer's state); after it the updated running statistics are copied back.
+//! are copied into them, so the graph always sees the new weights, and warm-up or recording runs
+//! never touch the trainer's state (`sources`: after a flat optimizer step the parameters go in
+//! one copy); after it the updated running statistics are copied back.
 //! A tensor the trainer still holds from the previous replay is not copied again: between
 //! optimizer steps the parameters do not change, and the forward graph itself writes the new
 //! running statistics into the buffers it reads next. The forward graph gathers the new running
@@ -26,12 +27,12 @@ use crate::loss::E2eLoss;
 use crate::loss::assign::device::ObjectSlots;
 use crate::model::Yolo;
 use crate::model::flow::RealNvp;
-use crate::model::ops::segment;
+use crate::model::ops::{from_cube, segment};
 use crate::optim::grads::{FlatGrads, get_flat};
 use crate::optim::groups::{ParamInfo, param_table};
 use crate::optim::layout::{Layout, f32_of};
 use crate::optim::tensors::{float_tensors, replace_float_tensors};
-use burn::backend::{Backend, BackendTensor, Dispatch, DispatchTensor, DispatchTensorKind};
+use burn::backend::{Backend, BackendTensor, Dispatch, DispatchTensorKind};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::DType;
@@ -107,13 +108,6 @@ pub(crate) fn cube<const D: usize>(t: Tensor<D>) -> CubeTensor {
     }
 }
 
-pub(super) fn from_cube<const D: usize>(c: CubeTensor) -> Tensor<D> {
-    Tensor::from_dispatch(DispatchTensor {
-        kind: DispatchTensorKind::Cube(BackendTensor::Float(c)),
-        autodiff: Default::default(),
-    })
-}
-
 pub(super) fn write<const D: usize>(src: Tensor<D>, dst: &Tensor<D>) {
     copy_into(cube(src), &cube(dst.clone()));
 }
@@ -122,7 +116,7 @@ pub(super) fn copy_of<const D: usize>(t: Tensor<D>) -> Tensor<D> {
     from_cube(duplicate(cube(t)))
 }
 
-fn bytes_of<const D: usize>(t: &Tensor<D>) -> u64 {
+pub(super) fn bytes_of<const D: usize>(t: &Tensor<D>) -> u64 {
     (t.shape().num_elements() * t.dtype().size()) as u64
 }
 

@@ -12,7 +12,7 @@
 //! tensor.
 
 use super::copy::copy_into;
-use super::recorder::{copy_of, cube, write};
+use super::recorder::{bytes_of, copy_of, cube, write};
 use crate::model::ops::{run, segment};
 use crate::optim::groups::param_table;
 use crate::optim::layout::{Layout, padded};
@@ -21,7 +21,7 @@ use burn::module::Module;
 use burn::prelude::*;
 use burn::tensor::DType;
 use burn_cubecl::tensor::CubeTensor;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 /// The static buffers of one recorded graph set.
 pub(super) struct Sources {
@@ -67,6 +67,12 @@ pub(super) fn private_copies<M: Module>(
             (p.path, n)
         })
         .collect();
+    let shared_paths: HashSet<&str> = params.iter().map(|(p, _)| p.as_str()).collect();
+    for (path, t) in copies.iter_mut() {
+        if !shared_paths.contains(path.as_str()) {
+            *t = copy_of(t.clone());
+        }
+    }
     let shared = (!params.is_empty()).then(|| {
         let layout = Layout::new(params.iter().map(|(_, n)| *n).collect());
         let flat = Tensor::<1>::zeros([layout.len], (device, DType::F32));
@@ -82,11 +88,6 @@ pub(super) fn private_copies<M: Module>(
             paths,
         }
     });
-    for (path, t) in copies.iter_mut() {
-        if !shared.as_ref().is_some_and(|s| s.paths.contains(path)) {
-            *t = copy_of(t.clone());
-        }
-    }
     (copies, shared)
 }
 
@@ -132,10 +133,7 @@ impl Sources {
 
     /// Bytes of the static buffers.
     pub(super) fn bytes(&self) -> u64 {
-        self.buffers
-            .iter()
-            .map(|(_, t)| (t.shape().num_elements() * t.dtype().size()) as u64)
-            .sum()
+        self.buffers.iter().map(|(_, t)| bytes_of(t)).sum()
     }
 
     /// Copies into each static buffer the tensor at its path in `module`, unless `written` says
@@ -163,13 +161,11 @@ impl Sources {
                     .iter()
                     .map(|t| cube(t.clone().expect("a part of a run")))
                     .collect();
-                let written = |b: usize| self.written[b].as_ref();
-                let fresh = members
+                let unchanged = members
                     .iter()
                     .zip(&now)
-                    .all(|(&b, n)| written(b).is_some_and(|w| same_tensor(w, n)));
-                let once = stale && members.iter().all(|&b| written(b).is_some());
-                if !fresh && !once {
+                    .all(|(&b, n)| up_to_date(self.written[b].as_ref(), n, stale));
+                if !unchanged {
                     let start = offsets[i];
                     let len = whole.dims()[0];
                     let reach = offsets[j - 1] + padded(sizes[j - 1]) - start;
@@ -194,15 +190,19 @@ impl Sources {
                 continue;
             }
             let now = cube(current[path].clone());
-            if (stale && written.is_some())
-                || written.as_ref().is_some_and(|w| same_tensor(w, &now))
-            {
+            if up_to_date(written.as_ref(), &now, stale) {
                 continue;
             }
             copy_into(now.clone(), &cube(buffer.clone()));
             *written = Some(now);
         }
     }
+}
+
+/// Whether a static buffer holding `written` needs no copy of the trainer's `now`: it holds the
+/// same tensor, or (`stale`, the `StaleSources` control) it was written once.
+fn up_to_date(written: Option<&CubeTensor>, now: &CubeTensor, stale: bool) -> bool {
+    (stale && written.is_some()) || written.is_some_and(|w| same_tensor(w, now))
 }
 
 /// Whether `a` and `b` are the same region of the same allocation, with the same layout. CubeCL

@@ -421,12 +421,7 @@ fn top_k_kernel_picks_the_rounds_picks_on_cuda() {
             [0..1, 0..1, 0..a],
             Tensor::full([1, 1, a], f32::NEG_INFINITY, &d),
         );
-        let host: Vec<f32> = x
-            .clone()
-            .into_data()
-            .convert::<f32>()
-            .try_into_vec()
-            .unwrap();
+        let host = values(x.clone());
         let input = if transposed {
             // The same values through a `[B, A, N]` buffer viewed as `[B, N, A]`.
             let mut t = vec![0.0f32; host.len()];
@@ -487,15 +482,8 @@ fn oks_kernel_matches_the_formula_on_cuda() {
     let gt = Tensor::cat(vec![xy, vis], 3);
     let area =
         Tensor::<3>::random([b, n, 2], Distribution::Uniform(10.0, 900.0), &d).narrow(2, 1, 1);
-    let host =
-        |t: Tensor<3>| -> Vec<f32> { t.into_data().convert::<f32>().try_into_vec().unwrap() };
-    let (hx, hy, ha) = (host(px.clone()), host(py.clone()), host(area.clone()));
-    let hg: Vec<f32> = gt
-        .clone()
-        .into_data()
-        .convert::<f32>()
-        .try_into_vec()
-        .unwrap();
+    let (hx, hy, ha) = (values(px.clone()), values(py.clone()), values(area.clone()));
+    let hg = values(gt.clone());
     let run = || {
         let ct = Tensor::<1>::from_floats(c.as_slice(), &d);
         super::cube_values_of::<3>(oks(

@@ -21,6 +21,8 @@ use burn::tensor::{Bool, Int};
 use std::f32::consts::PI;
 
 #[cfg(feature = "cuda")]
+use crate::model::ops::cuda_f32;
+#[cfg(feature = "cuda")]
 #[path = "../../../kernels/oks.rs"]
 pub mod kernel_oks;
 #[cfg(feature = "cuda")]
@@ -239,20 +241,6 @@ fn oks_on_cuda(
     Some(on_kind_of(out, px))
 }
 
-/// The FP32 CUDA tensor inside `t` (past any autodiff wrapper), or `None`.
-#[cfg(feature = "cuda")]
-fn cuda_f32<const D: usize>(t: &Tensor<D>) -> Option<burn_cubecl::tensor::CubeTensor> {
-    use burn::backend::{BackendTensor, DispatchTensorKind};
-    let t = t.clone().inner();
-    if t.dtype() != burn::tensor::DType::F32 {
-        return None;
-    }
-    match t.into_dispatch().kind {
-        DispatchTensorKind::Cube(BackendTensor::Float(c)) => Some(c),
-        _ => None,
-    }
-}
-
 /// A kernel's result `c` as a tensor on `like`'s device kind (autodiff or not), as the tensor
 /// operations it replaces would return it (and as `hsv_jitter` hands its result back).
 #[cfg(feature = "cuda")]
@@ -260,11 +248,7 @@ fn on_kind_of<const D: usize, const E: usize>(
     c: burn_cubecl::tensor::CubeTensor,
     like: &Tensor<E>,
 ) -> Tensor<D> {
-    use burn::backend::{BackendTensor, DispatchTensor, DispatchTensorKind};
-    let t = Tensor::<D>::from_dispatch(DispatchTensor {
-        kind: DispatchTensorKind::Cube(BackendTensor::Float(c)),
-        autodiff: Default::default(),
-    });
+    let t = crate::model::ops::from_cube::<D>(c);
     if like.is_autodiff() {
         Tensor::from_inner(t)
     } else {

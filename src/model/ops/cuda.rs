@@ -187,29 +187,32 @@ fn cube_row_sums(x: CubeTensor) -> CubeTensor {
 /// (`kernels/batch_norm.rs`), when `x` and the layer's tensors are FP32 CUDA tensors outside
 /// autodiff; `None` otherwise.
 pub fn bn_act_inference(bn: &burn::nn::BatchNorm, x: &Tensor<4>, act: bool) -> Option<Tensor<4>> {
-    fn cube<const D: usize>(t: Tensor<D>) -> Option<CubeTensor> {
-        match t.into_dispatch().kind {
-            DispatchTensorKind::Cube(BackendTensor::Float(c)) if c.dtype == F32 => Some(c),
-            _ => None,
-        }
-    }
     if x.device().is_autodiff() {
         return None;
     }
     let y = fused_bn::inference(
-        cube(x.clone())?,
-        cube(bn.gamma.val())?,
-        cube(bn.beta.val())?,
-        cube(bn.running_mean.value())?,
-        cube(bn.running_var.value())?,
+        cuda_f32(x)?,
+        cuda_f32(&bn.gamma.val())?,
+        cuda_f32(&bn.beta.val())?,
+        cuda_f32(&bn.running_mean.value())?,
+        cuda_f32(&bn.running_var.value())?,
         bn.epsilon as f32,
         act,
     );
-    Some(tensor(y))
+    Some(from_cube(y))
+}
+
+/// The FP32 CUDA tensor inside `t` (past any autodiff wrapper), or `None` for any other dtype
+/// or device.
+pub(crate) fn cuda_f32<const D: usize>(t: &Tensor<D>) -> Option<CubeTensor> {
+    match t.clone().inner().into_dispatch().kind {
+        DispatchTensorKind::Cube(BackendTensor::Float(c)) if c.dtype == F32 => Some(c),
+        _ => None,
+    }
 }
 
 /// `c` as a tensor of the (non-autodiff) CUDA device.
-fn tensor<const D: usize>(c: CubeTensor) -> Tensor<D> {
+pub(crate) fn from_cube<const D: usize>(c: CubeTensor) -> Tensor<D> {
     Tensor::from_dispatch(DispatchTensor {
         kind: DispatchTensorKind::Cube(BackendTensor::Float(c)),
         autodiff: Default::default(),
@@ -218,14 +221,7 @@ fn tensor<const D: usize>(c: CubeTensor) -> Tensor<D> {
 
 /// `x`'s CUDA tensor when it is a contiguous 1-D FP32 tensor on a CUDA device.
 fn contiguous_f32(x: &Tensor<1>) -> Option<CubeTensor> {
-    match x.clone().inner().into_dispatch().kind {
-        DispatchTensorKind::Cube(BackendTensor::Float(c))
-            if c.dtype == F32 && c.meta.strides()[0] == 1 =>
-        {
-            Some(c)
-        }
-        _ => None,
-    }
+    cuda_f32(x).filter(|c| c.meta.strides()[0] == 1)
 }
 
 /// See [`super::storage`].
@@ -278,5 +274,5 @@ pub fn run(
         first.device.clone(),
         F32,
     );
-    Some((j, tensor(view)))
+    Some((j, from_cube(view)))
 }

@@ -55,6 +55,8 @@ mod tree;
 pub mod wgrad;
 
 pub use conv::options as conv_options;
+#[cfg(feature = "cuda")]
+pub(crate) use cuda::{cuda_f32, from_cube};
 
 use burn::backend::ops::ConvOptions;
 use burn::backend::tensor::FloatTensor;
