@@ -53,8 +53,10 @@ pub mod gemm {
 
     /// [`super::super::FastOps::conv_in`]: FP32 `x` and `weight` convolved in `dtype`, the
     /// result in FP32. Without groups, both operands go channels-last, cast and zero-padded to
-    /// [`padded`] channels in one launch each, and the result is cropped and cast back in one;
-    /// grouped convolutions run Burn's direct kernel on cast operands.
+    /// [`padded`] channels in one launch each; the GEMM accumulates in FP32 and, where the output
+    /// channels need no padding, writes FP32 itself (no cast launch, no BF16 rounding of the
+    /// result); otherwise its padded result is cropped and cast back in one launch. Grouped
+    /// convolutions run Burn's direct kernel on cast operands.
     pub fn forward_in(
         x: CubeTensor,
         weight: CubeTensor,
@@ -67,9 +69,13 @@ pub mod gemm {
             let (n, ci, co) = (x.shape()[0], x.shape()[1], weight.shape()[0]);
             let xp = channels_last(x.clone(), n, padded(ci), d);
             let wp = channels_last(weight.clone(), padded(co), padded(ci), d);
-            let y = routine::forward(xp, wp, &options);
-            if let Ok(y) = y {
-                return channels_last(y, n, co, DType::F32);
+            let out = if co == padded(co) { DType::F32 } else { d };
+            if let Ok(y) = routine::forward(xp, wp, &options, out) {
+                return if out == DType::F32 {
+                    y
+                } else {
+                    channels_last(y, n, co, DType::F32)
+                };
             }
         }
         cast(forward(cast(x, d), cast(weight, d), options), DType::F32)
@@ -141,15 +147,20 @@ pub mod gemm {
             return depthwise::data_grad(grad, weight, shape, &options);
         }
         if options.groups == 1 && options.stride.iter().all(|&s| s == 1) {
-            // As in `forward_in`: operands channels-last, cast and padded; result cropped.
+            // As in `forward_in`: operands channels-last, cast and padded; the result in FP32
+            // straight from the GEMM or cropped and cast back.
             let d: DType = dtype.into();
             let (n, ci, co) = (shape[0], shape[1], weight.shape()[0]);
             let gp = channels_last(grad.clone(), n, padded(co), d);
             let wp = channels_last(weight.clone(), padded(co), padded(ci), d);
             let shape_p = Shape::new([n, padded(ci), shape[2], shape[3]]);
-            let dx = routine::data_grad(gp, wp, shape_p, &options);
-            if let Ok(dx) = dx {
-                return channels_last(dx, n, ci, DType::F32);
+            let out = if ci == padded(ci) { DType::F32 } else { d };
+            if let Ok(dx) = routine::data_grad(gp, wp, shape_p, &options, out) {
+                return if out == DType::F32 {
+                    dx
+                } else {
+                    channels_last(dx, n, ci, DType::F32)
+                };
             }
         }
         conv::conv_data_backward(grad, weight, shape, options, ConvStrategy::Direct)
@@ -190,7 +201,7 @@ pub mod gemm {
 pub mod routine {
     use burn::backend::ops::ConvOptions;
     use burn::backend::{DType, Shape};
-    use burn_cubecl::ops::numeric::empty_device_dtype;
+    use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
     use burn_cubecl::ops::{
         permute_nchw_to_nhwc, permute_nchw_to_nhwc_shape, permute_nhwc_to_nchw,
     };
@@ -277,11 +288,13 @@ pub mod routine {
     }
 
     /// The convolution of `[N, C, H, W]` `x` (channels-last strides) by `weight`, without bias
-    /// or groups, in `x`'s dtype.
+    /// or groups, in `x`'s dtype, accumulated in FP32 (reduced dtypes) and written as `out`
+    /// (`x`'s dtype or FP32), contiguous channels-last.
     pub fn forward(
         x: CubeTensor,
         weight: CubeTensor,
         options: &ConvOptions<2>,
+        out: DType,
     ) -> Result<CubeTensor, ConvSetupError> {
         if options.groups != 1 {
             return Err(ConvSetupError::Groups(options.groups));
@@ -298,14 +311,14 @@ pub mod routine {
                 options.dilation[i],
             )
         };
-        let out = empty_device_dtype(
+        let dtypes = elems(x.dtype, weight.dtype, out);
+        let out = empty_device_contiguous_dtype(
             x.client.clone(),
             x.device.clone(),
             Shape::new([xs[0], size(0), size(1), ws[0]]),
-            x.dtype,
+            out,
         );
         let client = x.client.clone();
-        let dtypes = elems(x.dtype, weight.dtype, x.dtype);
         launch_ref::<2>(
             &strategy(),
             &client,
@@ -322,25 +335,27 @@ pub mod routine {
     }
 
     /// The data gradient of a stride-1 convolution without groups: `grad` `[N, C_out, H, W]`
-    /// and `weight` with channels-last strides, the result `in_shape` in `grad`'s dtype.
+    /// and `weight` with channels-last strides, the result `in_shape` written as `out` (`grad`'s
+    /// dtype or FP32), contiguous channels-last.
     pub fn data_grad(
         grad: CubeTensor,
         weight: CubeTensor,
         in_shape: Shape,
         options: &ConvOptions<2>,
+        out: DType,
     ) -> Result<CubeTensor, ConvSetupError> {
         if options.groups != 1 || options.stride.iter().any(|&s| s != 1) {
             return Err(ConvSetupError::Groups(options.groups));
         }
         let (grad, weight) = (permute_nchw_to_nhwc(grad), permute_nchw_to_nhwc(weight));
-        let in_grad = empty_device_dtype(
+        let dtypes = elems(grad.dtype, weight.dtype, out);
+        let in_grad = empty_device_contiguous_dtype(
             grad.client.clone(),
             grad.device.clone(),
             permute_nchw_to_nhwc_shape(in_shape),
-            grad.dtype,
+            out,
         );
         let client = grad.client.clone();
-        let dtypes = elems(grad.dtype, weight.dtype, grad.dtype);
         launch_ref::<2>(
             &strategy(),
             &client,
