@@ -62,17 +62,85 @@ fn channel(t: &Tensor<3>, i: usize) -> Tensor<3> {
     t.clone().narrow(2, i, 1).reshape([b, 1, a])
 }
 
-/// The terms of one copy's outputs `out` given the batch's assignment `asg` of `objects`; the
-/// keypoint terms with the keypoints' constant `rows`, `rle` with the keypoint flow `flow`.
+/// The terms of each copy's outputs `copies[i].0` given the batch's assignment `copies[i].1` of
+/// `objects`; the keypoint terms with the keypoints' constant `rows`, `rle` with the keypoint
+/// flow `flow`. Every copy's RLE points go through the flow in one pass (side by side in each
+/// image's and keypoint's group), as the host loss does: each pass is 36 linear layers, 24 SiLUs
+/// and their gradients, a large share of the recorded loss's kernels.
 pub fn dense_terms(
+    copies: &[(&BranchOutput, &BatchAssignment)],
+    objects: &ObjectSlots,
+    anchors: &AnchorTensors,
+    imgsz: [usize; 2],
+    rows: Option<&KeypointRows>,
+    flow: Option<&RealNvp>,
+) -> Vec<DenseTerms> {
+    let parts: Vec<(DenseTerms, Option<RleRows>)> = copies
+        .iter()
+        .map(|(out, asg)| copy_terms(out, asg, objects, anchors, imgsz, rows, flow.is_some()))
+        .collect();
+    let (Some(flow), Some(rows)) = (flow, rows) else {
+        return parts.into_iter().map(|(t, _)| t).collect();
+    };
+    let groups: Vec<Tensor<3>> = parts
+        .iter()
+        .filter_map(|(_, r)| r.as_ref().map(|r| r.points.clone()))
+        .collect();
+    if groups.is_empty() {
+        return parts.into_iter().map(|(t, _)| t).collect();
+    }
+    let log_phi = flow.log_prob_grouped(Tensor::cat(groups, 1), &rows.flow_masks);
+    let mut at = 0;
+    parts
+        .into_iter()
+        .map(|(mut t, r)| {
+            if let Some(r) = r {
+                let [b, k, n] = r.dims;
+                let phi = log_phi.clone().narrow(1, at, n).reshape([b, k, n]);
+                at += n;
+                t.rle = r.finish(phi, &rows.rle);
+            }
+            t
+        })
+        .collect()
+}
+
+/// One copy's RLE rows before the flow: the points it evaluates and what the term adds to
+/// their log-density.
+struct RleRows {
+    /// `[B·K, R, 2]`: ε per point, grouped per image and keypoint.
+    points: Tensor<3>,
+    /// `[B, K, R]`: `log σ + log 2σ + |ε|` over both coordinates.
+    per: Tensor<3>,
+    /// `[B, K, R]`: the rows that count (in use, labelled).
+    counted: Tensor<3, Bool>,
+    /// `[1]`: the labelled keypoints among the positives, at least one.
+    labelled: Tensor<1>,
+    /// `[B, K, R]`.
+    dims: [usize; 3],
+}
+
+impl RleRows {
+    /// The term, given the flow's log-density `log_phi` (`[B, K, R]`) of the points and the RLE
+    /// weights per keypoint `weights` (`[1, K, 1]`).
+    fn finish(self, log_phi: Tensor<3>, weights: &Tensor<3>) -> Tensor<1> {
+        let l = (self.per - log_phi * 2.0) * weights.clone();
+        let zeros = Tensor::<3>::zeros(self.dims, &l.device());
+        (sum_all(zeros.mask_where(self.counted, l)) / self.labelled).clamp_min(0.0)
+    }
+}
+
+/// One copy's terms, the RLE term zero, and its rows for the flow where `with_flow` and the
+/// outputs have keypoint sigmas.
+fn copy_terms(
     out: &BranchOutput,
     asg: &BatchAssignment,
     objects: &ObjectSlots,
     anchors: &AnchorTensors,
     imgsz: [usize; 2],
     rows: Option<&KeypointRows>,
-    flow: Option<&RealNvp>,
-) -> DenseTerms {
+    with_flow: bool,
+) -> (DenseTerms, Option<RleRows>) {
     let [b, _, a] = out.scores.dims();
     let device = out.scores.device();
     let fg = asg.fg.clone().reshape([b, 1, a]);
@@ -125,7 +193,7 @@ pub fn dense_terms(
 
     let zero = || Tensor::<1>::zeros([1], &device);
     let (Some(kpts), Some(gk), Some(rows)) = (&out.kpts, &objects.keypoints, rows) else {
-        return DenseTerms {
+        let terms = DenseTerms {
             box_loss,
             pose: zero(),
             kobj: zero(),
@@ -135,6 +203,7 @@ pub fn dense_terms(
             positives,
             labelled: zero(),
         };
+        return (terms, None);
     };
     // OKS loss with the box area in grid units, averaged over the foreground's keypoints.
     let k = rows.sig2.dims()[1];
@@ -179,8 +248,8 @@ pub fn dense_terms(
     // foreground's labelled keypoints (none: zero). The flow runs on a fixed number of rows per
     // image, the assignment's bound on its positives: the foreground anchors in anchor order,
     // placed by a prefix sum over the mask (the rows past an image's positives are masked).
-    let rle = match (flow, &out.kpts_sigma) {
-        (Some(flow), Some(sigma_raw)) => {
+    let rle = match (with_flow, &out.kpts_sigma) {
+        (true, Some(sigma_raw)) => {
             let r = asg.max_positives.clamp(1, a);
             let fg_i = asg.fg.clone().int();
             let index = anchors.index.clone();
@@ -217,29 +286,30 @@ pub fn dense_terms(
                 ],
                 2,
             );
-            let log_phi = flow
-                .log_prob_grouped(points, &rows.flow_masks)
-                .reshape([b, k, r]);
             let per = |s: Tensor<3>, e: Tensor<3>| s.clone().log() + (s * 2.0).log() + e.abs();
-            let l = (per(sx, ex) + per(sy, ey) - log_phi * 2.0) * rows.rle.clone();
             // The rows in use hold foreground anchors: their labelled keypoints are counted.
             let counted = take(vis.clone()).greater_elem(0.5).bool_and(in_use);
-            let m = labelled.clone().clamp_min(1.0);
-            let zeros_r = Tensor::<3>::zeros([b, k, r], &device);
-            (sum_all(zeros_r.mask_where(counted, l)) / m).clamp_min(0.0)
+            Some(RleRows {
+                points,
+                per: per(sx, ex) + per(sy, ey),
+                counted,
+                labelled: labelled.clone().clamp_min(1.0),
+                dims: [b, k, r],
+            })
         }
-        _ => zero(),
+        _ => None,
     };
-    DenseTerms {
+    let terms = DenseTerms {
         box_loss,
         pose,
         kobj,
         cls,
         l1,
-        rle,
+        rle: zero(),
         positives,
         labelled,
-    }
+    };
+    (terms, rle)
 }
 
 #[cfg(test)]

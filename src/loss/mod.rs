@@ -222,14 +222,21 @@ impl E2eLoss {
     ) -> (LossOutput, Tensor<1>) {
         let anchors = &constants.anchors;
         let rows = constants.keypoints.as_ref();
-        let terms = |cfg: &AssignerConfig, o: &BranchOutput| {
-            let asg = assign_batch(cfg, anchors, o, objects, &self.sigmas);
-            dense_terms(o, &asg, objects, anchors, self.imgsz, rows, flow)
+        let assign = |cfg: &AssignerConfig, o: &BranchOutput| {
+            assign_batch(cfg, anchors, o, objects, &self.sigmas)
         };
-        let copies = [
-            terms(&self.one2many, &out.one2many),
-            terms(&self.one2one, &out.one2one),
-        ];
+        let (asg_o2m, asg_o2o) = (
+            assign(&self.one2many, &out.one2many),
+            assign(&self.one2one, &out.one2one),
+        );
+        let copies = dense_terms(
+            &[(&out.one2many, &asg_o2m), (&out.one2one, &asg_o2o)],
+            objects,
+            anchors,
+            self.imgsz,
+            rows,
+            flow,
+        );
         let counts = Tensor::cat(
             copies
                 .iter()

@@ -82,14 +82,14 @@ fn dense_terms_equal_the_row_wise_terms() {
         );
         let rows = KeypointRows::new(&sig, &device);
         let dense = dense_terms(
-            &out,
-            &asg,
+            &[(&out, &asg)],
             &objects,
             &AnchorTensors::new(&anchors, &device),
             imgsz,
             Some(&rows),
             flow.as_ref(),
-        );
+        )
+        .remove(0);
         let t = build_targets(&cfg, &anchors, &out, &c.labels, &sig);
         let [r_box, r_pose, r_kobj, r_cls, r_l1, r_rle] =
             branch_terms(&out, &t, flow.as_ref(), imgsz, &sig);
@@ -213,4 +213,69 @@ fn the_device_loss_equals_the_host_loss() {
         }
     }
     assert!(presence[0] > 50 && presence[1] > 5, "{presence:?}");
+}
+
+/// Two copies whose RLE points share one flow pass (`dense_terms` on both) get the terms and
+/// the output gradients each gets alone: the split of the flow's result gives each copy its own
+/// points, at different row counts (the one-to-many and one-to-one assignments bound their
+/// positives differently).
+#[test]
+fn copies_sharing_a_flow_pass_get_their_own_terms() {
+    let device = Device::flex().autodiff();
+    let mut rng = StdRng::seed_from_u64(11);
+    let mut rows_differ = 0;
+    for i in 0..12 {
+        let (c, d) = (case(&mut rng, i, &device), case(&mut rng, i, &device));
+        let anchors = Anchors::new(c.h, c.w);
+        let a = anchors.len();
+        let b = c.labels.len();
+        let branch = |o: &BranchOutput| BranchOutput {
+            boxes: o.boxes.clone().require_grad(),
+            scores: o.scores.clone().require_grad(),
+            kpts: Some(o.kpts.clone().unwrap().require_grad()),
+            kpts_sigma: Some(
+                Tensor::<3>::random([b, c.nk * 2, a], Distribution::Normal(0.0, 1.0), &device)
+                    .require_grad(),
+            ),
+        };
+        let outs = [branch(&c.out), branch(&d.out)];
+        let sig = sigmas(c.nk);
+        let flow = RealNvpConfig::new().init(&device);
+        let objects = ObjectSlots::new(&c.labels, 3, c.nk, &device);
+        let at = AnchorTensors::new(&anchors, &device);
+        let cfgs = [
+            AssignerConfig::one2many(true),
+            AssignerConfig::one2one(true),
+        ];
+        let asgs: Vec<_> = cfgs
+            .iter()
+            .zip(&outs)
+            .map(|(cfg, o)| assign_batch(cfg, &at, o, &objects, &sig))
+            .collect();
+        rows_differ += (asgs[0].max_positives != asgs[1].max_positives) as usize;
+        let rows = KeypointRows::new(&sig, &device);
+        let terms = |copies: &[(&BranchOutput, &BatchAssignment)]| {
+            dense_terms(copies, &objects, &at, [c.h, c.w], Some(&rows), Some(&flow))
+        };
+        for k in 0..2 {
+            // A fresh joint pass per copy: each backward consumes its graph.
+            let t = terms(&[(&outs[0], &asgs[0]), (&outs[1], &asgs[1])]).remove(k);
+            let alone = terms(&[(&outs[k], &asgs[k])]).remove(0);
+            let (x, y) = (value(t.rle.clone()), value(alone.rle.clone()));
+            assert!(
+                (x - y).abs() <= 1e-5 * y.abs().max(1.0),
+                "case {i} copy {k} rle: {x} vs {y}"
+            );
+            let (g_both, g_alone) = (t.rle.backward(), alone.rle.backward());
+            for (name, o) in outputs(&outs[k]) {
+                let (gx, gy) = (grad_values(o, &g_both), grad_values(o, &g_alone));
+                let (worst, scale) = difference(&gx, &gy);
+                assert!(
+                    worst <= 1e-4 * scale,
+                    "case {i} copy {k} {name}: {worst} of {scale}"
+                );
+            }
+        }
+    }
+    assert!(rows_differ > 0, "no case had different row counts");
 }
