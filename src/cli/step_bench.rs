@@ -247,9 +247,9 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
     if !growth.is_empty() {
         let parts: Vec<String> = growth
             .iter()
-            .map(|(what, b)| format!("{what} {:+.1}", *b as f64 / (1024.0 * 1024.0)))
+            .map(|(what, b, n)| format!("{what} {:+.1} ({n:+})", *b as f64 / (1024.0 * 1024.0)))
             .collect();
-        println!("recording, MiB in use: {}", parts.join(", "));
+        println!("recording, MiB in use (slices): {}", parts.join(", "));
     }
     Ok(())
 }

@@ -88,8 +88,8 @@ struct Recorded {
     /// reads every seed before its first gradient and gathers the gradients at its end, so one
     /// buffer serves both.
     pool: Tensor<1>,
-    /// Bytes in use before recording and after each of its stages ([`Recorder::recording`]).
-    growth: Vec<(&'static str, u64)>,
+    /// The pool's use before recording and after each of its stages ([`Recorder::recording`]).
+    growth: Vec<(&'static str, PoolUse)>,
     /// The stage's parameters with a gradient, in the order of `grad_layout`.
     grad_params: Vec<ParamInfo>,
     /// Where each gradient sits in `grad_flat`, the buffer the recorded backward gathers them in.
@@ -122,7 +122,24 @@ pub(super) fn bytes_of<const D: usize>(t: &Tensor<D>) -> u64 {
 
 /// The memory pool's bytes in use on `device` (0 where it has no pool).
 pub(super) fn in_use(device: &Device) -> u64 {
-    device.memory_pool_usage().map_or(0, |u| u.bytes_in_use)
+    pool_use(device).bytes
+}
+
+/// What the memory pool holds in use: bytes, and the slices they are in.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct PoolUse {
+    bytes: u64,
+    slices: u64,
+}
+
+/// The memory pool's use on `device` (zeros where it has no pool).
+fn pool_use(device: &Device) -> PoolUse {
+    device
+        .memory_pool_usage()
+        .map_or(PoolUse::default(), |u| PoolUse {
+            bytes: u.bytes_in_use,
+            slices: u.number_allocs,
+        })
 }
 
 /// `parts` (FP32 or not) written into their segments of `dst` (a `[layout.len]` buffer) by
@@ -235,20 +252,24 @@ impl Recorder {
         ]
     }
 
-    /// Bytes in use before recording, then what each stage of recording added (negative: freed),
-    /// by stage; nothing before the first forward.
-    pub fn recording(&self) -> Vec<(&'static str, i64)> {
+    /// Bytes and slices in use before recording, then what each stage of recording added
+    /// (negative: freed), by stage; nothing before the first forward. The slices tell a few
+    /// tensors from many small buffers (e.g. launch metadata a graph pins).
+    pub fn recording(&self) -> Vec<(&'static str, i64, i64)> {
         let Some(r) = &self.state else {
             return Vec::new();
         };
-        let mut last = 0i64;
+        let mut last = PoolUse::default();
         r.growth
             .iter()
-            .map(|(what, b)| {
-                let now = *b as i64;
-                let step = now - last;
-                last = now;
-                (*what, step)
+            .map(|(what, now)| {
+                let step = (
+                    *what,
+                    now.bytes as i64 - last.bytes as i64,
+                    now.slices as i64 - last.slices as i64,
+                );
+                last = *now;
+                step
             })
             .collect()
     }
@@ -391,7 +412,7 @@ fn record(
     let err = |what: &str, e: &dyn std::fmt::Debug| RecordError(format!("{what}: {e:?}"));
     let inner = device.clone().inner();
     let dispatch = inner.as_dispatch();
-    let mut growth = vec![("before", in_use(&inner))];
+    let mut growth = vec![("before", pool_use(&inner))];
     // A private copy with its own buffers and its own BatchNorm state (`valid()` detaches the
     // running statistics, which a plain clone would share), and the same parameter ids, so its
     // gradients key like the trainer's.
@@ -452,7 +473,7 @@ fn record(
             false => copy_of(Tensor::zeros(*d, &inner)),
         })
         .collect();
-    growth.push(("private copy, input, seeds and gradients", in_use(&inner)));
+    growth.push(("private copy, input, seeds and gradients", pool_use(&inner)));
 
     Dispatch::graph_prepare(dispatch).map_err(|e| err("prepare", &e))?;
     let mut grad_params = Vec::new();
@@ -472,7 +493,7 @@ fn record(
     // updates now, outside the window.
     let sources = stage_tensors(&net, |_| true);
     inner.sync().map_err(|e| err("sync", &e))?;
-    growth.push(("warm-ups", in_use(&inner)));
+    growth.push(("warm-ups", pool_use(&inner)));
 
     Dispatch::graph_start_capture(dispatch).map_err(|e| err("start forward capture", &e))?;
     let taped = run(&net);
@@ -494,7 +515,7 @@ fn record(
     }
     let sources = Sources::with_shared(sources, shared);
     let forward = Dispatch::graph_stop_capture(dispatch).map_err(|e| err("forward capture", &e))?;
-    growth.push(("forward graph", in_use(&inner)));
+    growth.push(("forward graph", pool_use(&inner)));
 
     Dispatch::graph_prepare(dispatch).map_err(|e| err("prepare backward", &e))?;
     let grad_flat = segment(pool.clone(), 0, grad_layout.len, grad_layout.len);
@@ -539,7 +560,7 @@ fn record(
     }
     inner.sync().map_err(|e| err("sync after capture", &e))?;
     drop(taped);
-    growth.push(("backward graph", in_use(&inner)));
+    growth.push(("backward graph", pool_use(&inner)));
     Ok(Recorded {
         forward,
         backward,

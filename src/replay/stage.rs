@@ -82,7 +82,7 @@ impl Stage {
     }
 
     /// [`Recorder::recording`] of a replayed stage; empty for a native one.
-    pub fn recording(&self) -> Vec<(&'static str, i64)> {
+    pub fn recording(&self) -> Vec<(&'static str, i64, i64)> {
         match self {
             Stage::Native(_) => Vec::new(),
             #[cfg(feature = "cuda")]
