@@ -161,9 +161,12 @@ fn copy_terms(
         .clone()
         .gather(1, slot.clone().expand([b, a, 4]))
         / anchors.stride.clone().reshape([1, a, 1]);
-    let g = |i: usize| channel(&gt, i);
+    // Each side once: a strided side's reshape is a copy, and a narrow's backward a padding.
+    let gt_sides = [0, 1, 2, 3].map(|i| channel(&gt, i));
+    let g = |i: usize| gt_sides[i].clone();
     let (ax, ay) = (anchors.x.clone(), anchors.y.clone());
-    let l = |i: usize| out.boxes.clone().narrow(1, i, 1);
+    let sides = [0, 1, 2, 3].map(|i| out.boxes.clone().narrow(1, i, 1));
+    let l = |i: usize| sides[i].clone();
     let pred = [
         ax.clone() - l(0),
         ay.clone() - l(1),
@@ -220,8 +223,9 @@ fn copy_terms(
     let vis = seen.clone().float();
     // The truth's offsets from the anchor, which the RLE term compares the raw outputs with.
     let (ox, oy) = (gx.clone() - ax.clone(), gy.clone() - ay.clone());
-    let dx = coord(&raw, 0) + ax - gx;
-    let dy = coord(&raw, 1) + ay - gy;
+    let (rx, ry) = (coord(&raw, 0), coord(&raw, 1));
+    let dx = rx.clone() + ax - gx;
+    let dy = ry.clone() + ay - gy;
     let area = (g(2) - g(0)) * (g(3) - g(1));
     let e = (dx.clone() * dx + dy.clone() * dy) / (rows.sig2.clone() * (area + 1e-9));
     // K over each anchor's object's labelled keypoints.
@@ -275,8 +279,8 @@ fn copy_terms(
             let eps = |x: Tensor<3>, o: Tensor<3>, s: Tensor<3>| {
                 ((take(x) - take(o)) / (s + 1e-9)).clamp(-100.0, 100.0)
             };
-            let ex = eps(coord(&raw, 0), ox, sx.clone());
-            let ey = eps(coord(&raw, 1), oy, sy.clone());
+            let ex = eps(rx, ox, sx.clone());
+            let ey = eps(ry, oy, sy.clone());
             // Grouped per image and keypoint, so the flow's backward reduces along `r` points
             // per group rather than all of them at once.
             let points = Tensor::cat(
