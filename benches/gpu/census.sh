@@ -6,6 +6,7 @@
 # step that runs them; ARMS="native replay" (the default) picks the arms;
 # ACCUM=1 adds one run per arm at the config's nbs (mostly accumulation-only steps);
 # CONV_BN_OPS="fast staged" runs each arm with each `--conv-bn-ops` value, alternating.
+# EXTRA="--strided-by-gemm" (any bench-step options) is passed to every run.
 # Here: `bash benches/gpu/pack.sh`. There, carrying ".gpu":
 #   source .gpu/setup.sh && bash benches/gpu/census.sh
 # Writes $OUT/census.tgz (logs, per-kernel CSVs) and prints the tables.
@@ -19,7 +20,7 @@ work=$OUT/census; mkdir -p "$work"
 run() { # name, extra args
   local name=$1; shift
   timeout "$LIMIT" burnpose bench-step "$CONFIG" --skip "$SKIP" --steps "$STEPS" --phases \
-    --census "$CENSUS" --census-csv "$work/$name.csv" "$@" > "$work/$name.log" 2>&1
+    --census "$CENSUS" --census-csv "$work/$name.csv" "$@" ${EXTRA:-} > "$work/$name.log" 2>&1
   echo "== $name rc=$?"; grep -E "^\||^bench-step|^phases|^host CPU|rror|panick" "$work/$name.log" | grep -v "^|---" | cut -c1-240
 }
 B=${BATCH:-4}
