@@ -79,23 +79,21 @@ pub fn dense_terms(
         .iter()
         .map(|(out, asg)| copy_terms(out, asg, objects, anchors, imgsz, rows, flow.is_some()))
         .collect();
-    let (Some(flow), Some(rows)) = (flow, rows) else {
-        return parts.into_iter().map(|(t, _)| t).collect();
-    };
     let groups: Vec<Tensor<3>> = parts
         .iter()
         .filter_map(|(_, r)| r.as_ref().map(|r| r.points.clone()))
         .collect();
-    if groups.is_empty() {
+    // Rows exist only with a flow and keypoint rows.
+    let (Some(flow), Some(rows), false) = (flow, rows, groups.is_empty()) else {
         return parts.into_iter().map(|(t, _)| t).collect();
-    }
+    };
     let log_phi = flow.log_prob_grouped(Tensor::cat(groups, 1), &rows.flow_masks);
     let mut at = 0;
     parts
         .into_iter()
         .map(|(mut t, r)| {
             if let Some(r) = r {
-                let [b, k, n] = r.dims;
+                let [b, k, n] = r.per.dims();
                 let phi = log_phi.clone().narrow(1, at, n).reshape([b, k, n]);
                 at += n;
                 t.rle = r.finish(phi, &rows.rle);
@@ -116,8 +114,6 @@ struct RleRows {
     counted: Tensor<3, Bool>,
     /// `[1]`: the labelled keypoints among the positives, at least one.
     labelled: Tensor<1>,
-    /// `[B, K, R]`.
-    dims: [usize; 3],
 }
 
 impl RleRows {
@@ -125,7 +121,7 @@ impl RleRows {
     /// weights per keypoint `weights` (`[1, K, 1]`).
     fn finish(self, log_phi: Tensor<3>, weights: &Tensor<3>) -> Tensor<1> {
         let l = (self.per - log_phi * 2.0) * weights.clone();
-        let zeros = Tensor::<3>::zeros(self.dims, &l.device());
+        let zeros = Tensor::<3>::zeros(l.dims(), &l.device());
         (sum_all(zeros.mask_where(self.counted, l)) / self.labelled).clamp_min(0.0)
     }
 }
@@ -298,7 +294,6 @@ fn copy_terms(
                 per: per(sx, ex) + per(sy, ey),
                 counted,
                 labelled: labelled.clone().clamp_min(1.0),
-                dims: [b, k, r],
             })
         }
         _ => None,
