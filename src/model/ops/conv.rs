@@ -51,6 +51,26 @@ pub mod gemm {
         channels.next_multiple_of(8)
     }
 
+    /// The dtype the GEMM writes a result with `channels` real channels in: FP32 itself where
+    /// they need no padding, else the operands' `d` (then [`in_f32`] crops and casts it).
+    fn written_as(channels: usize, d: DType) -> DType {
+        if channels == padded(channels) {
+            DType::F32
+        } else {
+            d
+        }
+    }
+
+    /// A GEMM result `y` (channels-last) as the FP32 `[n, channels, H, W]` tensor: `y` itself
+    /// when it is that already, else cropped and cast in one launch.
+    fn in_f32(y: CubeTensor, n: usize, channels: usize) -> CubeTensor {
+        if y.dtype == DType::F32 && y.meta.shape()[1] == channels {
+            y
+        } else {
+            channels_last(y, n, channels, DType::F32)
+        }
+    }
+
     /// [`super::super::FastOps::conv_in`]: FP32 `x` and `weight` convolved in `dtype`, the
     /// result in FP32. Without groups, both operands go channels-last, cast and zero-padded to
     /// [`padded`] channels in one launch each; the GEMM accumulates in FP32 and, where the output
@@ -69,13 +89,8 @@ pub mod gemm {
             let (n, ci, co) = (x.shape()[0], x.shape()[1], weight.shape()[0]);
             let xp = channels_last(x.clone(), n, padded(ci), d);
             let wp = channels_last(weight.clone(), padded(co), padded(ci), d);
-            let out = if co == padded(co) { DType::F32 } else { d };
-            if let Ok(y) = routine::forward(xp, wp, &options, out) {
-                return if out == DType::F32 {
-                    y
-                } else {
-                    channels_last(y, n, co, DType::F32)
-                };
+            if let Ok(y) = routine::forward(xp, wp, &options, written_as(co, d)) {
+                return in_f32(y, n, co);
             }
         }
         cast(forward(cast(x, d), cast(weight, d), options), DType::F32)
@@ -154,13 +169,8 @@ pub mod gemm {
             let gp = channels_last(grad.clone(), n, padded(co), d);
             let wp = channels_last(weight.clone(), padded(co), padded(ci), d);
             let shape_p = Shape::new([n, padded(ci), shape[2], shape[3]]);
-            let out = if ci == padded(ci) { DType::F32 } else { d };
-            if let Ok(dx) = routine::data_grad(gp, wp, shape_p, &options, out) {
-                return if out == DType::F32 {
-                    dx
-                } else {
-                    channels_last(dx, n, ci, DType::F32)
-                };
+            if let Ok(dx) = routine::data_grad(gp, wp, shape_p, &options, written_as(ci, d)) {
+                return in_f32(dx, n, ci);
             }
         }
         conv::conv_data_backward(grad, weight, shape, options, ConvStrategy::Direct)
