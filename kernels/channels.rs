@@ -5,13 +5,15 @@
 //!   (the pose head's keypoint branch) it ran unvectorised at ~7 TFLOP/s, 10 ms of a seed-shape
 //!   step on the H200. Padding to a multiple of 8 adds only zero terms to every sum. The same
 //!   launch replaces the cast and the channels-last copy the GEMM made of each operand.
+//!   [`dilated_channels_last`] also spreads the values out by a stride, with zeros between:
+//!   a strided convolution's output gradient as its stride-1 twin's.
 //! - [`channel_sums`]: `Σ` over N, H, W of every channel, the gradient of a per-channel bias, as a
 //!   fixed split and tree (deterministic, no atomics) in two launches, where Burn's broadcast
 //!   backward took three strided reductions.
 
-// The kernels' arithmetic stays in the form CubeCL's frontend expands (`(m + parts - 1) / parts`),
-// not clippy's rewrite.
-#![allow(clippy::manual_div_ceil)]
+// The kernels' arithmetic stays in the forms CubeCL's frontend expands (`(m + parts - 1) / parts`,
+// `a % b == 0`), not clippy's rewrites.
+#![allow(clippy::manual_div_ceil, clippy::manual_is_multiple_of)]
 
 // `#[cube]` expands to `cubecl::…` paths.
 use burn::cubecl;
@@ -24,36 +26,6 @@ use cubecl::{CubeCount, CubeDim, calculate_cube_count_elemwise};
 
 use super::tree::{UNITS, parts, tree_sum};
 
-/// One unit per output value, in the output's memory order (`[N', H, W, C']`, channels
-/// fastest): `x[n, c, h, w]` cast, or zero where `n` or `c` lies beyond `x`.
-#[cube(launch_unchecked)]
-fn channels_last_kernel<I: Float, O: Float>(
-    x: &Tensor<I>,
-    out: &mut Tensor<O>,
-    #[define(I, O)] _dtypes: [ElemType; 2],
-) {
-    let c_n = out.shape(1);
-    let h = out.shape(2);
-    let w = out.shape(3);
-    if ABSOLUTE_POS >= out.shape(0) * c_n * h * w {
-        terminate!();
-    }
-    let mut rest = ABSOLUTE_POS;
-    let c = rest % c_n;
-    rest /= c_n;
-    let xw = rest % w;
-    rest /= w;
-    let xh = rest % h;
-    let n = rest / h;
-    let dst = n * out.stride(0) + c * out.stride(1) + xh * out.stride(2) + xw * out.stride(3);
-    let mut v = O::from_int(0);
-    if n < x.shape(0) && c < x.shape(1) {
-        let src = n * x.stride(0) + c * x.stride(1) + xh * x.stride(2) + xw * x.stride(3);
-        v = O::cast_from(x[src]);
-    }
-    out[dst] = v;
-}
-
 /// `x` `[N, C, H, W]` (any float dtype, any strides) as a `[n, channels, H, W]` tensor of
 /// `dtype` whose memory is channels-last (`[n, H, W, channels]`, contiguous): values cast,
 /// zero where `n` or `channels` exceeds `x`'s, cropped where smaller.
@@ -64,19 +36,82 @@ pub fn channels_last(x: CubeTensor, n: usize, channels: usize, dtype: DType) -> 
         4,
         "channels_last: expects [N, C, H, W], got {s:?}"
     );
-    let (h, w) = (s[2], s[3]);
+    let size = [s[2], s[3]];
+    dilated_channels_last(x, n, channels, dtype, [1, 1], size)
+}
+
+/// One unit per output value, in the output's memory order (`[N', H', W', C']`, channels
+/// fastest): `x[n, c, h / s_h, w / s_w]` cast where `h` and `w` are multiples of the strides and
+/// the source lies inside `x`, else zero (strides 1: `x` cast, padded or cropped).
+#[cube(launch_unchecked)]
+fn channels_last_kernel<I: Float, O: Float>(
+    x: &Tensor<I>,
+    out: &mut Tensor<O>,
+    stride_h: u32,
+    stride_w: u32,
+    #[define(I, O)] _dtypes: [ElemType; 2],
+) {
+    let c_n = out.shape(1);
+    let h = out.shape(2);
+    let w = out.shape(3);
+    if ABSOLUTE_POS >= out.shape(0) * c_n * h * w {
+        terminate!();
+    }
+    let (sh, sw) = (stride_h as usize, stride_w as usize);
+    let mut rest = ABSOLUTE_POS;
+    let c = rest % c_n;
+    rest /= c_n;
+    let ow = rest % w;
+    rest /= w;
+    let oh = rest % h;
+    let n = rest / h;
+    let dst = n * out.stride(0) + c * out.stride(1) + oh * out.stride(2) + ow * out.stride(3);
+    let (xh, xw) = (oh / sh, ow / sw);
+    let mut v = O::from_int(0);
+    if n < x.shape(0)
+        && c < x.shape(1)
+        && oh % sh == 0
+        && ow % sw == 0
+        && xh < x.shape(2)
+        && xw < x.shape(3)
+    {
+        let src = n * x.stride(0) + c * x.stride(1) + xh * x.stride(2) + xw * x.stride(3);
+        v = O::cast_from(x[src]);
+    }
+    out[dst] = v;
+}
+
+/// [`channels_last`] of `x` zero-dilated by `stride`: a `[n, channels, size[0], size[1]]`
+/// tensor of `dtype`, channels-last in memory, holding `x[.., i, j]` at `(i·s_h, j·s_w)` and
+/// zeros elsewhere (also past `x`'s last row and column). The gradient of a strided
+/// convolution's output, dilated so, is the output gradient of the stride-1 convolution it
+/// subsamples: its data gradient is the strided one's.
+pub fn dilated_channels_last(
+    x: CubeTensor,
+    n: usize,
+    channels: usize,
+    dtype: DType,
+    stride: [usize; 2],
+    size: [usize; 2],
+) -> CubeTensor {
+    let s = x.meta.shape();
+    assert_eq!(s.num_dims(), 4, "dilated: expects [N, C, H, W], got {s:?}");
+    assert!(
+        (s[2] - 1) * stride[0] < size[0] && (s[3] - 1) * stride[1] < size[1],
+        "dilated: {s:?} by {stride:?} does not fit {size:?}"
+    );
     // Contiguous, not pitched rows (docs/kernels.md, "Output buffers").
     let out = permute_nhwc_to_nchw(empty_device_contiguous_dtype(
         x.client.clone(),
         x.device.clone(),
-        Shape::new([n, h, w, channels]),
+        Shape::new([n, size[0], size[1], channels]),
         dtype,
     ));
-    let total = n * channels * h * w;
+    let total = n * channels * size[0] * size[1];
     let dim = CubeDim::new(&x.client, total);
     let count = calculate_cube_count_elemwise(&x.client, total, dim);
-    let client = x.client.clone();
     let types = [storage(x.dtype), storage(dtype)];
+    let client = x.client.clone();
     // SAFETY: every write is bounded by the output's shape, every read by `x`'s, both through
     // their own strides.
     unsafe {
@@ -86,6 +121,8 @@ pub fn channels_last(x: CubeTensor, n: usize, channels: usize, dtype: DType) -> 
             dim,
             x.into_tensor_arg(),
             out.clone().into_tensor_arg(),
+            stride[0] as u32,
+            stride[1] as u32,
             types,
         );
     }

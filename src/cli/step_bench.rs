@@ -35,6 +35,11 @@ pub struct Options {
     /// --routines`; CUDA only).
     #[arg(long)]
     pub conv_routine: Option<String>,
+    /// Whether the BF16 data gradients of strided convolutions run by the
+    /// routine's stride-1 GEMM on the zero-dilated output gradient (`true`, the default) or by
+    /// Burn's direct kernel in FP32 (`false`; CUDA only).
+    #[arg(long)]
+    pub strided_by_gemm: Option<bool>,
     /// Also read the memory pool inside every step (at the ends of loss, backward and optimizer)
     /// and print the largest bytes in use.
     #[arg(long)]
@@ -94,6 +99,12 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
         crate::model::ops::conv::routine::choose(name).map_err(|e| anyhow::anyhow!(e))?;
         #[cfg(not(feature = "cuda"))]
         anyhow::bail!("--conv-routine {name}: CubeCL's routines run on CUDA only");
+    }
+    if let Some(gemm) = o.strided_by_gemm {
+        #[cfg(feature = "cuda")]
+        crate::model::ops::conv::routine::choose_strided_by_gemm(gemm);
+        #[cfg(not(feature = "cuda"))]
+        anyhow::bail!("--strided-by-gemm {gemm}: CubeCL's routines run on CUDA only");
     }
     if let Some(k) = o.conv_bn_ops {
         cfg.device.conv_bn_ops = k;

@@ -196,6 +196,49 @@ fn every_conv_routine_matches_the_reference_on_cuda() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
+/// Strided BF16 data gradients by the routine's stride-1 GEMM on the zero-dilated output
+/// gradient (the default, `routine::choose_strided_by_gemm`) stay within BF16's bound of the FP32
+/// reference and of the direct kernel's, at odd sizes (the last row and column of the dilated gradient are zeros
+/// there), a multiple of 8 channels and not (16 → 24 padded), 3×3 and 1×1, stride 2.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn strided_data_gradients_by_gemm_match_the_reference_on_cuda() {
+    use burnpose::model::ops::conv::routine;
+    let d = cuda().autodiff();
+    d.seed(13);
+    let mut failures = vec![];
+    for (ci, co, k, hw) in [
+        (16, 32, 3, 37),
+        (32, 64, 3, 20),
+        (20, 16, 3, 21),
+        (48, 64, 1, 23),
+    ] {
+        let conv = test_conv([ci, co], k, 2, 1, &d);
+        let x = Tensor::<4>::random([3, ci, hw, hw], Distribution::Normal(0.0, 1.0), &d);
+        let reference = conv_run(&conv, &x, FloatDType::F32, false, &d);
+        routine::choose_strided_by_gemm(false);
+        let direct = conv_run(&conv, &x, FloatDType::BF16, true, &d);
+        routine::choose_strided_by_gemm(true);
+        let gemm = conv_run(&conv, &x, FloatDType::BF16, true, &d);
+        let again = conv_run(&conv, &x, FloatDType::BF16, true, &d);
+        let errs = [
+            rel(gemm.dx.clone(), reference.dx.clone()),
+            rel(gemm.dx.clone(), direct.dx.clone()),
+        ];
+        println!(
+            "conv {ci}->{co} k{k} s2 {hw}px: data gradient error (vs FP32, vs direct) {errs:?}"
+        );
+        if errs.iter().any(|e| e.is_nan() || *e >= 2e-2) {
+            failures.push(format!("conv {ci}->{co} k{k} {hw}px: {errs:?}"));
+        }
+        let (a, b) = (values(gemm.dx), values(again.dx));
+        if a != b {
+            failures.push(format!("conv {ci}->{co} k{k} {hw}px: two runs differ"));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
 /// The im2col kernel gives the columns of the tensor operations it replaced bit for bit: odd
 /// sizes, padding, stride 2, dilation, 1×1, BF16 input and an NHWC-strided input.
 #[test]

@@ -37,7 +37,7 @@ pub fn output_len(
 /// CubeCL's implicit-GEMM convolutions (tensor cores); shapes it declines run Burn's direct ones.
 #[cfg(feature = "cuda")]
 pub mod gemm {
-    use super::super::channels::channels_last;
+    use super::super::channels::{self, channels_last};
     use super::super::depthwise;
     use super::routine;
     use burn::backend::ops::ConvOptions;
@@ -161,15 +161,46 @@ pub mod gemm {
         if depthwise::is_depthwise(shape[1], &weight.shape(), &options) {
             return depthwise::data_grad(grad, weight, shape, &options);
         }
-        if options.groups == 1 && options.stride.iter().all(|&s| s == 1) {
+        let strided = options.stride.iter().any(|&s| s != 1);
+        let by_gemm = !strided || (routine::strided_by_gemm() && dtype == FloatDType::BF16);
+        if options.groups == 1 && by_gemm {
             // As in `forward_in`: operands channels-last, cast and padded; the result in FP32
-            // straight from the GEMM or cropped and cast back.
+            // straight from the GEMM or cropped and cast back. A strided convolution's output
+            // gradient, zero-dilated, is the output gradient of the stride-1 convolution it
+            // subsamples, whose data gradient is the same.
             let d: DType = dtype.into();
             let (n, ci, co) = (shape[0], shape[1], weight.shape()[0]);
-            let gp = channels_last(grad.clone(), n, padded(co), d);
+            let (gp, unit) = if strided {
+                let k = weight.shape();
+                let size = |i: usize| {
+                    super::output_len(
+                        shape[2 + i],
+                        k[2 + i],
+                        options.padding[i],
+                        1,
+                        options.dilation[i],
+                    )
+                };
+                let unit =
+                    ConvOptions::new_with_padding([1, 1], options.padding, options.dilation, 1);
+                let dilated = channels::dilated_channels_last(
+                    grad.clone(),
+                    n,
+                    padded(co),
+                    d,
+                    options.stride,
+                    [size(0), size(1)],
+                );
+                (dilated, unit)
+            } else {
+                (
+                    channels_last(grad.clone(), n, padded(co), d),
+                    options.clone(),
+                )
+            };
             let wp = channels_last(weight.clone(), padded(co), padded(ci), d);
             let shape_p = Shape::new([n, padded(ci), shape[2], shape[3]]);
-            if let Ok(dx) = routine::data_grad(gp, wp, shape_p, &options, written_as(ci, d)) {
+            if let Ok(dx) = routine::data_grad(gp, wp, shape_p, &unit, written_as(ci, d)) {
                 return in_f32(dx, n, ci);
             }
         }
@@ -223,7 +254,7 @@ pub mod routine {
     };
     use cubek::matmul::definition::{MatmulElems, MatmulGlobalElems};
     use cubek::std::InputBinding;
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
     /// The routines, by name; the first is the one burn-cubecl 0.22.1 runs.
     pub const ROUTINES: [(&str, ConvAlgorithm, AcceleratedTileKind); 12] = {
@@ -265,6 +296,23 @@ pub mod routine {
     /// The routine in use, by name.
     pub fn chosen() -> &'static str {
         ROUTINES[CHOSEN.load(Ordering::Relaxed)].0
+    }
+
+    static STRIDED_BY_GEMM: AtomicBool = AtomicBool::new(true);
+
+    /// Runs the BF16 data gradients of strided convolutions (without groups) as the chosen
+    /// routine's stride-1 data gradient of the zero-dilated output gradient (`true`, the
+    /// default: it multiplies s² times as many values, most of them zeros, yet took the seed
+    /// step's backward graph 0.37 ms below Burn's direct kernel, docs/perf_log.md AP2) or as
+    /// Burn's direct transposed kernel in FP32 (`false`). FP16 always takes the direct kernel:
+    /// with the GEMM the FP16 step tests' fits never grew their loss scale (AP3).
+    pub fn choose_strided_by_gemm(gemm: bool) {
+        STRIDED_BY_GEMM.store(gemm, Ordering::Relaxed);
+    }
+
+    /// Whether strided data gradients run by GEMM ([`choose_strided_by_gemm`]).
+    pub fn strided_by_gemm() -> bool {
+        STRIDED_BY_GEMM.load(Ordering::Relaxed)
     }
 
     fn strategy() -> Strategy {
