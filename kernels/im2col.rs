@@ -13,7 +13,8 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 use cubecl::{CubeDim, calculate_cube_count_elemwise};
 
-/// One unit per input channel and output position, writing all `kh·kw` taps of `[n, c, tap, p]`:
+/// One unit per input channel and output position, writing all `kh·kw` taps of
+/// `[n, p / L, c·kh·kw + tap, p % L]` (`L` = `chunk`, the positions of one chunk):
 /// `x[n, c, oh·sh + i·dh − top, ow·sw + j·dw − left]` for tap `(i, j)` and `p = (oh, ow)`, or zero
 /// outside the input. One unit per tap spent most of its time on the integer divisions that
 /// locate it; here they are paid once per `kh·kw` values. Neighbouring units take neighbouring
@@ -27,6 +28,7 @@ fn columns_kernel(
     kernel_h: u32,
     kernel_w: u32,
     out_w: u32,
+    chunk: u32,
     stride_h: u32,
     stride_w: u32,
     dilation_h: u32,
@@ -34,8 +36,10 @@ fn columns_kernel(
     top: u32,
     left: u32,
 ) {
-    let positions = out.shape(3);
-    let channels = out.shape(1);
+    let chunk = chunk as usize;
+    let positions = out.shape(1) * chunk;
+    let taps = (kernel_h * kernel_w) as usize;
+    let channels = out.shape(2) / taps;
     if ABSOLUTE_POS >= out.shape(0) * channels * positions {
         terminate!();
     }
@@ -49,7 +53,10 @@ fn columns_kernel(
     let top = top as usize;
     let left = left as usize;
     let base = n * x.stride(0) + c * x.stride(1);
-    let mut dst = n * out.stride(0) + c * out.stride(1) + p * out.stride(3);
+    let mut dst = n * out.stride(0)
+        + (p / chunk) * out.stride(1)
+        + c * taps * out.stride(2)
+        + (p % chunk) * out.stride(3);
     for i in 0..kernel_h as usize {
         let row = row0 + i * (dilation_h as usize);
         for j in 0..kernel_w as usize {
@@ -68,11 +75,14 @@ fn columns_kernel(
     }
 }
 
-/// `[N, C, H, W]` (any float dtype, any strides) → `[N, C, kh·kw, Ho·Wo]` in FP32, contiguous.
+/// `[N, C, H, W]` (any float dtype, any strides) → `[N, S, C·kh·kw, Ho·Wo / S]` in FP32,
+/// contiguous, for `S = chunks` (which divides `Ho·Wo`): the columns of each run of `Ho·Wo / S`
+/// consecutive output positions together, as the weight gradient's matmul reads them.
 pub fn columns(
     x: CubeTensor,
     kernel: [usize; 2],
     out: [usize; 2],
+    chunks: usize,
     options: &ConvOptions<2>,
 ) -> CubeTensor {
     let x = if x.dtype == DType::F32 {
@@ -87,7 +97,7 @@ pub fn columns(
     let cols = empty_device_contiguous_dtype(
         x.client.clone(),
         x.device.clone(),
-        Shape::new([n, c, taps, positions]),
+        Shape::new([n, chunks, c * taps, positions / chunks]),
         DType::F32,
     );
     let total = n * c * positions;
@@ -107,6 +117,7 @@ pub fn columns(
             u(kernel[0]),
             u(kernel[1]),
             u(out[1]),
+            u(positions / chunks),
             u(options.stride[0]),
             u(options.stride[1]),
             u(options.dilation[0]),

@@ -240,7 +240,8 @@ fn strided_data_gradients_by_gemm_match_the_reference_on_cuda() {
 }
 
 /// The im2col kernel gives the columns of the tensor operations it replaced bit for bit: odd
-/// sizes, padding, stride 2, dilation, 1×1, BF16 input and an NHWC-strided input.
+/// sizes, padding, stride 2, dilation, 1×1, BF16 input and an NHWC-strided input, in one chunk
+/// and in several.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn im2col_kernel_equals_the_tensor_operations_on_cuda() {
@@ -275,17 +276,23 @@ fn im2col_kernel_equals_the_tensor_operations_on_cuda() {
         let nhwc = Tensor::<4>::random([2, h, w, c], Distribution::Normal(0.0, 1.0), &d)
             .permute([0, 3, 1, 2]);
         let half = plain.clone().cast(FloatDType::BF16);
+        // One chunk, and the largest count up to 4 that divides the positions.
+        let positions = out[0] * out[1];
+        let most = (1..=4).rev().find(|s| positions % s == 0).unwrap();
         for (x, what) in [(plain, "NCHW"), (nhwc, "NHWC"), (half, "BF16")] {
-            let ours = im2col::columns(cube(x.clone()), [k, k], out, &options);
-            let reference = wgrad::columns::<CubeBackend>(cube(x), [k, k], out, &options);
-            assert_eq!(ours.meta.shape(), reference.meta.shape(), "{what} shape");
-            let (a, b) = (bits(ours), bits(reference));
-            let nonzero = b.iter().filter(|&&v| v != 0).count();
-            assert!(nonzero > b.len() / 2, "{what}: columns mostly zero");
-            assert!(
-                a == b,
-                "c{c} k{k} s{s} p{p} d{dl} {h}x{w} {what}: columns differ"
-            );
+            for chunks in [1, most] {
+                let ours = im2col::columns(cube(x.clone()), [k, k], out, chunks, &options);
+                let reference =
+                    wgrad::columns::<CubeBackend>(cube(x.clone()), [k, k], out, chunks, &options);
+                assert_eq!(ours.meta.shape(), reference.meta.shape(), "{what} shape");
+                let (a, b) = (bits(ours), bits(reference));
+                let nonzero = b.iter().filter(|&&v| v != 0).count();
+                assert!(nonzero > b.len() / 2, "{what}: columns mostly zero");
+                assert!(
+                    a == b,
+                    "c{c} k{k} s{s} p{p} d{dl} {h}x{w} {what} {chunks} chunks: columns differ"
+                );
+            }
         }
     }
 }

@@ -16,15 +16,19 @@ use burn::backend::{Backend, DType, Flex, FloatDType, Shape, Slice, TensorMetada
 /// Output pixels per matmul batch, at least (fewer only when a layer has fewer in all).
 const CHUNK: usize = 1024;
 
-/// How the columns are made: [`columns`], or one kernel on CUDA (`kernels/im2col.rs`).
-pub type Im2col<B> = fn(FloatTensor<B>, [usize; 2], [usize; 2], &ConvOptions<2>) -> FloatTensor<B>;
+/// How the columns are made: [`columns`], or one kernel on CUDA (`kernels/im2col.rs`); the
+/// `usize` is the number of chunks the output pixels are split into.
+pub type Im2col<B> =
+    fn(FloatTensor<B>, [usize; 2], [usize; 2], usize, &ConvOptions<2>) -> FloatTensor<B>;
 
-/// `[N, C, H, W]` → `[N, C, k·k, Ho·Wo]` in FP32: for each kernel offset, the input pixel it
-/// multiplies at every output position (zero outside the image), as tensor operations.
+/// `[N, C, H, W]` → `[N, S, C·k·k, Ho·Wo / S]` in FP32 for `S = chunks`: for each kernel offset,
+/// the input pixel it multiplies at every output position (zero outside the image), the output
+/// positions split into `S` runs of consecutive ones, as tensor operations.
 pub fn columns<B: Backend>(
     x: FloatTensor<B>,
     k: [usize; 2],
     out: [usize; 2],
+    chunks: usize,
     options: &ConvOptions<2>,
 ) -> FloatTensor<B> {
     let x = B::float_cast(x, FloatDType::F32);
@@ -72,7 +76,11 @@ pub fn columns<B: Backend>(
             taps.push(B::float_reshape(tap, Shape::new([n, c, 1, ho * wo])));
         }
     }
-    B::float_cat(taps, 2)
+    let cols = B::float_reshape(
+        B::float_cat(taps, 2),
+        Shape::new([n, c * k[0] * k[1], chunks, ho * wo / chunks]),
+    );
+    B::float_permute(cols, &[0, 2, 1, 3])
 }
 
 /// The largest number of chunks ≤ `pixels / CHUNK` that divides `pixels` evenly.
@@ -107,33 +115,36 @@ pub fn weight_backward<B: Backend>(
     let kk = kh * kw;
     let p = ho * wo;
     let pointwise = kk == 1 && options.stride == [1, 1] && options.padding == [(0, 0), (0, 0)];
-    let cols = if pointwise {
-        // A 1×1 convolution's columns are its input: a view, no launch.
-        B::float_reshape(f32(x), Shape::new([n, ci, 1, p]))
-    } else {
-        im2col(x, [kh, kw], [ho, wo], options) // [N, ci, kk, P]
-    };
     let grad = f32(grad);
     let dw = if depthwise {
         // dW[c, t] = Σ_n Σ_p dY[n, c, p] · cols[n, c, t, p]
+        let cols = B::float_reshape(
+            im2col(x, [kh, kw], [ho, wo], 1, options),
+            Shape::new([n, ci, kk, p]),
+        );
         let g = B::float_reshape(grad, Shape::new([n, co, 1, p]));
         let prod = B::float_mul(cols, g);
         let s = B::float_sum_dim(B::float_sum_dim(prod, 3), 0);
         B::float_reshape(s, Shape::new([co, 1, kh, kw]))
     } else {
-        // Chunk the pixel axis: both operands `[N, X, P]` viewed as `[N, S, X, L]` (permuted
-        // views; CubeCL's matmul copies an operand whose layout it does not take, which for
-        // channel-major columns is all of them: `kernels/im2col.rs`), then
-        // dW = Σ_{N·S} dY · colsᵀ.
+        // Chunk the pixel axis: both operands `[N, S, X, L]`, dW = Σ_{N·S} dY · colsᵀ. The
+        // columns are written chunk by chunk (`[N, S, ci·kk, L]` memory), so the matmul takes
+        // them transposed as they lie; the pixel-major views of an `[N, X, P]` operand are a
+        // layout CubeCL's matmul copies first (a chunk's rows are `P` apart, the chunks `L`).
         let s = chunks(p);
         let l = p / s;
         let split = |t: FloatTensor<B>, rows: usize| {
             let t = B::float_reshape(t, Shape::new([n, rows, s, l]));
             B::float_permute(t, &[0, 2, 1, 3])
         };
+        let cols = if pointwise {
+            // A 1×1 convolution's columns are its input: a view, no launch.
+            split(B::float_reshape(f32(x), Shape::new([n, ci, p])), ci)
+        } else {
+            im2col(x, [kh, kw], [ho, wo], s, options)
+        };
         let g = split(B::float_reshape(grad, Shape::new([n, co, p])), co);
-        let c = split(B::float_reshape(cols, Shape::new([n, ci * kk, p])), ci * kk);
-        let prod = B::float_matmul(g, B::float_swap_dims(c, 2, 3)); // [N, S, co, ci·kk]
+        let prod = B::float_matmul(g, B::float_swap_dims(cols, 2, 3)); // [N, S, co, ci·kk]
         let prod = B::float_reshape(prod, Shape::new([n * s, co, ci * kk]));
         B::float_reshape(B::float_sum_dim(prod, 0), Shape::new([co, ci, kh, kw]))
     };
