@@ -530,6 +530,7 @@ fn record(
         inner.sync().map_err(|e| err("backward warm-up sync", &e))?;
         drop((f, all, twin));
     }
+    growth.push(("backward warm-up", pool_use(&inner)));
     let outputs: Vec<Tensor<4>> = taped.iter().map(|t| t.clone().inner()).collect();
     let seeds = own_seeds.then_some(seeds);
     Dispatch::graph_start_capture(dispatch).map_err(|e| err("start backward capture", &e))?;
@@ -559,8 +560,9 @@ fn record(
         ));
     }
     inner.sync().map_err(|e| err("sync after capture", &e))?;
-    drop(taped);
     growth.push(("backward graph", pool_use(&inner)));
+    drop(taped);
+    growth.push(("recorded tape dropped", pool_use(&inner)));
     Ok(Recorded {
         forward,
         backward,
