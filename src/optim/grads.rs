@@ -99,49 +99,53 @@ impl FlatGrads {
 }
 
 /// Adds a micro-batch's `grads` to `pending`, per parameter; a parameter absent from every
-/// micro-batch stays absent. `pending_flat` is the buffer that some of `pending` are views of:
-/// when `flat` (the buffer some of `grads` are views of) holds the same parameters in the same
-/// places, those are summed as one addition of the two buffers (per value the same sum) and
-/// handed on as views of the result. `kept`: `pending` outlives this step (no optimizer step
-/// consumes it now), so views of a recorder's buffer ([`FlatGrads::copy`]) that it would hold
-/// as they are become views of a copy.
+/// micro-batch stays absent. `pending_flat` are the buffers that some of `pending` are views of:
+/// where one of `flats` (buffers some of `grads` are views of) holds the same parameters in the
+/// same places as one of them, those are summed as one addition of the two buffers (per value
+/// the same sum) and handed on as views of the result. `kept`: `pending` outlives this step (no
+/// optimizer step consumes it now), so views of a recorder's buffer ([`FlatGrads::copy`]) that
+/// it would hold as they are become views of a copy.
 pub fn accumulate(
     pending: &mut Option<GradientsParams>,
-    pending_flat: &mut Option<FlatGrads>,
+    pending_flat: &mut Vec<FlatGrads>,
     mut grads: GradientsParams,
-    flat: Option<FlatGrads>,
+    flats: Vec<FlatGrads>,
     table: &[ParamInfo],
     kept: bool,
 ) {
     let Some(mut sums) = pending.take() else {
-        *pending_flat = match flat {
-            Some(f) if kept => Some(f.owned(&mut grads)),
-            f => f,
-        };
+        *pending_flat = flats
+            .into_iter()
+            .map(|f| if kept { f.owned(&mut grads) } else { f })
+            .collect();
         *pending = Some(grads);
         return;
     };
-    *pending_flat = match (pending_flat.take(), flat) {
-        (Some(old), Some(new)) if old.same_layout(&new) => {
-            for p in &new.params {
-                take_flat(&mut grads, p);
+    // A pending buffer without a match this micro-batch is dropped: its views in `sums` stay
+    // as they are, summed per tensor from now on.
+    let mut old = std::mem::take(pending_flat);
+    for new in flats {
+        match old.iter().position(|o| o.same_layout(&new)) {
+            Some(i) => {
+                let old = old.swap_remove(i);
+                for p in &new.params {
+                    take_flat(&mut grads, p);
+                }
+                let sum = FlatGrads {
+                    buf: old.buf + new.buf,
+                    copy: None,
+                    ..new
+                };
+                sum.put_views(&mut sums);
+                pending_flat.push(sum);
             }
-            let sum = FlatGrads {
-                buf: old.buf + new.buf,
-                copy: None,
-                ..new
-            };
-            sum.put_views(&mut sums);
-            Some(sum)
-        }
-        (_, new) => {
             // A parameter without a pending gradient keeps this micro-batch's view as it is.
-            if let Some(new) = new.filter(|_| kept) {
+            None if kept => {
                 new.owned(&mut grads);
             }
-            None
+            None => {}
         }
-    };
+    }
     for p in table {
         if let Some(g) = take_flat(&mut grads, p) {
             let sum = match take_flat(&mut sums, p) {

@@ -426,9 +426,9 @@ fn flat_update_keeps_frozen_parameters_frozen() {
     assert_eq!(values(m.bias.val()), bias);
 }
 
-/// Three micro-batches of the nano pose model whose backbone gradients come as views of one flat
-/// buffer (as feature replay hands them out): summed as buffers, they must give the per-tensor
-/// sums' bits, and a buffer laid out differently must fall back to them.
+/// Three micro-batches of the nano pose model whose backbone gradients (and the flow's) come as
+/// views of flat buffers (as step replay hands them out): summed as buffers, they must give the
+/// per-tensor sums' bits, and a buffer laid out differently must fall back to them, alone.
 #[test]
 fn flat_accumulation_equals_per_tensor() {
     use crate::model::{Scale, Task, YoloConfig};
@@ -437,10 +437,12 @@ fn flat_accumulation_equals_per_tensor() {
     let d = device();
     let model = YoloConfig::new(Scale::N, Task::Pose).init(&d);
     let table = Optimizer::new(Rule::AdamW, &model).table;
-    let stage = |skip: usize| -> Vec<ParamInfo> {
+    // A buffer: the parameters under a prefix, less the first few (another layout).
+    type Buffer<'a> = (&'a str, usize);
+    let set = |(prefix, skip): Buffer| -> Vec<ParamInfo> {
         table
             .iter()
-            .filter(|p| p.path.starts_with("backbone."))
+            .filter(|p| p.path.starts_with(prefix))
             .skip(skip)
             .cloned()
             .collect()
@@ -448,48 +450,69 @@ fn flat_accumulation_equals_per_tensor() {
     let micro: Vec<Vec<Option<Tensor<1>>>> = (0..3)
         .map(|k| model_grads(&table, &d, 40 + k, 1.0, k == 1))
         .collect();
-    // (grads, flat) of micro-batch `k` with the stage's gradients as views of one buffer.
-    let with_flat = |k: usize, params: &[ParamInfo]| -> (GradientsParams, Option<FlatGrads>) {
+    // Micro-batch `k`'s gradients, those of each of `sets` as views of one buffer.
+    let with_flats = |k: usize, sets: &[Vec<ParamInfo>]| -> (GradientsParams, Vec<FlatGrads>) {
         let mut g = registered(&table, &micro[k]);
-        let parts = params.iter().map(|p| grads::take_flat(&mut g, p)).collect();
-        let layout = Layout::new(params.iter().map(ParamInfo::numel).collect());
-        let buf = layout.gather(parts, &d.clone().inner());
-        let flat = FlatGrads {
-            params: params.to_vec(),
-            layout,
-            buf,
-            copy: None,
-        };
-        flat.put_views(&mut g);
-        (g, Some(flat))
+        let flats = sets
+            .iter()
+            .map(|params| {
+                let parts = params.iter().map(|p| grads::take_flat(&mut g, p)).collect();
+                let layout = Layout::new(params.iter().map(ParamInfo::numel).collect());
+                let buf = layout.gather(parts, &d.clone().inner());
+                let flat = FlatGrads {
+                    params: params.to_vec(),
+                    layout,
+                    buf,
+                    copy: None,
+                };
+                flat.put_views(&mut g);
+                flat
+            })
+            .collect();
+        (g, flats)
     };
-    let run = |layouts: [usize; 3]| -> (GradientsParams, bool) {
-        let (mut pending, mut pending_flat) = (None, None);
-        for (k, &skip) in layouts.iter().enumerate() {
-            let (g, flat) = match skip {
-                usize::MAX => (registered(&table, &micro[k]), None),
-                _ => with_flat(k, &stage(skip)),
-            };
-            accumulate(&mut pending, &mut pending_flat, g, flat, &table, true);
+    // The pending gradients after three micro-batches, and how many buffers they are views of.
+    let run = |buffers: [&[Buffer]; 3]| -> (GradientsParams, usize) {
+        let (mut pending, mut pending_flat) = (None, Vec::new());
+        for (k, sets) in buffers.iter().enumerate() {
+            let sets: Vec<Vec<ParamInfo>> = sets.iter().map(|&b| set(b)).collect();
+            let (g, flats) = with_flats(k, &sets);
+            accumulate(&mut pending, &mut pending_flat, g, flats, &table, true);
         }
-        (pending.unwrap(), pending_flat.is_some())
+        (pending.unwrap(), pending_flat.len())
     };
-    let (reference, _) = run([usize::MAX; 3]);
+    let (reference, _) = run([&[], &[], &[]]);
     let bytes = |g: &GradientsParams| -> Vec<Option<Vec<u8>>> {
         table
             .iter()
             .map(|p| get_flat(g, p).map(|t| t.into_data().as_bytes().to_vec()))
             .collect()
     };
-    let (flat, summed_flat) = run([0, 0, 0]);
-    assert!(summed_flat, "equal layouts must be summed as buffers");
-    assert_eq!(bytes(&flat), bytes(&reference));
-    let (mixed, kept_flat) = run([0, 1, 0]);
-    assert!(
-        !kept_flat,
-        "a different layout must fall back to per-tensor sums"
-    );
-    assert_eq!(bytes(&mixed), bytes(&reference));
+    let (backbone, flow) = (("backbone.", 0), ("head.flow.", 0));
+    let (one, two): (&[Buffer], &[Buffer]) = (&[backbone], &[backbone, flow]);
+    let cases: [([&[Buffer]; 3], usize, &str); 4] = [
+        ([one; 3], 1, "equal layouts must be summed as buffers"),
+        (
+            [one, &[("backbone.", 1)], one],
+            0,
+            "a different layout must fall back to per-tensor sums",
+        ),
+        ([two; 3], 2, "two buffers must be summed apart"),
+        (
+            [
+                &[backbone, flow],
+                &[backbone, ("head.flow.", 1)],
+                &[backbone, flow],
+            ],
+            1,
+            "only the buffer laid out differently falls back",
+        ),
+    ];
+    for (buffers, summed, what) in cases {
+        let (sums, pending) = run(buffers);
+        assert_eq!(pending, summed, "{what}");
+        assert_eq!(bytes(&sums), bytes(&reference), "{what}: other values");
+    }
     assert!(
         micro[1].iter().any(Option::is_none),
         "the test needs a parameter absent from one micro-batch"
@@ -524,7 +547,7 @@ fn accumulation_copies_a_recorders_buffer_only_to_keep_it() {
     // (weight, bias) of the pending gradients after each of two micro-batches, and whether
     // the pending flat buffer is a recorder's.
     let step = |kept: [bool; 2], second: &[ParamInfo]| {
-        let (mut pending, mut pending_flat) = (None, None);
+        let (mut pending, mut pending_flat) = (None, Vec::new());
         let read = |pending: &Option<GradientsParams>| -> Vec<Vec<f32>> {
             let g = pending.as_ref().unwrap();
             table
@@ -533,14 +556,28 @@ fn accumulation_copies_a_recorders_buffer_only_to_keep_it() {
                 .collect()
         };
         let (g, f) = micro(1.0, &table);
-        accumulate(&mut pending, &mut pending_flat, g, f, &table, kept[0]);
+        accumulate(
+            &mut pending,
+            &mut pending_flat,
+            g,
+            f.into_iter().collect(),
+            &table,
+            kept[0],
+        );
         let first = read(&pending);
         let (g, f) = micro(2.0, second);
-        accumulate(&mut pending, &mut pending_flat, g, f, &table, kept[1]);
+        accumulate(
+            &mut pending,
+            &mut pending_flat,
+            g,
+            f.into_iter().collect(),
+            &table,
+            kept[1],
+        );
         (
             first,
             read(&pending),
-            pending_flat.map(|f| f.copy.is_some()),
+            pending_flat.first().map(|f| f.copy.is_some()),
         )
     };
     // Kept: the first micro-batch's views move to a copy; the second is summed into a new buffer.

@@ -394,6 +394,6 @@ fn load(trainer: &mut Trainer, path: &Path, resume: bool) -> Result<(), Checkpoi
     trainer.history = meta.history;
     trainer.scaler = meta.scaler;
     trainer.pending = any_pending.then_some(pending);
-    trainer.pending_flat = None;
+    trainer.pending_flat.clear();
     Ok(())
 }

@@ -98,9 +98,9 @@ pub struct Trainer {
     pub last_opt_step: i64,
     /// Gradients summed since the last optimizer step.
     pub pending: Option<GradientsParams>,
-    /// The flat buffer that the replayed stage's entries of `pending` are views of (see
+    /// The flat buffers that entries of `pending` are views of (the replayed stage's, see
     /// [`FlatGrads`]); dropped whenever `pending` is replaced.
-    pub(crate) pending_flat: Option<FlatGrads>,
+    pub(crate) pending_flat: Vec<FlatGrads>,
     pub history: Vec<EpochRecord>,
     /// Training batches (augmented, prefetched) and the validation images.
     pub loader: Loader,
@@ -225,7 +225,7 @@ impl Trainer {
             ni: 0,
             last_opt_step: -1,
             pending: None,
-            pending_flat: None,
+            pending_flat: Vec::new(),
             history: Vec::new(),
             loader: Loader {
                 source: Arc::new(train),
@@ -355,7 +355,7 @@ impl Trainer {
     /// Unscale, clip and update with the accumulated gradients; the caller updates the EMA.
     fn optimizer_update(&mut self) {
         let mut grads = self.pending.take().unwrap_or_default();
-        self.pending_flat = None;
+        self.pending_flat.clear();
         let table = &self.optimizer.table;
         let finite = self
             .scaler
@@ -377,13 +377,13 @@ impl Trainer {
 
     /// Adds a micro-batch's gradients to the pending ones ([`grads::accumulate`]); `kept`: no
     /// optimizer step consumes them in this step.
-    fn accumulate(&mut self, grads: GradientsParams, flat: Option<FlatGrads>, kept: bool) {
+    fn accumulate(&mut self, grads: GradientsParams, flats: Vec<FlatGrads>, kept: bool) {
         let table = &self.optimizer.table;
         grads::accumulate(
             &mut self.pending,
             &mut self.pending_flat,
             grads,
-            flat,
+            flats,
             table,
             kept,
         );

@@ -118,7 +118,7 @@ impl Trainer {
         }
         let stepped =
             self.ni as i64 - self.last_opt_step >= self.schedule.accumulate(self.ni) as i64;
-        self.accumulate(grads, flat, !stepped);
+        self.accumulate(grads, flat.into_iter().collect(), !stepped);
         if stepped {
             self.optimizer_update();
             self.last_opt_step = self.ni as i64;
