@@ -41,14 +41,18 @@ pub fn channels_last(x: CubeTensor, n: usize, channels: usize, dtype: DType) -> 
 }
 
 /// One unit per output value, in the output's memory order (`[N', H', W', C']`, channels
-/// fastest): `x[n, c, h / s_h, w / s_w]` cast where `h` and `w` are multiples of the strides and
-/// the source lies inside `x`, else zero (strides 1: `x` cast, padded or cropped).
+/// fastest): `x[n, c, h, w]` cast, or zero where `n` or `c` lies beyond `x`; when `dilated`,
+/// `x[n, c, h / s_h, w / s_w]` where `h` and `w` are multiples of the strides and the source
+/// lies inside `x`, else zero. The stride-1 cast (every convolution operand) compiles without
+/// the dilated case's divisions by the strides, which cost it ~1 µs a run on the H200
+/// (docs/perf_log.md AP3).
 #[cube(launch_unchecked)]
 fn channels_last_kernel<I: Float, O: Float>(
     x: &Tensor<I>,
     out: &mut Tensor<O>,
     stride_h: u32,
     stride_w: u32,
+    #[comptime] dilated: bool,
     #[define(I, O)] _dtypes: [ElemType; 2],
 ) {
     let c_n = out.shape(1);
@@ -57,7 +61,6 @@ fn channels_last_kernel<I: Float, O: Float>(
     if ABSOLUTE_POS >= out.shape(0) * c_n * h * w {
         terminate!();
     }
-    let (sh, sw) = (stride_h as usize, stride_w as usize);
     let mut rest = ABSOLUTE_POS;
     let c = rest % c_n;
     rest /= c_n;
@@ -66,16 +69,22 @@ fn channels_last_kernel<I: Float, O: Float>(
     let oh = rest % h;
     let n = rest / h;
     let dst = n * out.stride(0) + c * out.stride(1) + oh * out.stride(2) + ow * out.stride(3);
-    let (xh, xw) = (oh / sh, ow / sw);
     let mut v = O::from_int(0);
-    if n < x.shape(0)
-        && c < x.shape(1)
-        && oh % sh == 0
-        && ow % sw == 0
-        && xh < x.shape(2)
-        && xw < x.shape(3)
-    {
-        let src = n * x.stride(0) + c * x.stride(1) + xh * x.stride(2) + xw * x.stride(3);
+    if dilated {
+        let (sh, sw) = (stride_h as usize, stride_w as usize);
+        let (xh, xw) = (oh / sh, ow / sw);
+        if n < x.shape(0)
+            && c < x.shape(1)
+            && oh % sh == 0
+            && ow % sw == 0
+            && xh < x.shape(2)
+            && xw < x.shape(3)
+        {
+            let src = n * x.stride(0) + c * x.stride(1) + xh * x.stride(2) + xw * x.stride(3);
+            v = O::cast_from(x[src]);
+        }
+    } else if n < x.shape(0) && c < x.shape(1) {
+        let src = n * x.stride(0) + c * x.stride(1) + oh * x.stride(2) + ow * x.stride(3);
         v = O::cast_from(x[src]);
     }
     out[dst] = v;
@@ -123,6 +132,7 @@ pub fn dilated_channels_last(
             out.clone().into_tensor_arg(),
             stride[0] as u32,
             stride[1] as u32,
+            stride != [1, 1],
             types,
         );
     }
