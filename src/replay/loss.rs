@@ -35,6 +35,32 @@ const WARMUPS: usize = 3;
 /// Values in the results buffer: the loss, its six logged items, the four counts.
 const RESULTS: usize = 11;
 
+/// A replay of the recorded loss whose results are still on the device: the trainer replays the
+/// network's backward first and then [`PendingLoss::read`]s them, so the readback's wait and
+/// the host's work after it no longer stand between the two graphs on the GPU. (The results
+/// buffer is rewritten by the next loss replay only.)
+pub struct PendingLoss {
+    results: Tensor<1>,
+    flow: Option<FlatGrads>,
+}
+
+impl PendingLoss {
+    /// Waits for the replay's loss items and counts.
+    pub fn read(self) -> RecordedLoss {
+        let v: Vec<f32> = self
+            .results
+            .into_data()
+            .convert::<f32>()
+            .try_into_vec()
+            .expect("f32 results");
+        RecordedLoss {
+            items: [v[1], v[2], v[3], v[4], v[5], v[6]],
+            reached: Reached::of_counts([v[7], v[8], v[9], v[10]]),
+            flow: self.flow,
+        }
+    }
+}
+
 /// What one replay of the recorded loss gives the trainer.
 pub struct RecordedLoss {
     /// The one-to-one terms × gains, as the native path logs them.
@@ -215,7 +241,7 @@ impl LossGraph {
         scale: Option<f32>,
         flow: Option<&RealNvp>,
         device: &Device,
-    ) -> RecordedLoss {
+    ) -> PendingLoss {
         let inner = device.clone().inner();
         write(
             ObjectSlots::upload(labels, self.slots, self.keypoints, &inner),
@@ -231,16 +257,8 @@ impl LossGraph {
             self.flow_sources.refresh(f, false);
         }
         replay(device, &self.graph);
-        let v: Vec<f32> = self
-            .results
-            .clone()
-            .into_data()
-            .convert::<f32>()
-            .try_into_vec()
-            .expect("f32 results");
-        RecordedLoss {
-            items: [v[1], v[2], v[3], v[4], v[5], v[6]],
-            reached: Reached::of_counts([v[7], v[8], v[9], v[10]]),
+        PendingLoss {
+            results: self.results.clone(),
             flow: (!self.flow_params.is_empty()).then(|| FlatGrads {
                 params: self.flow_params.clone(),
                 layout: self.flow_layout.clone(),

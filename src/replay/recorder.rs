@@ -18,7 +18,7 @@
 
 pub use super::control::Control;
 use super::copy::{copy_into, duplicate};
-use super::loss::{LossGraph, RecordedLoss};
+use super::loss::{LossGraph, PendingLoss};
 use super::sources::{Sources, private_copies};
 use super::tape::{leaf, seeded_root};
 use crate::config::Scope;
@@ -362,7 +362,7 @@ impl Recorder {
         labels: &[Vec<Instance>],
         flow: Option<&RealNvp>,
         scale: Option<f32>,
-    ) -> RecordedLoss {
+    ) -> PendingLoss {
         let r = self.state.as_mut().expect("forward before the loss");
         if !r
             .loss

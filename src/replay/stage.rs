@@ -173,9 +173,9 @@ impl Stage {
 
     /// `replay.scope = "step"`, replayed: the recorded loss of `labels` on this step's outputs
     /// (`features`, released first: the loss graph writes its seeds into their buffers), scaled
-    /// by `scale` before its backward (FP16's loss scale). Returns the loss's items and reach;
-    /// the flow's gradients come with it ([`RecordedLoss::flow`]). [`Stage::recorded_backward`]
-    /// follows.
+    /// by `scale` before its backward (FP16's loss scale). Its items and reach stay on the
+    /// device until [`Stage::recorded_backward`], which follows, has replayed the backward;
+    /// the flow's gradients come with them ([`super::loss::RecordedLoss::flow`]).
     #[cfg(feature = "cuda")]
     pub fn recorded_loss(
         &mut self,
@@ -184,7 +184,7 @@ impl Stage {
         loss: &crate::loss::E2eLoss,
         labels: &[Vec<crate::data::Instance>],
         scale: Option<f32>,
-    ) -> super::loss::RecordedLoss {
+    ) -> super::loss::PendingLoss {
         let Stage::Replay(r) = self else {
             panic!("the recorded loss needs a replayed stage");
         };
@@ -192,29 +192,36 @@ impl Stage {
         r.loss(loss, labels, model.head.flow.as_ref(), scale)
     }
 
-    /// The network's backward from the seeds [`Stage::recorded_loss`] wrote: the network's
-    /// parameter gradients (those feeding only outputs the loss did not reach dropped, as
-    /// [`Stage::backward`] drops them) and the buffer they are views of.
+    /// The network's backward from the seeds [`Stage::recorded_loss`] wrote, then the loss's
+    /// items and reach read back (the backward already queued behind the loss on the GPU): the
+    /// network's parameter gradients (those feeding only outputs the loss did not reach
+    /// dropped, as [`Stage::backward`] drops them), the buffer they are views of, and the
+    /// loss.
     #[cfg(feature = "cuda")]
     pub fn recorded_backward(
         &mut self,
         model: &Yolo,
-        reached: &Reached,
-    ) -> (GradientsParams, Option<FlatGrads>) {
+        pending: super::loss::PendingLoss,
+    ) -> (
+        GradientsParams,
+        Option<FlatGrads>,
+        super::loss::RecordedLoss,
+    ) {
         let Stage::Replay(r) = self else {
             panic!("the recorded loss needs a replayed stage");
         };
         let per = r.outputs_per_copy();
         let mut flat = Some(r.backward_in_place());
+        let recorded = pending.read();
         let mut out = GradientsParams::new();
         if let Some(f) = &flat {
             f.put_views(&mut out);
         }
-        let unreached: Vec<bool> = reached.flat(per).into_iter().map(|r| !r).collect();
+        let unreached: Vec<bool> = recorded.reached.flat(per).into_iter().map(|r| !r).collect();
         if !r.control().keeps_unreached() {
             drop_branches(&mut out, &mut flat, model, &unreached);
         }
-        (out, flat)
+        (out, flat, recorded)
     }
 }
 

@@ -51,7 +51,8 @@ impl Trainer {
     }
 
     /// [`Trainer::loss_and_backward`] from the recorded loss (`replay.scope = "step"`): its
-    /// items are read back with the counts that decide which gradients are present.
+    /// items are read back with the counts that decide which gradients are present, after the
+    /// network's backward is queued.
     #[cfg(feature = "cuda")]
     fn recorded_loss(
         &mut self,
@@ -61,12 +62,12 @@ impl Trainer {
     ) -> (GradientsParams, Option<FlatGrads>, Items) {
         clock.mark(Phase::Assign);
         let scale = self.scaler.as_ref().map(|s| s.scale);
-        let recorded = self
+        let pending = self
             .stage
             .recorded_loss(&self.model, features, &self.loss, labels, scale);
         clock.mark(Phase::Loss);
         clock.mark(Phase::HeadBackward);
-        let (stage_grads, flat) = self.stage.recorded_backward(&self.model, &recorded.reached);
+        let (stage_grads, flat, recorded) = self.stage.recorded_backward(&self.model, pending);
         let mut grads = GradientsParams::new();
         if let Some(f) = &recorded.flow {
             f.put_views(&mut grads);
