@@ -13,7 +13,7 @@ impl Trainer {
         features: StageOutputs,
         labels: &[Vec<Instance>],
         clock: &mut PhaseClock,
-    ) -> (GradientsParams, Option<FlatGrads>, Items) {
+    ) -> (GradientsParams, Vec<FlatGrads>, Items) {
         let flow = self.model.head.flow.as_ref();
         let loss = match self.cfg.train.loss_on {
             LossOn::Host => {
@@ -47,7 +47,7 @@ impl Trainer {
             Some(v) => Items::Read(v),
             None => Items::OnDevice(Box::new(loss.items)),
         };
-        (grads, flat, items)
+        (grads, flat.into_iter().collect(), items)
     }
 
     /// [`Trainer::loss_and_backward`] from the recorded loss (`replay.scope = "step"`): its
@@ -59,7 +59,7 @@ impl Trainer {
         features: StageOutputs,
         labels: &[Vec<Instance>],
         clock: &mut PhaseClock,
-    ) -> (GradientsParams, Option<FlatGrads>, Items) {
+    ) -> (GradientsParams, Vec<FlatGrads>, Items) {
         clock.mark(Phase::Assign);
         let scale = self.scaler.as_ref().map(|s| s.scale);
         let pending = self
@@ -74,8 +74,16 @@ impl Trainer {
         }
         drop_unreached(&mut grads, &self.model, &recorded.reached);
         merge(&mut grads, stage_grads, &self.optimizer.table);
+        // Where the loss reached the flow (all its gradients kept), they accumulate as one
+        // buffer too.
+        let flow = recorded.flow.filter(|f| {
+            f.params
+                .iter()
+                .all(|p| grads::get_flat(&grads, p).is_some())
+        });
         clock.mark(Phase::FeatureBackward);
-        (grads, flat, Items::Read(recorded.items))
+        let flats = flat.into_iter().chain(flow).collect();
+        (grads, flats, Items::Read(recorded.items))
     }
 
     #[cfg(not(feature = "cuda"))]
@@ -84,7 +92,7 @@ impl Trainer {
         _: StageOutputs,
         _: &[Vec<Instance>],
         _: &mut PhaseClock,
-    ) -> (GradientsParams, Option<FlatGrads>, Items) {
+    ) -> (GradientsParams, Vec<FlatGrads>, Items) {
         unreachable!("only a replayed stage records the loss")
     }
 
@@ -106,20 +114,20 @@ impl Trainer {
             (features.head(&self.model.head), features)
         };
         clock.mark(Phase::Head);
-        let (mut grads, mut flat, items) = if self.stage.records_loss() {
+        let (mut grads, mut flats, items) = if self.stage.records_loss() {
             self.recorded_loss(features, &labels, &mut clock)
         } else {
             self.loss_and_backward(&out, features, &labels, &mut clock)
         };
         if let Some(c) = &self.collective {
             grads = all_reduce_grads(c.as_ref(), grads, &self.optimizer.table, &self.device);
-            flat = None;
+            flats.clear();
             // Before the optimizer step, so the EMA copies rank 0's statistics too.
             self.model = broadcast_buffers(c.as_ref(), self.model.clone(), &self.device);
         }
         let stepped =
             self.ni as i64 - self.last_opt_step >= self.schedule.accumulate(self.ni) as i64;
-        self.accumulate(grads, flat.into_iter().collect(), !stepped);
+        self.accumulate(grads, flats, !stepped);
         if stepped {
             self.optimizer_update();
             self.last_opt_step = self.ni as i64;
