@@ -382,7 +382,7 @@ fn flat_ema_equals_per_tensor() {
     let model = YoloConfig::new(Scale::N, Task::Pose).init(&d);
     let run = || {
         let mut per_tensor = Ema::new(&model);
-        let mut flat = per_tensor.clone();
+        let mut flat = Ema::new(&model);
         flat.flat_update = true;
         let mut m = model.clone();
         for k in 0..3 {

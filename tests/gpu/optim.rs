@@ -54,7 +54,7 @@ fn flat_equals_per_tensor_on_cuda(rule: Rule) {
     let mut flat = per_tensor.clone();
     flat.flat_update = true;
     let mut ema_a = Ema::new(&model);
-    let mut ema_b = ema_a.clone();
+    let mut ema_b = Ema::new(&model);
     ema_b.flat_update = true;
     let (mut a, mut b) = (model.clone(), model);
     let inner = d.clone().inner();
