@@ -198,8 +198,9 @@ fn every_conv_routine_matches_the_reference_on_cuda() {
 
 /// Strided BF16 data gradients by the routine's stride-1 GEMM on the zero-dilated output
 /// gradient (the default, `routine::choose_strided_by_gemm`) stay within BF16's bound of the FP32
-/// reference and of the direct kernel's, at odd sizes (the last row and column of the dilated gradient are zeros
-/// there), a multiple of 8 channels and not (16 → 24 padded), 3×3 and 1×1, stride 2.
+/// reference and of the direct kernel's, at odd sizes (the last row and column of the dilated
+/// gradient are zeros there), a multiple of 8 channels and not (16 → 24 padded), 3×3 and 1×1,
+/// stride 2.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn strided_data_gradients_by_gemm_match_the_reference_on_cuda() {

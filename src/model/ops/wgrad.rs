@@ -76,11 +76,16 @@ pub fn columns<B: Backend>(
             taps.push(B::float_reshape(tap, Shape::new([n, c, 1, ho * wo])));
         }
     }
-    let cols = B::float_reshape(
-        B::float_cat(taps, 2),
-        Shape::new([n, c * k[0] * k[1], chunks, ho * wo / chunks]),
-    );
-    B::float_permute(cols, &[0, 2, 1, 3])
+    chunked::<B>(B::float_cat(taps, 2), n, c * k[0] * k[1], chunks)
+}
+
+/// `t`, `n · rows · P` values read as `[N, rows, P]`, viewed as `[N, S, rows, P / S]` for
+/// `S = chunks`: the positions split into `S` runs of consecutive ones (a view, no launch).
+fn chunked<B: Backend>(t: FloatTensor<B>, n: usize, rows: usize, chunks: usize) -> FloatTensor<B> {
+    let p = t.shape().num_elements() / (n * rows);
+    let t = B::float_reshape(t, Shape::new([n, rows, p]));
+    let t = B::float_reshape(t, Shape::new([n, rows, chunks, p / chunks]));
+    B::float_permute(t, &[0, 2, 1, 3])
 }
 
 /// The largest number of chunks ≤ `pixels / CHUNK` that divides `pixels` evenly.
@@ -132,18 +137,13 @@ pub fn weight_backward<B: Backend>(
         // them transposed as they lie; the pixel-major views of an `[N, X, P]` operand are a
         // layout CubeCL's matmul copies first (a chunk's rows are `P` apart, the chunks `L`).
         let s = chunks(p);
-        let l = p / s;
-        let split = |t: FloatTensor<B>, rows: usize| {
-            let t = B::float_reshape(t, Shape::new([n, rows, s, l]));
-            B::float_permute(t, &[0, 2, 1, 3])
-        };
         let cols = if pointwise {
             // A 1×1 convolution's columns are its input: a view, no launch.
-            split(B::float_reshape(f32(x), Shape::new([n, ci, p])), ci)
+            chunked::<B>(f32(x), n, ci, s)
         } else {
             im2col(x, [kh, kw], [ho, wo], s, options)
         };
-        let g = split(B::float_reshape(grad, Shape::new([n, co, p])), co);
+        let g = chunked::<B>(grad, n, co, s);
         let prod = B::float_matmul(g, B::float_swap_dims(cols, 2, 3)); // [N, S, co, ci·kk]
         let prod = B::float_reshape(prod, Shape::new([n * s, co, ci * kk]));
         B::float_reshape(B::float_sum_dim(prod, 0), Shape::new([co, ci, kh, kw]))
