@@ -216,6 +216,17 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
         .map(|c| format!("{:.0}", median(c)))
         .collect();
     println!("per 16 steps (median ms): {}", blocks.join(" "));
+    let changed: Vec<String> = (0..timing.reserved.len())
+        .filter(|&i| i == 0 || timing.reserved[i - 1] != timing.reserved[i])
+        .map(|i| {
+            let (u, r) = (mib(timing.in_use[i]), mib(timing.reserved[i]));
+            format!("{} {u:.0}/{r:.0}", i + 1)
+        })
+        .collect();
+    println!(
+        "MiB in use/reserved after step n, where the reservation changed: {}",
+        changed.join(", ")
+    );
     println!("steps {}", timing.optimizer_split(o.skip));
     if o.phases {
         println!("phases (median ms, synced): {}", timing.phase_line(o.skip));
@@ -258,9 +269,15 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
     if !growth.is_empty() {
         let parts: Vec<String> = growth
             .iter()
-            .map(|(what, b, n)| format!("{what} {:+.1} ({n:+})", *b as f64 / (1024.0 * 1024.0)))
+            .map(|g| {
+                let (b, r) = (g.bytes as f64 / 1048576.0, mib(g.reserved));
+                format!("{} {b:+.1} ({:+}) [{r:.0}]", g.what, g.slices)
+            })
             .collect();
-        println!("recording, MiB in use (slices): {}", parts.join(", "));
+        println!(
+            "recording, MiB in use (slices) [MiB reserved after]: {}",
+            parts.join(", ")
+        );
     }
     Ok(())
 }

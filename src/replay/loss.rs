@@ -12,7 +12,7 @@
 //! into one small buffer, read back once per step: which outputs the loss reached is decided on
 //! the host from those counts, outside the graph, as the native device path decides it.
 
-use super::recorder::{Graph, RecordError, copy_of, gather_into, in_use, replay, write};
+use super::recorder::{Graph, PoolUse, RecordError, copy_of, gather_into, pool_use, replay, write};
 use super::sources::Sources;
 use super::stage::outputs_of;
 use crate::data::Instance;
@@ -93,8 +93,8 @@ pub struct LossGraph {
     flow_params: Vec<ParamInfo>,
     flow_layout: Layout,
     flow_grads: Tensor<1>,
-    /// Bytes in use on the device before recording and after it.
-    pub growth: [u64; 2],
+    /// The device's memory pool before recording and after it.
+    pub(super) growth: [PoolUse; 2],
 }
 
 impl LossGraph {
@@ -118,7 +118,7 @@ impl LossGraph {
         let err = |what: &str, e: &dyn std::fmt::Debug| RecordError(format!("{what}: {e:?}"));
         let inner = device.clone().inner();
         let dispatch = inner.as_dispatch();
-        let before = in_use(&inner);
+        let before = pool_use(&inner);
         let (batch, keypoints) = (labels.len(), loss.sigmas.len());
         let slots = ObjectSlots::slots_for(labels, loss.object_slots);
         let objects = copy_of(ObjectSlots::upload(labels, slots, keypoints, &inner));
@@ -225,7 +225,7 @@ impl LossGraph {
             flow_params,
             flow_layout,
             flow_grads,
-            growth: [before, in_use(&inner)],
+            growth: [before, pool_use(&inner)],
         })
     }
 

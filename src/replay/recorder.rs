@@ -20,6 +20,7 @@ pub use super::control::Control;
 use super::copy::{copy_into, duplicate};
 use super::loss::{LossGraph, PendingLoss};
 use super::sources::{Sources, private_copies};
+use super::stage::Growth;
 use super::tape::{leaf, seeded_root};
 use crate::config::Scope;
 use crate::data::Instance;
@@ -120,25 +121,22 @@ pub(super) fn bytes_of<const D: usize>(t: &Tensor<D>) -> u64 {
     (t.shape().num_elements() * t.dtype().size()) as u64
 }
 
-/// The memory pool's bytes in use on `device` (0 where it has no pool).
-pub(super) fn in_use(device: &Device) -> u64 {
-    pool_use(device).bytes
-}
-
-/// What the memory pool holds in use: bytes, and the slices they are in.
+/// What the memory pool holds in use (bytes, and the slices they are in) and has reserved.
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct PoolUse {
     bytes: u64,
     slices: u64,
+    reserved: u64,
 }
 
 /// The memory pool's use on `device` (zeros where it has no pool).
-fn pool_use(device: &Device) -> PoolUse {
+pub(super) fn pool_use(device: &Device) -> PoolUse {
     device
         .memory_pool_usage()
         .map_or(PoolUse::default(), |u| PoolUse {
             bytes: u.bytes_in_use,
             slices: u.number_allocs,
+            reserved: u.bytes_reserved,
         })
 }
 
@@ -252,26 +250,34 @@ impl Recorder {
         ]
     }
 
-    /// Bytes and slices in use before recording, then what each stage of recording added
-    /// (negative: freed), by stage; nothing before the first forward. The slices tell a few
-    /// tensors from many small buffers (e.g. launch metadata a graph pins).
-    pub fn recording(&self) -> Vec<(&'static str, i64, i64)> {
+    /// Bytes and slices in use before recording, then what each stage of recording added, by
+    /// stage, the loss graph's last where one is recorded; nothing before the first forward.
+    /// The slices tell a few tensors from many small buffers (e.g. launch metadata a graph
+    /// pins); the reservation after each stage tells where the pool grew.
+    pub fn recording(&self) -> Vec<Growth> {
         let Some(r) = &self.state else {
             return Vec::new();
         };
+        let delta = |what, last: &PoolUse, now: &PoolUse| Growth {
+            what,
+            bytes: now.bytes as i64 - last.bytes as i64,
+            slices: now.slices as i64 - last.slices as i64,
+            reserved: now.reserved,
+        };
         let mut last = PoolUse::default();
-        r.growth
+        let mut out: Vec<Growth> = r
+            .growth
             .iter()
             .map(|(what, now)| {
-                let step = (
-                    *what,
-                    now.bytes as i64 - last.bytes as i64,
-                    now.slices as i64 - last.slices as i64,
-                );
+                let step = delta(*what, &last, now);
                 last = *now;
                 step
             })
-            .collect()
+            .collect();
+        if let Some(l) = &r.loss {
+            out.push(delta("loss graph", &l.growth[0], &l.growth[1]));
+        }
+        out
     }
 
     /// Replays the forward graph on `images` (recording it first on the first call) and returns

@@ -20,6 +20,16 @@ use super::tape::{leaf, seeded_root};
 #[cfg(feature = "cuda")]
 use super::recorder::Recorder;
 
+/// One stage of recording: what it added in use (negative: freed), in how many slices, and
+/// the pool's reservation after it.
+#[derive(Clone, Copy, Debug)]
+pub struct Growth {
+    pub what: &'static str,
+    pub bytes: i64,
+    pub slices: i64,
+    pub reserved: u64,
+}
+
 /// What the stage computes before the tape is cut (`replay.scope`).
 pub use crate::config::Scope;
 
@@ -82,7 +92,7 @@ impl Stage {
     }
 
     /// [`Recorder::recording`] of a replayed stage; empty for a native one.
-    pub fn recording(&self) -> Vec<(&'static str, i64, i64)> {
+    pub fn recording(&self) -> Vec<Growth> {
         match self {
             Stage::Native(_) => Vec::new(),
             #[cfg(feature = "cuda")]
