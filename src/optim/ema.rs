@@ -4,7 +4,7 @@
 use super::hash::StateHasher;
 use super::host::{HostValues, take_host};
 use super::layout::Layout;
-use super::tensors::{float_tensors, replace_float_tensors};
+use super::tensors::{float_tensors, replace_float_tensors, write_in_place};
 use crate::config::device::is_cuda;
 use crate::model::ops::storage;
 use burn::module::Module;
@@ -140,19 +140,6 @@ impl<M: Module> Ema<M> {
         }
         h.finish()
     }
-}
-
-/// Writes `src` into `dst`'s buffer where the backend can (CUDA: the copy kernel); `false`
-/// elsewhere.
-fn write_in_place(src: &Tensor<1>, dst: &Tensor<1>) -> bool {
-    #[cfg(feature = "cuda")]
-    if is_cuda(&dst.device()) {
-        use crate::replay::recorder::cube;
-        crate::replay::copy::copy_into(cube(src.clone()), &cube(dst.clone()));
-        return true;
-    }
-    let _ = (src, dst);
-    false
 }
 
 /// `averaged · d + current · (1 − d)` as one loop on the host, the current tensors read where

@@ -17,6 +17,7 @@ use super::host::{HostValues, take_host};
 use super::layout::{ALIGN, Layout, f32_of};
 use super::reduce::sum_all;
 use super::state::{Hyper, ParamState, Rule};
+use super::tensors::write_in_place;
 use crate::config::device::is_cuda;
 use burn::optim::GradientsParams;
 use burn::prelude::*;
@@ -33,6 +34,8 @@ pub struct FlatState {
     pub p: Tensor<1>,
     pub buf: Tensor<1>,
     pub second: Tensor<1>,
+    /// Whether the model's parameters and the optimizer state are views of these buffers.
+    pub viewed: bool,
 }
 
 impl FlatState {
@@ -52,6 +55,7 @@ impl FlatState {
             p,
             buf,
             second,
+            viewed: false,
         }
     }
 }
@@ -79,9 +83,11 @@ pub(super) fn and_complement(x: f64, device: &Device) -> (Tensor<1>, Tensor<1>) 
     (both.clone().slice(0..1), both.slice(1..2))
 }
 
-/// What one flat step produced: which parameters moved.
+/// What one flat step produced: which parameters moved, and whether the new values went into
+/// the buffers that were there before (the views of them stay current).
 pub struct FlatStep {
     pub present: Vec<bool>,
+    pub in_place: bool,
 }
 
 /// Columns of the per-step table: one row of scalars per parameter.
@@ -107,8 +113,10 @@ pub struct RuleConstants {
 }
 
 /// One update of every parameter with a gradient in `grads` (consumed), clipped to `clip_norm`
-/// over all gradients first (`clip::clip_global_norm`'s rule). `state[i].steps` is advanced for the present ones; the caller
-/// re-points parameters and state at the new buffers.
+/// over all gradients first (`clip::clip_global_norm`'s rule). `state[i].steps` is advanced for
+/// the present ones. Where views of `flat`'s buffers are out (`flat.viewed`) and the backend can
+/// (CUDA), the new values are written into those buffers, so the views need not be made again;
+/// otherwise `flat` holds new buffers and the caller re-points parameters and state at them.
 pub fn step(
     constants: RuleConstants,
     flat: &mut FlatState,
@@ -158,7 +166,10 @@ pub fn step(
             .map(|t| t.map(|t| HostValues::of(f32_of(t))))
             .collect();
         host_update(constants, flat, &rows, &parts, mu, clip_norm);
-        return FlatStep { present };
+        return FlatStep {
+            present,
+            in_place: false,
+        };
     }
     let per_row = Tensor::<2>::from_data(
         TensorData::new(rows, [table.len() + 1, COLUMNS]),
@@ -204,12 +215,24 @@ pub fn step(
             (p_new, b, None)
         }
     };
-    flat.p = p.mask_where(present_mask.clone(), p_new);
-    flat.buf = buf.mask_where(present_mask.clone(), buf_new);
-    if let Some(v) = second_new {
-        flat.second = second.mask_where(present_mask, v);
+    let p_next = p.mask_where(present_mask.clone(), p_new);
+    let buf_next = buf.mask_where(present_mask.clone(), buf_new);
+    let second_next = second_new.map(|v| second.mask_where(present_mask, v));
+    // Computed whole before any is written: each reads the old values of the others.
+    let in_place = flat.viewed && write_in_place(&p_next, &flat.p);
+    if in_place {
+        write_in_place(&buf_next, &flat.buf);
+        if let Some(v) = &second_next {
+            write_in_place(v, &flat.second);
+        }
+    } else {
+        flat.p = p_next;
+        flat.buf = buf_next;
+        if let Some(v) = second_next {
+            flat.second = v;
+        }
     }
-    FlatStep { present }
+    FlatStep { present, in_place }
 }
 
 /// The update of [`step`] as one loop over the buffers on the host (the CPU backend runs each

@@ -105,13 +105,24 @@ impl Optimizer {
         );
         let adam = self.rule == Rule::AdamW;
         for (i, s) in self.state.iter_mut().enumerate() {
-            if s.buf.is_some() || done.present[i] {
+            // Written in place, the views made before still show the state; a parameter with
+            // its first gradient needs its own.
+            let fresh = s.buf.is_none() && done.present[i];
+            if fresh || (!done.in_place && s.buf.is_some()) {
                 s.buf = Some(f.layout.view(&f.buf, i));
                 if adam {
                     s.second = Some(f.layout.view(&f.second, i));
                 }
             }
         }
+        // In place, the parameters' views show the new values (~300 views and a module
+        // rebuild fewer: most of the optimizer phase's host time on the H200).
+        if done.in_place {
+            return model;
+        }
+        // From here until `reset_flat` (the model replaced from outside) the model's parameters
+        // are views of the flat values.
+        f.viewed = true;
         let mut mapper = ViewMapper {
             index: &self.index,
             flat: f,

@@ -56,16 +56,27 @@ fn flat_equals_per_tensor_on_cuda(rule: Rule) {
     let mut ema_a = Ema::new(&model);
     let mut ema_b = Ema::new(&model);
     ema_b.flat_update = true;
+    assert!(
+        per_tensor
+            .table
+            .iter()
+            .any(|p| p.path.contains("one2one") && p.path.contains("point_stems")),
+        "no one-to-one point stems to leave absent"
+    );
     let (mut a, mut b) = (model.clone(), model);
     let inner = d.clone().inner();
     for step in 0..3 {
-        // Small enough that the clip multiplies by exactly 1; the point stems are absent in step 1.
+        // Small enough that the clip multiplies by exactly 1; the point stems are absent in step
+        // 1, the one-to-one ones in step 0 too: their first gradient comes in step 2, after the
+        // flat values are written in place (on CUDA) from step 1 on.
         let g: Vec<Option<Tensor<1>>> = per_tensor
             .table
             .iter()
             .map(|p| {
                 let n: usize = p.dims.iter().product();
-                let absent = step == 1 && p.path.contains("point_stems");
+                let stem = p.path.contains("point_stems");
+                let late = stem && p.path.contains("one2one");
+                let absent = (step == 1 && stem) || (step == 0 && late);
                 (!absent).then(|| Tensor::random([n], Distribution::Uniform(-1e-4, 1e-4), &inner))
             })
             .collect();
