@@ -22,6 +22,7 @@ use crate::config::device::is_cuda;
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::{DType, TensorData};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The flat buffers between steps: the model's parameters and the per-parameter state are views
 /// of `p`, `buf` and `second`. Anything that replaces parameters or state from outside (a
@@ -81,6 +82,15 @@ pub(super) fn and_complement(x: f64, device: &Device) -> (Tensor<1>, Tensor<1>) 
         (device, DType::F32),
     );
     (both.clone().slice(0..1), both.slice(1..2))
+}
+
+static IN_PLACE_STEPS: AtomicU64 = AtomicU64::new(0);
+
+/// How many flat steps in this process wrote their new values in place: a parameter tensor
+/// that is the same tensor as before may hold new values when this moved (replay's static
+/// copies of the parameters check it).
+pub fn in_place_steps() -> u64 {
+    IN_PLACE_STEPS.load(Ordering::Acquire)
 }
 
 /// What one flat step produced: which parameters moved, and whether the new values went into
@@ -221,6 +231,7 @@ pub fn step(
     // Computed whole before any is written: each reads the old values of the others.
     let in_place = flat.viewed && write_in_place(&p_next, &flat.p);
     if in_place {
+        IN_PLACE_STEPS.fetch_add(1, Ordering::AcqRel);
         write_in_place(&buf_next, &flat.buf);
         if let Some(v) = &second_next {
             write_in_place(v, &flat.second);

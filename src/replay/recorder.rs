@@ -164,7 +164,7 @@ fn gather_grads(all: &GradientsParams, params: &[ParamInfo], layout: &Layout, fl
     gather_into(layout, parts, flat);
 }
 
-fn is_running_stat(path: &str) -> bool {
+pub(super) fn is_running_stat(path: &str) -> bool {
     path.ends_with("running_mean") || path.ends_with("running_var")
 }
 

@@ -1,8 +1,9 @@
 //! The static buffers a recorded graph reads the trainer's tensors from (parameters, BatchNorm
 //! running statistics, the flow's parameters), and their refresh before each replay.
 //!
-//! The flat optimizer hands the model's parameters back as views of one new buffer after every
-//! step (`optim::flat`), one segment per parameter in the parameter table's order
+//! The flat optimizer hands the model's parameters back as views of one buffer (`optim::flat`:
+//! a new one at its first step, on CUDA the same one written in place after it, which
+//! `optim::flat::in_place_steps` counts), one segment per parameter in the parameter table's order
 //! (`optim::layout::Layout`). The recorded parameters' static buffers are segments of one buffer
 //! laid out by the same rule, so after an optimizer step the parameters of the stage are one run
 //! at the same distances there as here, and the refresh is one copy instead of one per tensor
@@ -12,8 +13,9 @@
 //! tensor.
 
 use super::copy::copy_into;
-use super::recorder::{bytes_of, copy_of, cube, write};
+use super::recorder::{bytes_of, copy_of, cube, is_running_stat, write};
 use crate::model::ops::{run, segment};
+use crate::optim::flat::in_place_steps;
 use crate::optim::groups::param_table;
 use crate::optim::layout::{Layout, padded};
 use crate::optim::tensors::float_tensors;
@@ -32,6 +34,9 @@ pub(super) struct Sources {
     pub(super) written: Vec<Option<CubeTensor>>,
     /// The parameters' buffers as segments of one.
     params: Option<Segments>,
+    /// The flat optimizer's in-place step count at the last refresh
+    /// (`optim::flat::in_place_steps`).
+    steps_seen: u64,
 }
 
 /// Buffers that are segments of `flat` at `layout`: segment `k` is buffer `members[k]`.
@@ -98,6 +103,7 @@ impl Sources {
             written: vec![None; buffers.len()],
             buffers,
             params: None,
+            steps_seen: in_place_steps(),
         }
     }
 
@@ -143,6 +149,15 @@ impl Sources {
         let current: HashMap<String, Tensor<1>> =
             float_tensors(&module.valid()).into_iter().collect();
         let mut done = vec![false; self.buffers.len()];
+        // A flat optimizer step written in place leaves the parameters the same tensors with
+        // new values: every parameter is copied again then (not under the control, which
+        // copies each once).
+        let steps = in_place_steps();
+        let moved = !stale && steps != self.steps_seen;
+        self.steps_seen = steps;
+        let fresh = |path: &str, written: Option<&CubeTensor>, now: &CubeTensor| {
+            (!moved || is_running_stat(path)) && up_to_date(written, now, stale)
+        };
         if let Some(seg) = &self.params {
             let parts: Vec<Option<Tensor<1>>> = seg
                 .members
@@ -164,7 +179,7 @@ impl Sources {
                 let unchanged = members
                     .iter()
                     .zip(&now)
-                    .all(|(&b, n)| up_to_date(self.written[b].as_ref(), n, stale));
+                    .all(|(&b, n)| fresh(&self.buffers[b].0, self.written[b].as_ref(), n));
                 if !unchanged {
                     let start = offsets[i];
                     let len = whole.dims()[0];
@@ -190,7 +205,7 @@ impl Sources {
                 continue;
             }
             let now = cube(current[path].clone());
-            if up_to_date(written.as_ref(), &now, stale) {
+            if fresh(path, written.as_ref(), &now) {
                 continue;
             }
             copy_into(now.clone(), &cube(buffer.clone()));
