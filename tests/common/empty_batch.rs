@@ -1,5 +1,6 @@
 //! A batch without objects: what it may and may not move.
 
+use super::host_now;
 use burn::prelude::*;
 use burnpose::data::Batch;
 use burnpose::train::Trainer;
@@ -20,13 +21,7 @@ pub fn moves_only_classes(mut t: Trainer, still: fn(&Trainer) -> TensorData, wha
     let order = t.epoch_order(0);
     t.train_step(&t.batch(&order, 0).unwrap());
     let empty = without_objects(&t, &order, 1);
-    let cls = |t: &Trainer| {
-        t.model.head.one2many.classes[0]
-            .out
-            .weight
-            .val()
-            .into_data()
-    };
+    let cls = |t: &Trainer| host_now(t.model.head.one2many.classes[0].out.weight.val());
     let (still_before, cls_before) = (still(&t), cls(&t));
     t.train_step(&empty);
     assert_eq!(
@@ -44,17 +39,12 @@ pub fn moves_only_classes(mut t: Trainer, still: fn(&Trainer) -> TensorData, wha
 /// The first box branch's first weight (one-to-many copy): what detection without positives
 /// must leave.
 pub fn box_branch_weight(t: &Trainer) -> TensorData {
-    t.model.head.one2many.boxes[0]
-        .cv1
-        .conv
-        .weight
-        .val()
-        .into_data()
+    host_now(t.model.head.one2many.boxes[0].cv1.conv.weight.val())
 }
 
 /// The first point stem's first weight (one-to-many copy): what pose without positives must
 /// leave.
 pub fn point_stem_weight(t: &Trainer) -> TensorData {
     let pose = t.model.head.one2many.pose.as_ref().unwrap();
-    pose.point_stems[0].cv1.conv.weight.val().into_data()
+    host_now(pose.point_stems[0].cv1.conv.weight.val())
 }

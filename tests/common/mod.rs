@@ -5,6 +5,8 @@
 pub mod empty_batch;
 pub mod fixtures;
 
+use burn::prelude::*;
+use burn::tensor::TensorData;
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -84,4 +86,13 @@ pub fn assert_items_close(ours: &[f32; 6], theirs: &[f32; 6], rel: f32, what: &s
             "{what} item {k}: {x} vs {y}"
         );
     }
+}
+
+/// `t`'s values, copied to the host now. On CUDA `into_data` reads lazily: the copy happens at
+/// the first access to the bytes, so a snapshot taken before a step and looked at after it shows
+/// the values after it wherever the step wrote in place (the flat optimizer's parameters, the
+/// EMA). Snapshots compared across a step come from here.
+pub fn host_now<const D: usize>(t: Tensor<D>) -> TensorData {
+    let d = t.into_data();
+    TensorData::from_bytes_vec(d.as_bytes().to_vec(), d.shape().clone(), d.dtype())
 }

@@ -1,6 +1,7 @@
 //! Feature replay against the native loop on the H200: byte-equal state hashes and per-step
 //! losses, ordinary and empty batches, FP32/BF16/FP16, and negative controls that must fail.
 
+use super::common::host_now;
 use super::cuda;
 use burn::module::Module;
 use burnpose::config::Config;
@@ -204,8 +205,8 @@ fn empty_layout_of(
     let stem = |t: &Trainer| {
         let b = &t.model.head.one2many;
         match &b.pose {
-            Some(p) => p.point_stems[0].cv1.conv.weight.val().into_data(),
-            None => b.boxes[0].cv1.conv.weight.val().into_data(),
+            Some(p) => host_now(p.point_stems[0].cv1.conv.weight.val()),
+            None => host_now(b.boxes[0].cv1.conv.weight.val()),
         }
     };
     let before = stem(&t);
