@@ -1,7 +1,7 @@
 //! Feature replay against the native loop on the H200: byte-equal state hashes and per-step
 //! losses, ordinary and empty batches, FP32/BF16/FP16, and negative controls that must fail.
 
-use super::common::host_now;
+use super::common::empty_batch::{box_branch_weight, point_stem_weight};
 use super::cuda;
 use burn::module::Module;
 use burnpose::config::Config;
@@ -202,12 +202,9 @@ fn empty_layout_of(
     t.train_step(&t.batch(&order, 0).unwrap());
     let empty = super::common::empty_batch::without_objects(&t, &order, 1);
     // The point stems (pose) or the box branch (detection): no positives, no gradient.
-    let stem = |t: &Trainer| {
-        let b = &t.model.head.one2many;
-        match &b.pose {
-            Some(p) => host_now(p.point_stems[0].cv1.conv.weight.val()),
-            None => host_now(b.boxes[0].cv1.conv.weight.val()),
-        }
+    let stem = |t: &Trainer| match &t.model.head.one2many.pose {
+        Some(_) => point_stem_weight(t),
+        None => box_branch_weight(t),
     };
     let before = stem(&t);
     t.train_step(&empty);
