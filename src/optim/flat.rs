@@ -93,11 +93,35 @@ pub fn in_place_steps() -> u64 {
     IN_PLACE_STEPS.load(Ordering::Acquire)
 }
 
-/// What one flat step produced: which parameters moved, and whether the new values went into
-/// the buffers that were there before (the views of them stay current).
+/// What one flat step produced: which parameters had a gradient, whether the new values went
+/// into the buffers that were there before (the views of them stay current), and whether the
+/// gradients were finite. The parameters' step counts and new state views are the caller's to
+/// apply once it knows the last (`Optimizer::settle`).
 pub struct FlatStep {
     pub present: Vec<bool>,
     pub in_place: bool,
+    pub finite: Finite,
+}
+
+/// Whether a step's unscaled gradients were all finite (FP16's loss scale; always so without
+/// one): the host's answer, or the device's, read once the step and what follows it are queued.
+/// On CUDA the step is applied on the device masked by it, so no readback sits between the
+/// backward and the optimizer, and a recorded update could decide it inside its graph.
+#[derive(Debug)]
+pub enum Finite {
+    Known(bool),
+    /// A `[1]` value: 0 when every gradient was finite, NaN when not (Σ 0·g).
+    OnDevice(Box<Tensor<1>>),
+}
+
+impl Finite {
+    /// The answer (one read from the device for `OnDevice`).
+    pub fn read(self) -> bool {
+        match self {
+            Finite::Known(b) => b,
+            Finite::OnDevice(t) => t.into_scalar::<f32>() == 0.0,
+        }
+    }
 }
 
 /// Columns of the per-step table: one row of scalars per parameter.
@@ -122,19 +146,24 @@ pub struct RuleConstants {
     pub eps: f64,
 }
 
-/// One update of every parameter with a gradient in `grads` (consumed), clipped to `clip_norm`
-/// over all gradients first (`clip::clip_global_norm`'s rule). `state[i].steps` is advanced for
-/// the present ones. Where views of `flat`'s buffers are out (`flat.viewed`) and the backend can
-/// (CUDA), the new values are written into those buffers, so the views need not be made again;
-/// otherwise `flat` holds new buffers and the caller re-points parameters and state at them.
+/// One update of every parameter with a gradient in `grads` (consumed): the gradients divided by
+/// `loss_scale` first where there is one (and the whole step left out when any is not finite,
+/// `LossScaler::unscale`'s rule), then clipped to `clip_norm` over all gradients
+/// (`clip::clip_global_norm`'s rule). `state` is read, not changed: the present parameters'
+/// step counts advance when the caller applies the step. Where views of `flat`'s buffers are out
+/// (`flat.viewed`) and the backend can (CUDA), the new values are written into those buffers, so
+/// the views need not be made again; otherwise `flat` holds new buffers and the caller re-points
+/// parameters and state at them.
+#[allow(clippy::too_many_arguments)]
 pub fn step(
     constants: RuleConstants,
     flat: &mut FlatState,
     table: &[ParamInfo],
-    state: &mut [ParamState],
+    state: &[ParamState],
     grads: &mut GradientsParams,
     hyper: &Hyper,
     clip_norm: f64,
+    loss_scale: Option<f32>,
 ) -> FlatStep {
     let RuleConstants { rule, beta2, eps } = constants;
     let device = flat.p.device();
@@ -142,16 +171,16 @@ pub fn step(
     let parts: Vec<Option<Tensor<1>>> = table.iter().map(|p| take_flat(grads, p)).collect();
     let present: Vec<bool> = parts.iter().map(Option::is_some).collect();
     let mu = hyper.momentum;
+    // `LossScaler::unscale`'s factor.
+    let inv = loss_scale.map(|s| (1.0f64 / s as f64) as f32);
     // Row per parameter, plus one for padding (never present, harmless values).
     let mut rows = vec![0f32; (table.len() + 1) * COLUMNS];
     for (i, info) in table.iter().enumerate() {
-        let s = &mut state[i];
+        let s = &state[i];
         let (lr, wd) = hyper.for_group(info.group);
         let init = s.buf.is_some();
-        if present[i] {
-            s.steps += 1;
-        }
-        let t = s.steps.max(1) as i32;
+        // The step count this update is the parameter's `t`-th.
+        let t = (s.steps + present[i] as u64).max(1) as i32;
         let r = &mut rows[i * COLUMNS..(i + 1) * COLUMNS];
         r[PRESENT] = present[i] as u8 as f32;
         r[INIT] = init as u8 as f32;
@@ -173,12 +202,21 @@ pub fn step(
     if !is_cuda(&device) && !super::host::force::tensor_path() {
         let parts: Vec<Option<HostValues>> = parts
             .into_iter()
-            .map(|t| t.map(|t| HostValues::of(f32_of(t))))
+            .map(|t| t.map(|t| HostValues::of(unscaled(f32_of(t), inv))))
             .collect();
-        host_update(constants, flat, &rows, &parts, mu, clip_norm);
+        // Each value checked, as `LossScaler::unscale` checks them.
+        let finite = inv.is_none()
+            || parts
+                .iter()
+                .flatten()
+                .all(|g| g.values().iter().all(|v| v.is_finite()));
+        if finite {
+            host_update(constants, flat, &rows, &parts, mu, clip_norm);
+        }
         return FlatStep {
             present,
             in_place: false,
+            finite: Finite::Known(finite),
         };
     }
     let per_row = Tensor::<2>::from_data(
@@ -192,13 +230,28 @@ pub fn step(
             .slice([0..layout.len, j..j + 1])
             .reshape([layout.len])
     };
-    // The momentum changes during warm-up.
+    // The momentum changes during warm-up, the loss scale after overflows and clean streaks:
+    // device values, as a recorded update must read them.
     let (mu_t, one_mu) = and_complement(mu, &device);
-    let present_mask = col(PRESENT).equal_elem(1.0);
+    let present_rows = col(PRESENT);
+    let g = layout.gather(parts, &device);
+    let g = match inv {
+        Some(inv) => g * Tensor::<1>::from_data(TensorData::new(vec![inv], [1]), &device),
+        None => g,
+    };
     // Padding and absent gradients are zero, whatever a run copied between its segments.
-    let g = layout
-        .gather(parts, &device)
-        .mask_fill(present_mask.clone().bool_not(), 0.0);
+    let g = g.mask_fill(present_rows.clone().equal_elem(1.0).bool_not(), 0.0);
+    // With a loss scale: Σ 0·g is 0 when every value is finite and NaN when not, and added to
+    // the presence column it leaves every parameter out of a step that must be skipped. The
+    // update below is then masked whole: the same bits as not running it.
+    let (present_mask, finite) = match inv {
+        Some(_) => {
+            let zero_or_nan = sum_all(g.clone().mul_scalar(0.0));
+            let mask = (present_rows + zero_or_nan.clone()).equal_elem(1.0);
+            (mask, Finite::OnDevice(Box::new(zero_or_nan)))
+        }
+        None => (present_rows.equal_elem(1.0), Finite::Known(true)),
+    };
     let norm = sum_of_squares(&g, layout.len).sqrt();
     let g = g * (norm.add_scalar(1e-6).recip() * clip_norm).clamp_max(1.0);
     let init_mask = col(INIT).equal_elem(1.0);
@@ -243,7 +296,19 @@ pub fn step(
             flat.second = v;
         }
     }
-    FlatStep { present, in_place }
+    FlatStep {
+        present,
+        in_place,
+        finite,
+    }
+}
+
+/// `g` divided by the loss scale (multiplied by its f32 inverse, as `LossScaler::unscale` does).
+fn unscaled(g: Tensor<1>, inv: Option<f32>) -> Tensor<1> {
+    match inv {
+        Some(inv) => g * inv,
+        None => g,
+    }
 }
 
 /// The update of [`step`] as one loop over the buffers on the host (the CPU backend runs each

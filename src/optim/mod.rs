@@ -24,4 +24,6 @@ pub use schedule::Schedule;
 pub use state::{Hyper, Rule};
 
 #[cfg(test)]
+mod scaled_tests;
+#[cfg(test)]
 mod tests;

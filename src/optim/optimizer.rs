@@ -3,7 +3,7 @@
 //! momentum decay, no weight decay, no step count — as a PyTorch optimizer skips `grad is None`.
 
 use super::clip::clip_global_norm;
-use super::flat::{self, FlatState};
+use super::flat::{self, Finite, FlatState};
 use super::groups::{Group, ParamInfo, param_table};
 use super::hash::StateHasher;
 use super::newton_schulz::orthogonalize;
@@ -29,6 +29,17 @@ pub struct Optimizer {
     /// per tensor). Same bits either way; flat is ~20× fewer kernel launches.
     pub flat_update: bool,
     flat: Option<FlatState>,
+    /// A step is queued whose bookkeeping [`Optimizer::settle`] has not applied yet.
+    unsettled: bool,
+}
+
+/// A queued optimizer step, for [`Optimizer::settle`]: whether its gradients were finite and,
+/// for a flat step, which parameters had one and whether it wrote in place.
+#[must_use = "an optimizer step must be settled before the next"]
+#[derive(Debug)]
+pub struct Stepped {
+    finite: Finite,
+    flat: Option<(Vec<bool>, bool)>,
 }
 
 impl Optimizer {
@@ -46,6 +57,7 @@ impl Optimizer {
             eps: 1e-8,
             flat_update: false,
             flat: None,
+            unsettled: false,
         }
     }
 
@@ -65,15 +77,77 @@ impl Optimizer {
     pub fn step_clipped<M: Module>(
         &mut self,
         model: M,
-        mut grads: GradientsParams,
+        grads: GradientsParams,
         hyper: &Hyper,
         clip_norm: f64,
     ) -> M {
+        let (model, stepped) = self.step_scaled(model, grads, hyper, clip_norm, None);
+        self.settle(stepped);
+        model
+    }
+
+    /// [`Optimizer::step_clipped`] on gradients of a loss multiplied by `loss_scale` (FP16):
+    /// they are unscaled first, and when any of them is not finite the parameters and the state
+    /// stay as they are (`LossScaler::unscale`'s rule). Through the flat update on CUDA that
+    /// decision is the device's: the step is queued without waiting for it, and
+    /// [`Optimizer::settle`] — which must come before the next step — reads it and applies
+    /// the step counts.
+    pub fn step_scaled<M: Module>(
+        &mut self,
+        model: M,
+        mut grads: GradientsParams,
+        hyper: &Hyper,
+        clip_norm: f64,
+        loss_scale: Option<f32>,
+    ) -> (M, Stepped) {
+        assert!(
+            !self.unsettled,
+            "an optimizer step is queued but not settled"
+        );
         if self.flat_active() {
-            return self.step_flat(model, grads, hyper, clip_norm);
+            return self.step_flat(model, grads, hyper, clip_norm, loss_scale);
+        }
+        let known = |finite| Stepped {
+            finite: Finite::Known(finite),
+            flat: None,
+        };
+        if let Some(scale) = loss_scale
+            && !super::scaler::unscale(&mut grads, &self.table, scale)
+        {
+            return (model, known(false));
         }
         clip_global_norm(&mut grads, &self.table, clip_norm);
-        self.step(model, grads, hyper)
+        (self.step(model, grads, hyper), known(true))
+    }
+
+    /// Reads whether the last step's gradients were finite (one read from the device when the
+    /// device decided it) and applies that step's bookkeeping: the present parameters' step
+    /// counts, and their state's views of the flat buffers. Returns whether the step counted.
+    pub fn settle(&mut self, stepped: Stepped) -> bool {
+        let finite = stepped.finite.read();
+        self.unsettled = false;
+        let Some((present, in_place)) = stepped.flat else {
+            return finite;
+        };
+        let f = self.flat.as_ref().expect("a flat step keeps its buffers");
+        let adam = self.rule == Rule::AdamW;
+        for (i, s) in self.state.iter_mut().enumerate() {
+            let counted = finite && present[i];
+            if counted {
+                s.steps += 1;
+            }
+            // Written in place, the views made before still show the state; a parameter with
+            // its first gradient needs its own. Written anew, every view moves to the new
+            // buffers (their values are the old ones where the step did not count).
+            let fresh = s.buf.is_none() && counted;
+            if fresh || (!in_place && s.buf.is_some()) {
+                s.buf = Some(f.layout.view(&f.buf, i));
+                if adam {
+                    s.second = Some(f.layout.view(&f.second, i));
+                }
+            }
+        }
+        finite
     }
 
     fn step_flat<M: Module>(
@@ -82,7 +156,8 @@ impl Optimizer {
         mut grads: GradientsParams,
         hyper: &Hyper,
         clip_norm: f64,
-    ) -> M {
+        loss_scale: Option<f32>,
+    ) -> (M, Stepped) {
         if self.flat.is_none() {
             let params = param_values(&model, &self.table);
             let device = params[0].device();
@@ -98,27 +173,21 @@ impl Optimizer {
             constants,
             f,
             &self.table,
-            &mut self.state,
+            &self.state,
             &mut grads,
             hyper,
             clip_norm,
+            loss_scale,
         );
-        let adam = self.rule == Rule::AdamW;
-        for (i, s) in self.state.iter_mut().enumerate() {
-            // Written in place, the views made before still show the state; a parameter with
-            // its first gradient needs its own.
-            let fresh = s.buf.is_none() && done.present[i];
-            if fresh || (!done.in_place && s.buf.is_some()) {
-                s.buf = Some(f.layout.view(&f.buf, i));
-                if adam {
-                    s.second = Some(f.layout.view(&f.second, i));
-                }
-            }
-        }
+        self.unsettled = true;
+        let stepped = Stepped {
+            finite: done.finite,
+            flat: Some((done.present, done.in_place)),
+        };
         // In place, the parameters' views show the new values (~300 views and a module
         // rebuild fewer: most of the optimizer phase's host time on the H200).
         if done.in_place {
-            return model;
+            return (model, stepped);
         }
         // From here until `reset_flat` (the model replaced from outside) the model's parameters
         // are views of the flat values.
@@ -127,7 +196,7 @@ impl Optimizer {
             index: &self.index,
             flat: f,
         };
-        model.map(&mut mapper)
+        (model.map(&mut mapper), stepped)
     }
 
     /// One update of every parameter that has a gradient in `grads` (consumed).

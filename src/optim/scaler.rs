@@ -44,30 +44,10 @@ impl LossScaler {
         loss * self.scale
     }
 
-    /// Divides every gradient by the scale in place. Returns `true` when all of them are
-    /// finite (the step may proceed), each value checked as PyTorch's
-    /// `_amp_foreach_non_finite_check_and_unscale_` checks it. The gradients are unscaled as
-    /// one flat buffer (handed back as views of it: the flat optimizer's gather then copies
-    /// them as one run), so the check is a few kernels for the whole model and one host read,
-    /// where a pass per tensor was ~4 launches per parameter.
+    /// Divides every gradient by the scale in place; `true` when all of them are finite
+    /// ([`unscale`]).
     pub fn unscale(&self, grads: &mut GradientsParams, table: &[ParamInfo]) -> bool {
-        let inv = (1.0f64 / self.scale as f64) as f32;
-        let parts: Vec<Option<Tensor<1>>> = table.iter().map(|p| take_flat(grads, p)).collect();
-        let Some(device) = parts.iter().flatten().next().map(|t| t.device()) else {
-            return true;
-        };
-        let layout = Layout::new(table.iter().map(ParamInfo::numel).collect());
-        let present: Vec<bool> = parts.iter().map(Option::is_some).collect();
-        let flat = layout.gather(parts, &device) * inv;
-        // 0·x is 0 for every finite x and NaN for ±inf and NaN: the sum is finite exactly when
-        // every value is (padding and absent gradients are zeros).
-        let total: f32 = sum_all(flat.clone().mul_scalar(0.0)).into_scalar::<f32>();
-        for (i, p) in table.iter().enumerate() {
-            if present[i] {
-                put_flat(grads, p, layout.view(&flat, i));
-            }
-        }
-        total.is_finite()
+        unscale(grads, table, self.scale)
     }
 
     /// Records the outcome of a step: back off after inf/NaN, grow after a clean streak.
@@ -92,4 +72,30 @@ impl LossScaler {
         h.u64("skipped", self.skipped);
         h.finish()
     }
+}
+
+/// Divides every gradient by `scale` in place. Returns `true` when all of them are finite (the
+/// step may proceed), each value checked as PyTorch's `_amp_foreach_non_finite_check_and_unscale_`
+/// checks it. The gradients are unscaled as one flat buffer (handed back as views of it), so the
+/// check is a few kernels for the whole model and one host read, where a pass per tensor was ~4
+/// launches per parameter. The flat optimizer unscales inside its step instead
+/// (`flat::step`), where the device decides.
+pub fn unscale(grads: &mut GradientsParams, table: &[ParamInfo], scale: f32) -> bool {
+    let inv = (1.0f64 / scale as f64) as f32;
+    let parts: Vec<Option<Tensor<1>>> = table.iter().map(|p| take_flat(grads, p)).collect();
+    let Some(device) = parts.iter().flatten().next().map(|t| t.device()) else {
+        return true;
+    };
+    let layout = Layout::new(table.iter().map(ParamInfo::numel).collect());
+    let present: Vec<bool> = parts.iter().map(Option::is_some).collect();
+    let flat = layout.gather(parts, &device) * inv;
+    // 0·x is 0 for every finite x and NaN for ±inf and NaN: the sum is finite exactly when
+    // every value is (padding and absent gradients are zeros).
+    let total: f32 = sum_all(flat.clone().mul_scalar(0.0)).into_scalar::<f32>();
+    for (i, p) in table.iter().enumerate() {
+        if present[i] {
+            put_flat(grads, p, layout.view(&flat, i));
+        }
+    }
+    total.is_finite()
 }

@@ -13,7 +13,7 @@ struct Tiny {
     bias: Param<Tensor<1>>,
 }
 
-fn device() -> Device {
+pub(super) fn device() -> Device {
     Device::flex().autodiff()
 }
 
@@ -261,7 +261,7 @@ fn loss_scaler_unscales_skips_on_overflow_and_grows() {
 
 /// One gradient per table parameter (the point stems left out when `skip_stems`), small enough
 /// that clipping multiplies by exactly 1, from a seeded generator (the same for both arms).
-fn model_grads(
+pub(super) fn model_grads(
     table: &[ParamInfo],
     d: &Device,
     seed: u64,
@@ -282,7 +282,7 @@ fn model_grads(
         .collect()
 }
 
-fn registered(table: &[ParamInfo], g: &[Option<Tensor<1>>]) -> GradientsParams {
+pub(super) fn registered(table: &[ParamInfo], g: &[Option<Tensor<1>>]) -> GradientsParams {
     let mut out = GradientsParams::new();
     for (p, g) in table.iter().zip(g) {
         if let Some(g) = g {

@@ -15,6 +15,7 @@ use crate::model::precision::autocast;
 use crate::model::{Task, Yolo};
 use crate::optim::grads::{self, FlatGrads};
 use crate::optim::hash::{StateHasher, module_hash};
+use crate::optim::optimizer::Stepped;
 use crate::optim::{Ema, LossScaler, Optimizer, Rule, Schedule};
 use crate::replay::eligibility::{self, Setup};
 use crate::replay::stage::{Scope, drop_unreached, merge};
@@ -347,31 +348,36 @@ impl Trainer {
     /// An optimizer step (clip, update, EMA) now, whatever the accumulation count says; for
     /// `burnpose warmup`, which only needs the kernels it runs.
     pub fn force_optimizer_step(&mut self) {
-        self.optimizer_update();
+        let stepped = self.optimizer_update();
         self.ema.update(&self.model);
+        self.settle(stepped);
         self.last_opt_step = self.ni as i64;
     }
 
-    /// Unscale, clip and update with the accumulated gradients; the caller updates the EMA.
-    fn optimizer_update(&mut self) {
-        let mut grads = self.pending.take().unwrap_or_default();
+    /// Unscale, clip and update with the accumulated gradients, queued; the caller updates the
+    /// EMA, then [`Trainer::settle`]s the step. A skipped FP16 step (a gradient not finite)
+    /// leaves parameters and optimizer state as they are; the EMA is still updated, as
+    /// Ultralytics' `optimizer_step` does.
+    fn optimizer_update(&mut self) -> Stepped {
+        let grads = self.pending.take().unwrap_or_default();
         self.pending_flat.clear();
-        let table = &self.optimizer.table;
-        let finite = self
-            .scaler
-            .as_ref()
-            .is_none_or(|s| s.unscale(&mut grads, table));
+        let hyper = self.schedule.hyper(self.epoch, self.ni);
+        let scale = self.scaler.as_ref().map(|s| s.scale);
+        let model = self.model.clone();
+        let (model, stepped) =
+            self.optimizer
+                .step_scaled(model, grads, &hyper, self.cfg.optim.clip_norm, scale);
+        self.model = model;
+        stepped
+    }
+
+    /// Learns whether the queued optimizer step counted (FP16: its gradients were finite; read
+    /// from the device after the EMA is queued, so nothing waits between the backward and the
+    /// update) and moves the loss scale accordingly.
+    fn settle(&mut self, stepped: Stepped) {
+        let finite = self.optimizer.settle(stepped);
         if let Some(s) = &mut self.scaler {
             s.update(finite);
-        }
-        // A skipped FP16 step leaves parameters and optimizer state as they are; the caller
-        // still updates the EMA, as Ultralytics' `optimizer_step` does.
-        if finite {
-            let hyper = self.schedule.hyper(self.epoch, self.ni);
-            let model = self.model.clone();
-            self.model =
-                self.optimizer
-                    .step_clipped(model, grads, &hyper, self.cfg.optim.clip_norm);
         }
     }
 

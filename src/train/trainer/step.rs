@@ -128,16 +128,19 @@ impl Trainer {
         let stepped =
             self.ni as i64 - self.last_opt_step >= self.schedule.accumulate(self.ni) as i64;
         self.accumulate(grads, flats, !stepped);
-        if stepped {
-            self.optimizer_update();
+        let queued = stepped.then(|| {
             self.last_opt_step = self.ni as i64;
-        }
+            self.optimizer_update()
+        });
         self.ni += 1;
         clock.mark(Phase::Optimizer);
         if stepped {
             self.ema.update(&self.model);
         }
         clock.mark(Phase::Ema);
+        if let Some(q) = queued {
+            self.settle(q);
+        }
         let items = items.read();
         clock.mark(Phase::Readback);
         if let Some(t) = self.timing.as_mut() {
