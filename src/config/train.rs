@@ -173,9 +173,9 @@ pub struct OptimSection {
     pub cos_lr: bool,
     /// Global gradient-norm clip (default 10.0).
     pub clip_norm: f64,
-    /// Update all parameters as one flat buffer (SGD, AdamW): the same bits as the per-tensor
-    /// update in ~20× fewer kernel launches (`optim::flat`). MuSGD always updates per tensor
-    /// (default true).
+    /// Update all parameters as one flat buffer (SGD, MuSGD, AdamW): the same bits as the
+    /// per-tensor update in far fewer kernel launches (`optim::flat`; on CUDA MuSGD's
+    /// Newton–Schulz runs once per matrix shape) (default true).
     pub flat_update: bool,
 }
 

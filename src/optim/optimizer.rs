@@ -4,9 +4,9 @@
 
 use super::clip::clip_global_norm;
 use super::flat::{self, Finite, FlatState};
-use super::groups::{Group, ParamInfo, param_table};
+use super::groups::{ParamInfo, param_table};
 use super::hash::StateHasher;
-use super::newton_schulz::orthogonalize;
+use super::newton_schulz::orthogonalized;
 use super::state::{Hyper, ParamState, Rule};
 use super::tensors::float_tensors;
 use burn::module::{Module, ModuleMapper, Param, ParamId};
@@ -25,8 +25,8 @@ pub struct Optimizer {
     pub sgd_weight: f64,
     pub beta2: f64,
     pub eps: f64,
-    /// Update through [`flat`] (SGD and AdamW; MuSGD orthogonalises per matrix, so it stays
-    /// per tensor). Same bits either way; flat is ~20× fewer kernel launches.
+    /// Update through [`flat`]: same bits as per tensor (MuSGD's orthogonalisation still runs
+    /// per matrix), ~20× fewer kernel launches.
     pub flat_update: bool,
     flat: Option<FlatState>,
     /// A step is queued whose bookkeeping [`Optimizer::settle`] has not applied yet.
@@ -63,7 +63,7 @@ impl Optimizer {
 
     /// Whether steps go through the flat update.
     pub fn flat_active(&self) -> bool {
-        self.flat_update && self.rule != Rule::MuSgd
+        self.flat_update
     }
 
     /// Forgets the flat buffers; call after replacing the model's parameters or the optimizer
@@ -130,8 +130,9 @@ impl Optimizer {
             return finite;
         };
         let f = self.flat.as_ref().expect("a flat step keeps its buffers");
-        let adam = self.rule == Rule::AdamW;
+        let rule = self.rule;
         for (i, s) in self.state.iter_mut().enumerate() {
+            let second = rule == Rule::AdamW || flat::uses_muon(rule, &self.table[i]);
             let counted = finite && present[i];
             if counted {
                 s.steps += 1;
@@ -142,7 +143,7 @@ impl Optimizer {
             let fresh = s.buf.is_none() && counted;
             if fresh || (!in_place && s.buf.is_some()) {
                 s.buf = Some(f.layout.view(&f.buf, i));
-                if adam {
+                if second {
                     s.second = Some(f.layout.view(&f.second, i));
                 }
             }
@@ -168,6 +169,8 @@ impl Optimizer {
             rule: self.rule,
             beta2: self.beta2,
             eps: self.eps,
+            muon_weight: self.muon_weight,
+            sgd_weight: self.sgd_weight,
         };
         let done = flat::step(
             constants,
@@ -236,7 +239,7 @@ impl Optimizer {
         let (lr, wd) = hyper.for_group(group);
         let lr = lr * boost;
         let mu = hyper.momentum;
-        let muon = self.rule == Rule::MuSgd && group == Group::Weight && info.muon_eligible();
+        let muon = flat::uses_muon(self.rule, info);
         let dims = info.dims.clone();
         let s = &mut self.state[i];
         s.steps += 1;
@@ -287,22 +290,6 @@ impl Optimizer {
             }
         }
     }
-}
-
-/// Newton–Schulz on the parameter's matrix view (rows = output channels, as PyTorch lays out
-/// weights; Burn's `Linear` stores `[in, out]`, so 2-D weights are transposed for it), scaled by
-/// √max(1, rows/cols).
-fn orthogonalized(u: Tensor<1>, dims: &[usize]) -> Tensor<1> {
-    let n = u.dims()[0];
-    let (m, linear) = if dims.len() == 2 {
-        (u.reshape([dims[0], dims[1]]).transpose(), true)
-    } else {
-        (u.reshape([dims[0], n / dims[0]]), false)
-    };
-    let [rows, cols] = m.dims();
-    let o = orthogonalize(m, 5) * (rows as f64 / cols as f64).max(1.0).sqrt();
-    let o = if linear { o.transpose() } else { o };
-    o.reshape([n])
 }
 
 /// The current value of every parameter in the table (inner, `[numel]`), in table order.

@@ -28,6 +28,17 @@ pub fn sum_all<const D: usize>(t: Tensor<D>) -> Tensor<1> {
     }
 }
 
+/// [`sum_all`] of each row of `t` (`[k, n]` → `[k]`): every row summed in the stages, and so
+/// the order, that [`sum_all`] would sum it in alone.
+pub fn sum_each_row(t: Tensor<2>) -> Tensor<1> {
+    let [k, n] = t.dims();
+    match row_length(n) {
+        Some(row) => sum_each_row(row_sums(t.reshape([k * (n / row), row])).reshape([k, n / row])),
+        None if n == 0 => Tensor::zeros([k], &t.device()),
+        None => row_sums(t).reshape([k]),
+    }
+}
+
 /// The row length of the next stage of a sum of `n` values: the largest divisor of `n` in
 /// `64..=ROW` when `n > ROW`, so each stage shrinks the sum at least 64-fold; `None` when one row
 /// will do (`n ≤ ROW`, or no such divisor: a prime-ish `n` stays one row).
@@ -61,6 +72,24 @@ mod tests {
             let g: Vec<f32> = x.grad(&grads).unwrap().into_data().try_to_vec().unwrap();
             assert_eq!(g.len(), n);
             assert!(g.iter().all(|&v| v == 2.5), "n = {n}");
+        }
+    }
+
+    /// Each row's sum is the bits of that row summed alone (the batched Newton–Schulz norms
+    /// rely on it), at sizes of one row and of two and three stages.
+    #[test]
+    fn each_row_sums_as_alone() {
+        let d = Device::flex();
+        for n in [5usize, 1024, 1025, 33_600, 262_144] {
+            let v: Vec<f32> = (0..3 * n)
+                .map(|i| ((i as f32) * 0.37).sin() * 1e3)
+                .collect();
+            let rows = Tensor::<1>::from_floats(v.as_slice(), &d).reshape([3, n]);
+            let each: Vec<f32> = sum_each_row(rows).into_data().to_vec().unwrap();
+            for (r, s) in each.iter().enumerate() {
+                let alone = Tensor::<1>::from_floats(&v[r * n..(r + 1) * n], &d);
+                assert_eq!(*s, sum_all(alone).into_scalar::<f32>(), "n = {n}, row {r}");
+            }
         }
     }
 

@@ -80,6 +80,11 @@ fn flat_skips_fp16_overflow_steps_like_per_tensor_adamw() {
 }
 
 #[test]
+fn flat_skips_fp16_overflow_steps_like_per_tensor_musgd() {
+    check(Rule::MuSgd, f32::INFINITY);
+}
+
+#[test]
 fn flat_skips_fp16_overflow_steps_like_per_tensor_sgd() {
     check(Rule::Sgd, f32::NAN);
     check(Rule::Sgd, f32::NEG_INFINITY);

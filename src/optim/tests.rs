@@ -352,6 +352,14 @@ fn flat_update_equals_per_tensor_adamw() {
     assert_eq!(a, b);
 }
 
+/// MuSGD through the flat buffers (the Muon step orthogonalised per matrix, the class branches'
+/// boost, the SGD half): the per-tensor update's bits.
+#[test]
+fn flat_update_equals_per_tensor_musgd() {
+    let (a, b, _, _) = flat_against_per_tensor(Rule::MuSgd, 1e-4);
+    assert_eq!(a, b);
+}
+
 #[test]
 fn flat_update_equals_per_tensor_sgd() {
     let (a, b, _, _) = flat_against_per_tensor(Rule::Sgd, 1e-4);
@@ -598,10 +606,10 @@ fn accumulation_copies_a_recorders_buffer_only_to_keep_it() {
 
 /// CUDA's flat update (tensor operations, the momentum a device value) run on the CPU, where
 /// `host_update` runs otherwise: the same bits as the per-tensor update, with the momentum
-/// changing every step as in warm-up.
+/// changing every step as in warm-up, for each rule.
 #[test]
 fn flat_tensor_path_equals_per_tensor() {
-    for rule in [Rule::AdamW, Rule::Sgd] {
+    for rule in [Rule::AdamW, Rule::Sgd, Rule::MuSgd] {
         let (a, b, _, _) =
             super::host::force::with_tensor_path(|| flat_against_per_tensor(rule, 1e-4));
         assert_eq!(a, b, "{rule:?}");
