@@ -85,7 +85,7 @@ mod tests {
                 .map(|i| ((i as f32) * 0.37).sin() * 1e3)
                 .collect();
             let rows = Tensor::<1>::from_floats(v.as_slice(), &d).reshape([3, n]);
-            let each: Vec<f32> = sum_each_row(rows).into_data().to_vec().unwrap();
+            let each: Vec<f32> = sum_each_row(rows).into_data().try_to_vec().unwrap();
             for (r, s) in each.iter().enumerate() {
                 let alone = Tensor::<1>::from_floats(&v[r * n..(r + 1) * n], &d);
                 assert_eq!(*s, sum_all(alone).into_scalar::<f32>(), "n = {n}, row {r}");
