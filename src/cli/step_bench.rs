@@ -25,6 +25,13 @@ pub struct Options {
     /// Override `train.loss_on`.
     #[arg(long, value_enum)]
     pub loss_on: Option<crate::config::LossOn>,
+    /// Override `optim.optimizer` (e.g. `musgd`, which `auto` picks for fits of more than
+    /// 10,000 iterations).
+    #[arg(long, value_enum)]
+    pub optimizer: Option<crate::config::OptimizerKind>,
+    /// Override `optim.flat_update`.
+    #[arg(long)]
+    pub flat_update: Option<bool>,
     /// Override `train.batch` (and `train.nbs`, so every step is an optimizer step).
     #[arg(long)]
     pub batch: Option<usize>,
@@ -89,6 +96,12 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
     }
     if let Some(l) = o.loss_on {
         cfg.train.loss_on = l;
+    }
+    if let Some(k) = o.optimizer {
+        cfg.optim.optimizer = k;
+    }
+    if let Some(f) = o.flat_update {
+        cfg.optim.flat_update = f;
     }
     if let Some(b) = o.batch {
         cfg.train.batch = b;
@@ -171,9 +184,11 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
     let (peak_use, peak_reserved) = (timing.peak_in_use(), timing.peak_reserved());
     let h = t.state_hashes();
     println!(
-        "bench-step {what} replay={} precision={:?} batch={} upload={:?} steps={} skip={}: median {:.2} ms (min {:.2}, p10 {:.2}, p90 {:.2}, max {:.2}); peak in use {:.0} MiB, reserved {:.0} MiB; hashes model {} optimizer {} losses {}",
+        "bench-step {what} replay={} precision={:?} optimizer={:?} flat={} batch={} upload={:?} steps={} skip={}: median {:.2} ms (min {:.2}, p10 {:.2}, p90 {:.2}, max {:.2}); peak in use {:.0} MiB, reserved {:.0} MiB; hashes model {} optimizer {} losses {}",
         t.stage.is_replay(),
         t.cfg.train.precision,
+        t.optimizer.rule,
+        t.optimizer.flat_active(),
         t.cfg.train.batch,
         o.upload,
         o.steps,

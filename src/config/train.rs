@@ -137,7 +137,7 @@ impl Default for TrainSection {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum OptimizerKind {
     /// Ultralytics' choice: MuSGD beyond 10,000 iterations, else AdamW (docs/training.md).
