@@ -25,6 +25,8 @@ mod optim;
 mod repeat;
 #[path = "gpu/replay.rs"]
 mod replay;
+#[path = "gpu/shared.rs"]
+mod shared;
 #[path = "gpu/step.rs"]
 mod step;
 #[path = "gpu/weights.rs"]

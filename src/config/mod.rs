@@ -238,6 +238,12 @@ pub struct ReplaySection {
     /// byte-identical; the two scopes sum gradients in different orders, so their results
     /// differ by rounding (docs/replay.md).
     pub scope: Option<Scope>,
+    /// The recorded graphs read the stage's parameters where the flat optimizer keeps them
+    /// (gathered before the first step and written in place, `Optimizer::pin`) instead of from
+    /// private copies refreshed after every optimizer step: one parameter set on the device
+    /// fewer and no copy per step. Needs `optim.flat_update` (otherwise the copies stay).
+    /// Not yet run on a GPU (docs/perf_log.md AS3), hence off by default (default false).
+    pub shared_parameters: bool,
 }
 
 /// What the stage of a step computes before the tape is cut (`replay.scope`).

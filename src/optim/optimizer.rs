@@ -6,6 +6,7 @@ use super::clip::clip_global_norm;
 use super::flat::{self, Finite, FlatState};
 use super::groups::{ParamInfo, param_table};
 use super::hash::StateHasher;
+use super::layout::Layout;
 use super::newton_schulz::orthogonalized;
 use super::state::{Hyper, ParamState, Rule};
 use super::tensors::float_tensors;
@@ -59,6 +60,51 @@ impl Optimizer {
             flat: None,
             unsettled: false,
         }
+    }
+
+    /// On CUDA with the flat update: gathers the flat buffers now, before the first step, and
+    /// returns `model` with its parameters as views of them (and the state, where there is
+    /// some, as views of the state buffers), so that every step writes in place from the first
+    /// and the parameters keep one address for the fit: recorded graphs can read them there
+    /// (`replay.shared_parameters`). The values are unchanged. Nothing happens elsewhere, or
+    /// when the buffers exist already; after `reset_flat` it gathers them again.
+    pub fn pin<M: Module>(&mut self, model: M) -> M {
+        if !self.flat_active() || self.flat.is_some() {
+            return model;
+        }
+        let params = param_values(&model, &self.table);
+        let device = params[0].device();
+        if !crate::config::device::is_cuda(&device) {
+            return model;
+        }
+        let mut f = FlatState::gather(params, &self.state, &device);
+        f.viewed = true;
+        let rule = self.rule;
+        for (i, s) in self.state.iter_mut().enumerate() {
+            if s.buf.is_some() {
+                s.buf = Some(f.layout.view(&f.buf, i));
+            }
+            if s.second.is_some() && (rule == Rule::AdamW || flat::uses_muon(rule, &self.table[i]))
+            {
+                s.second = Some(f.layout.view(&f.second, i));
+            }
+        }
+        let mut mapper = ViewMapper {
+            index: &self.index,
+            flat: &f,
+        };
+        let model = model.map(&mut mapper);
+        self.flat = Some(f);
+        model
+    }
+
+    /// The flat parameter values and their layout (the parameter table's order) while the
+    /// model's parameters are views of them ([`Optimizer::pin`], or after a flat step).
+    pub fn pinned(&self) -> Option<(&Layout, &Tensor<1>)> {
+        self.flat
+            .as_ref()
+            .filter(|f| f.viewed)
+            .map(|f| (&f.layout, &f.p))
     }
 
     /// Whether steps go through the flat update.

@@ -19,7 +19,7 @@
 pub use super::control::Control;
 use super::copy::{copy_into, duplicate};
 use super::loss::{LossGraph, PendingLoss};
-use super::sources::{Sources, private_copies};
+use super::sources::{Pinned, Sources, private_copies};
 use super::stage::Growth;
 use super::tape::{leaf, seeded_root};
 use crate::config::Scope;
@@ -57,6 +57,9 @@ pub struct Recorder {
     state: Option<Recorded>,
     control: Control,
     loss_recordings: usize,
+    /// The optimizer's values for the recording to read in place
+    /// ([`Recorder::share_parameters`]).
+    pinned: Option<Pinned>,
 }
 
 /// Everything the two graphs read or write, kept alive for as long as they exist.
@@ -214,6 +217,17 @@ impl Recorder {
             state: None,
             control,
             loss_recordings: 0,
+            pinned: None,
+        }
+    }
+
+    /// The trainer's parameters where the flat optimizer keeps them (`Optimizer::pin`): the
+    /// recording reads the stage's parameters there instead of from private copies
+    /// (`replay.shared_parameters`). Only before the first forward; the `StaleSources`
+    /// control keeps its copies, which it tests.
+    pub(crate) fn share_parameters(&mut self, pinned: Pinned) {
+        if self.state.is_none() && !self.control.stale_sources() {
+            self.pinned = Some(pinned);
         }
     }
 
@@ -290,6 +304,7 @@ impl Recorder {
             let recorded = record(
                 model,
                 images.clone(),
+                self.pinned.take().as_ref(),
                 &self.device,
                 self.scope,
                 self.control,
@@ -411,6 +426,7 @@ pub(super) fn replay(device: &Device, graph: &Graph) {
 fn record(
     model: &Yolo,
     images: Tensor<4>,
+    pinned: Option<&Pinned>,
     device: &Device,
     scope: Scope,
     control: Control,
@@ -422,14 +438,15 @@ fn record(
     // A private copy with its own buffers and its own BatchNorm state (`valid()` detaches the
     // running statistics, which a plain clone would share), and the same parameter ids, so its
     // gradients key like the trainer's.
-    // The parameters' copies are segments of one buffer (`sources::private_copies`).
+    // The parameters' copies are segments of one buffer (`sources::private_copies`), or the
+    // optimizer's own values when they are pinned.
     let (net, shared) = {
         let net = model.valid().train();
         let recorded = float_tensors(&net.valid())
             .into_iter()
             .filter(|(p, _)| is_recorded(p, scope, control))
             .collect();
-        let (mut copies, shared) = private_copies(&net, recorded, &inner);
+        let (mut copies, shared) = private_copies(&net, recorded, pinned, &inner);
         (replace_float_tensors(net, &mut copies).0, shared)
     };
     let input = copy_of(images.inner());

@@ -14,8 +14,9 @@
 
 use super::copy::copy_into;
 use super::recorder::{bytes_of, copy_of, cube, is_running_stat, write};
-use crate::model::ops::{run, segment};
+use crate::model::ops::{run, segment, storage};
 use crate::optim::flat::in_place_steps;
+use crate::optim::groups::ParamInfo;
 use crate::optim::groups::param_table;
 use crate::optim::layout::{Layout, padded};
 use crate::optim::tensors::float_tensors;
@@ -40,27 +41,70 @@ pub(super) struct Sources {
 }
 
 /// Buffers that are segments of `flat` at `layout`: segment `k` is buffer `members[k]`.
+/// `live`: `flat` is a run of the optimizer's values ([`SharedParams::live`]).
 struct Segments {
     layout: Layout,
     flat: Tensor<1>,
     members: Vec<usize>,
+    live: bool,
 }
 
-/// The parameters' private copies as segments of one buffer: segment `k` is the parameter at
-/// `paths[k]`.
+/// The parameters' static buffers as segments of one buffer: segment `k` is the parameter at
+/// `paths[k]`. `live`: the buffer is a run of the flat optimizer's own values ([`Pinned`]), not
+/// a private copy.
 pub(super) struct SharedParams {
     layout: Layout,
     flat: Tensor<1>,
     paths: Vec<String>,
+    live: bool,
+}
+
+/// The trainer's parameters where the flat optimizer keeps them (`Optimizer::pin`): its
+/// parameter table, layout and values buffer, which every step writes in place.
+pub(crate) struct Pinned {
+    pub(crate) table: Vec<ParamInfo>,
+    pub(crate) layout: Layout,
+    pub(crate) values: Tensor<1>,
+}
+
+/// The run of `pinned`'s values that holds `params` (`(path, numel)`, table order) at
+/// `layout`'s distances: when they are consecutive in its table and `current`'s tensors at
+/// those paths are views of its values there. `None` otherwise (the recorder then copies).
+fn region_in(
+    pinned: &Pinned,
+    params: &[(String, usize)],
+    layout: &Layout,
+    current: &HashMap<String, Tensor<1>>,
+) -> Option<Tensor<1>> {
+    let (start, _) = params.first()?;
+    let first = pinned.table.iter().position(|p| p.path == *start)?;
+    let base = pinned.layout.offsets[first];
+    for (k, (path, n)) in params.iter().enumerate() {
+        let i = first + k;
+        let at_its_place = pinned.table.get(i).is_some_and(|p| p.path == *path)
+            && pinned.layout.sizes[i] == *n
+            && pinned.layout.offsets[i] - base == layout.offsets[k];
+        if !at_its_place {
+            return None;
+        }
+        let place = storage(current.get(path)?)?;
+        if Some(place) != storage(&pinned.layout.view(&pinned.values, i)) {
+            return None;
+        }
+    }
+    Some(segment(pinned.values.clone(), base, layout.len, layout.len))
 }
 
 /// Private copies of `tensors` (`(path, tensor)` of `net`): the FP32 parameters among them as
 /// segments of one new buffer laid out as the flat optimizer lays out `net`'s parameter table,
-/// the rest each in its own buffer. Returns the copies by path and the shared buffer with its
-/// layout and paths, if any parameter went there.
+/// the rest each in its own buffer. With `pinned`, where those parameters are one run of the
+/// optimizer's values at that layout ([`region_in`]), the run itself serves as their buffer and
+/// nothing is copied. Returns the buffers by path and the parameters' buffer with its layout and
+/// paths, if any parameter went there.
 pub(super) fn private_copies<M: Module>(
     net: &M,
     tensors: Vec<(String, Tensor<1>)>,
+    pinned: Option<&Pinned>,
     device: &Device,
 ) -> (HashMap<String, Tensor<1>>, Option<SharedParams>) {
     let mut copies: HashMap<String, Tensor<1>> = tensors.into_iter().collect();
@@ -80,17 +124,29 @@ pub(super) fn private_copies<M: Module>(
     }
     let shared = (!params.is_empty()).then(|| {
         let layout = Layout::new(params.iter().map(|(_, n)| *n).collect());
+        let paths: Vec<String> = params.iter().map(|(p, _)| p.clone()).collect();
+        if let Some(flat) = pinned.and_then(|p| region_in(p, &params, &layout, &copies)) {
+            for (i, path) in paths.iter().enumerate() {
+                copies.insert(path.clone(), layout.view(&flat, i));
+            }
+            return SharedParams {
+                layout,
+                flat,
+                paths,
+                live: true,
+            };
+        }
         let flat = Tensor::<1>::zeros([layout.len], (device, DType::F32));
         for (i, (path, _)) in params.iter().enumerate() {
             let view = layout.view(&flat, i);
             write(copies[path].clone(), &view);
             copies.insert(path.clone(), view);
         }
-        let paths = params.into_iter().map(|(p, _)| p).collect();
         SharedParams {
             layout,
             flat,
             paths,
+            live: false,
         }
     });
     (copies, shared)
@@ -119,6 +175,7 @@ impl Sources {
                  layout,
                  flat,
                  paths,
+                 live,
              }| {
                 let index: HashMap<&str, usize> = s
                     .buffers
@@ -131,15 +188,28 @@ impl Sources {
                     layout,
                     flat,
                     members,
+                    live,
                 }
             },
         );
         s
     }
 
-    /// Bytes of the static buffers.
+    /// Bytes of the static buffers the recorder holds (not the optimizer's values it reads in
+    /// place).
     pub(super) fn bytes(&self) -> u64 {
-        self.buffers.iter().map(|(_, t)| bytes_of(t)).sum()
+        let live: HashSet<usize> = self
+            .params
+            .iter()
+            .filter(|s| s.live)
+            .flat_map(|s| s.members.iter().copied())
+            .collect();
+        let own = self
+            .buffers
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !live.contains(i));
+        own.map(|(_, (_, t))| bytes_of(t)).sum()
     }
 
     /// Copies into each static buffer the tensor at its path in `module`, unless `written` says
@@ -184,10 +254,12 @@ impl Sources {
                     let start = offsets[i];
                     let len = whole.dims()[0];
                     let reach = offsets[j - 1] + padded(sizes[j - 1]) - start;
-                    copy_into(
-                        cube(whole),
-                        &cube(segment(seg.flat.clone(), start, len, reach)),
-                    );
+                    let dest = segment(seg.flat.clone(), start, len, reach);
+                    // The graphs read the optimizer's values in place: nothing to copy.
+                    let itself = storage(&whole).is_some() && storage(&whole) == storage(&dest);
+                    if !itself {
+                        copy_into(cube(whole), &cube(dest));
+                    }
                     for (&b, n) in members.iter().zip(now) {
                         self.written[b] = Some(n);
                     }

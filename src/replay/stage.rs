@@ -10,7 +10,8 @@ use crate::model::Yolo;
 use crate::model::backbone::Features;
 use crate::model::head::{BranchOutput, Head, HeadOutput};
 use crate::optim::grads::{FlatGrads, take_flat};
-use crate::optim::groups::param_table;
+use crate::optim::groups::{ParamInfo, param_table};
+use crate::optim::layout::Layout;
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::Gradients;
@@ -98,6 +99,23 @@ impl Stage {
             #[cfg(feature = "cuda")]
             Stage::Replay(r) => r.recording(),
         }
+    }
+
+    /// The trainer's parameters as the flat optimizer keeps them (`Optimizer::pinned`: its
+    /// table, layout and values): a replayed stage not yet recorded reads the stage's
+    /// parameters there (`replay.shared_parameters`); nothing for a native one.
+    pub fn share_parameters(&mut self, table: &[ParamInfo], layout: &Layout, values: &Tensor<1>) {
+        match self {
+            Stage::Native(_) => {}
+            #[cfg(feature = "cuda")]
+            Stage::Replay(r) => r.share_parameters(super::sources::Pinned {
+                table: table.to_vec(),
+                layout: layout.clone(),
+                values: values.clone(),
+            }),
+        }
+        #[cfg(not(feature = "cuda"))]
+        let _ = (table, layout, values);
     }
 
     pub fn is_replay(&self) -> bool {

@@ -96,6 +96,17 @@ impl Trainer {
         unreachable!("only a replayed stage records the loss")
     }
 
+    /// `replay.shared_parameters`, before the recording: the optimizer's flat buffers gathered
+    /// now (`Optimizer::pin`; the model's parameters become views of them, with the same
+    /// values) and handed to the stage, whose graphs then read them in place.
+    fn share_parameters(&mut self) {
+        self.model = self.optimizer.pin(self.model.clone());
+        if let Some((layout, values)) = self.optimizer.pinned() {
+            self.stage
+                .share_parameters(&self.optimizer.table, layout, values);
+        }
+    }
+
     /// One micro-batch: forward, assignment, loss, backward, and — when enough micro-batches
     /// are accumulated — clip, optimizer step and EMA update. Returns the logged loss items.
     pub fn train_step(&mut self, batch: &Batch) -> [f32; 6] {
@@ -109,6 +120,9 @@ impl Trainer {
             clock.mark(Phase::Upload);
             let images = batch.augment(pixels);
             clock.mark(Phase::Augment);
+            if self.cfg.replay.shared_parameters && self.stage.records_next() {
+                self.share_parameters();
+            }
             let features = self.stage.forward(&mut self.model, images);
             clock.mark(Phase::Features);
             (features.head(&self.model.head), features)
