@@ -25,6 +25,9 @@ pub struct Options {
     /// Override `train.loss_on`.
     #[arg(long, value_enum)]
     pub loss_on: Option<crate::config::LossOn>,
+    /// Override `replay.shared_parameters`.
+    #[arg(long)]
+    pub shared_parameters: Option<bool>,
     /// Override `optim.optimizer` (e.g. `musgd`, which `auto` picks for fits of more than
     /// 10,000 iterations).
     #[arg(long, value_enum)]
@@ -96,6 +99,9 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
     }
     if let Some(l) = o.loss_on {
         cfg.train.loss_on = l;
+    }
+    if let Some(s) = o.shared_parameters {
+        cfg.replay.shared_parameters = s;
     }
     if let Some(k) = o.optimizer {
         cfg.optim.optimizer = k;
