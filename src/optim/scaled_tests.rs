@@ -1,7 +1,7 @@
 //! FP16's loss scale through the optimizer: the flat update unscales inside its step and, on
 //! CUDA's tensor path, decides a skip on the device (masking the whole update); the per-tensor
 //! update unscales and decides on the host. All three must give the same bits and skip the
-//! same steps.
+//! same steps. And `Optimizer::pin`, which gathers the flat buffers before a step.
 
 use super::tests::{device, model_grads, registered};
 use super::*;
@@ -106,4 +106,44 @@ fn a_second_step_before_settling_is_refused() {
     };
     let (model, _queued) = opt.step_scaled(model, registered(&opt.table, &g), &h, 10.0, None);
     let _ = opt.step_scaled(model, registered(&opt.table, &g), &h, 10.0, None);
+}
+
+/// `Optimizer::pin` (run here through the tensor path): a model pinned mid-fit — state present,
+/// as after a checkpoint load — steps to the same bits as one that is not, for each flat rule,
+/// and pinning itself changes no value (a pin that gathered no state fails it). The CPU writes
+/// no step in place, so the state views pin makes are re-made after each step here; the GPU
+/// tests (`tests/gpu/shared.rs`) run them in place.
+#[test]
+fn pinning_changes_no_step() {
+    let d = device();
+    let model = YoloConfig::new(Scale::N, Task::Pose).init(&d);
+    for rule in [Rule::AdamW, Rule::Sgd, Rule::MuSgd] {
+        let run = |pin: bool| {
+            let mut opt = Optimizer::new(rule, &model);
+            opt.flat_update = true;
+            let mut m = model.clone();
+            for step in 0..3u64 {
+                if step == 1 {
+                    // As a checkpoint load leaves it: state present, no flat buffers.
+                    opt.reset_flat();
+                    if pin {
+                        let before = hash::module_hash(&m);
+                        m = opt.pin(m);
+                        assert!(opt.pinned().is_some(), "{rule:?}: pinned");
+                        assert_eq!(hash::module_hash(&m), before, "{rule:?}: pinning moved");
+                    }
+                }
+                let g = model_grads(&opt.table, &d, step, 1e-4, step == 2);
+                let h = Hyper {
+                    lr: [0.01, 0.02, 0.05],
+                    momentum: 0.9,
+                    weight_decay: 5e-4,
+                };
+                m = opt.step_clipped(m, registered(&opt.table, &g), &h, 10.0);
+            }
+            format!("{} {}", hash::module_hash(&m), opt.state_hash())
+        };
+        let (plain, pinned) = host::force::with_tensor_path(|| (run(false), run(true)));
+        assert_eq!(plain, pinned, "{rule:?}");
+    }
 }
