@@ -241,7 +241,7 @@ pub struct ReplaySection {
     /// The recorded graphs read the stage's parameters where the flat optimizer keeps them
     /// (gathered before the first step and written in place, `Optimizer::pin`) instead of from
     /// private copies refreshed after every optimizer step: one parameter set on the device
-    /// fewer and no copy per step. Needs `optim.flat_update` (otherwise the copies stay).
+    /// fewer and no copy per step. Needs `optim.flat_update` (the config refuses it otherwise).
     /// Not yet run on a GPU (docs/perf_log.md AS3), hence off by default (default false).
     pub shared_parameters: bool,
 }
@@ -459,6 +459,14 @@ impl Config {
             return bad(
                 "replay.scope",
                 "\"step\" records the loss on the device: set train.loss_on = \"device\" too"
+                    .into(),
+            );
+        }
+        if self.replay.shared_parameters && !self.optim.flat_update {
+            return bad(
+                "replay.shared_parameters",
+                "the graphs read the flat optimizer's buffers: set optim.flat_update = true (the \
+                 default) or leave replay.shared_parameters off"
                     .into(),
             );
         }

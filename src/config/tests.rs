@@ -21,6 +21,21 @@ fn replay_scope_defaults_by_task() {
     assert_eq!(pose.replay_scope(), Scope::Network);
 }
 
+/// `replay.shared_parameters` reads the flat optimizer's buffers: refused without them, with the
+/// key and what to set.
+#[test]
+fn shared_parameters_need_the_flat_update() {
+    let ok = parse("[replay]\nshared_parameters = true\n").unwrap();
+    assert!(ok.replay.shared_parameters && ok.optim.flat_update);
+    let e = parse("[replay]\nshared_parameters = true\n[optim]\nflat_update = false\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("replay.shared_parameters") && e.contains("optim.flat_update = true"),
+        "{e}"
+    );
+}
+
 /// `replay.scope = "step"` cuts where "network" does and needs the device loss (the refusal
 /// names the key and what to set); every precision records, FP16 with its loss scale.
 #[test]
