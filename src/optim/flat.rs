@@ -12,10 +12,11 @@
 //! CPU the same arithmetic runs as one loop over the buffers on the host (`host_update`).
 
 use super::grads::take_flat;
-use super::groups::{Group, ParamInfo};
+use super::groups::ParamInfo;
 use super::host::{HostValues, take_host};
 use super::layout::{ALIGN, Layout, f32_of};
-use super::newton_schulz::{matrix_shape, muon_scale, orthogonalize_batch, orthogonalized};
+use super::muon::{MuonBatches, uses_muon};
+use super::newton_schulz::orthogonalized;
 use super::reduce::sum_all;
 use super::state::{Hyper, ParamState, Rule};
 use super::tensors::write_in_place;
@@ -23,7 +24,6 @@ use crate::config::device::is_cuda;
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::{DType, TensorData};
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The flat buffers between steps: the model's parameters and the per-parameter state are views
@@ -41,75 +41,6 @@ pub struct FlatState {
     pub viewed: bool,
     /// MuSGD's matrices by shape, made at its first step.
     muon: Option<MuonBatches>,
-}
-
-/// Muon's matrices grouped by shape, each group orthogonalised as one batch
-/// (`newton_schulz::orthogonalize_batch`): where each group's values lie in the flat buffers,
-/// and where each flat value lies among the groups' results.
-#[derive(Clone, Debug)]
-struct MuonBatches {
-    /// Per group, its `[k, rows, cols]` and the flat position of each of its values in that
-    /// order (each matrix as `newton_schulz::orthogonalized` views its parameter).
-    groups: Vec<([usize; 3], Tensor<1, Int>)>,
-    /// Per flat position, its value's place in the groups' results one after another; other
-    /// parameters and padding point one past them, at a zero.
-    back: Tensor<1, Int>,
-}
-
-impl MuonBatches {
-    fn new(rule: Rule, table: &[ParamInfo], layout: &Layout, device: &Device) -> Self {
-        let mut by_shape: BTreeMap<(usize, usize), Vec<usize>> = BTreeMap::new();
-        for (i, info) in table.iter().enumerate() {
-            if uses_muon(rule, info) {
-                let (rows, cols, _) = matrix_shape(&info.dims);
-                by_shape.entry((rows, cols)).or_default().push(i);
-            }
-        }
-        let total: usize = by_shape.iter().map(|((r, c), m)| r * c * m.len()).sum();
-        let mut back = vec![total as i32; layout.len];
-        let (mut groups, mut base) = (Vec::new(), 0);
-        for ((rows, cols), members) in by_shape {
-            let mut idx = Vec::with_capacity(members.len() * rows * cols);
-            for i in &members {
-                let (o, (_, _, transposed)) = (layout.offsets[*i], matrix_shape(&table[*i].dims));
-                for a in 0..rows {
-                    for b in 0..cols {
-                        // The matrix's (a, b) in the parameter's own layout.
-                        let q = if transposed {
-                            b * rows + a
-                        } else {
-                            a * cols + b
-                        };
-                        back[o + q] = (base + idx.len()) as i32;
-                        idx.push((o + q) as i32);
-                    }
-                }
-            }
-            base += idx.len();
-            let len = idx.len();
-            let idx = Tensor::<1, Int>::from_data(TensorData::new(idx, [len]), device);
-            groups.push(([members.len(), rows, cols], idx));
-        }
-        let back = Tensor::<1, Int>::from_data(TensorData::new(back, [layout.len]), device);
-        Self { groups, back }
-    }
-
-    /// Every Muon matrix of the flat `u` orthogonalised and scaled, at its place in a flat
-    /// buffer (zeros elsewhere): per matrix the bits of `newton_schulz::orthogonalized`.
-    fn orthogonal(&self, u: &Tensor<1>) -> Tensor<1> {
-        let mut results: Vec<Tensor<1>> = self
-            .groups
-            .iter()
-            .map(|(shape, idx)| {
-                let [k, rows, cols] = *shape;
-                let x = u.clone().select(0, idx.clone()).reshape([k, rows, cols]);
-                let o = orthogonalize_batch(x, 5) * muon_scale(rows, cols);
-                o.reshape([k * rows * cols])
-            })
-            .collect();
-        results.push(Tensor::zeros([1], &u.device()));
-        Tensor::cat(results, 0).select(0, self.back.clone())
-    }
 }
 
 impl FlatState {
@@ -225,12 +156,6 @@ pub struct RuleConstants {
     /// MuSGD's blend of its Muon and SGD steps.
     pub muon_weight: f64,
     pub sgd_weight: f64,
-}
-
-/// Whether `rule` updates this parameter with Muon's orthogonalised step (MuSGD's weight
-/// matrices and convolution kernels).
-pub fn uses_muon(rule: Rule, info: &ParamInfo) -> bool {
-    rule == Rule::MuSgd && info.group == Group::Weight && info.muon_eligible()
 }
 
 /// One update of every parameter with a gradient in `grads` (consumed): the gradients divided by

@@ -9,6 +9,7 @@ pub mod groups;
 pub mod hash;
 mod host;
 pub mod layout;
+pub mod muon;
 pub mod newton_schulz;
 pub mod optimizer;
 pub mod reduce;

@@ -85,7 +85,8 @@ impl Optimizer {
             if s.buf.is_some() {
                 s.buf = Some(f.layout.view(&f.buf, i));
             }
-            if s.second.is_some() && (rule == Rule::AdamW || flat::uses_muon(rule, &self.table[i]))
+            if s.second.is_some()
+                && (rule == Rule::AdamW || super::muon::uses_muon(rule, &self.table[i]))
             {
                 s.second = Some(f.layout.view(&f.second, i));
             }
@@ -179,7 +180,7 @@ impl Optimizer {
         let f = self.flat.as_ref().expect("a flat step keeps its buffers");
         let rule = self.rule;
         for (i, s) in self.state.iter_mut().enumerate() {
-            let second = rule == Rule::AdamW || flat::uses_muon(rule, &self.table[i]);
+            let second = rule == Rule::AdamW || super::muon::uses_muon(rule, &self.table[i]);
             let counted = finite && present[i];
             if counted {
                 s.steps += 1;
@@ -286,7 +287,7 @@ impl Optimizer {
         let (lr, wd) = hyper.for_group(group);
         let lr = lr * boost;
         let mu = hyper.momentum;
-        let muon = flat::uses_muon(self.rule, info);
+        let muon = super::muon::uses_muon(self.rule, info);
         let dims = info.dims.clone();
         let s = &mut self.state[i];
         s.steps += 1;
