@@ -66,6 +66,17 @@ impl FlatState {
     }
 }
 
+impl FlatState {
+    /// Points parameter `i`'s state at its segments of the state buffers (the second one too
+    /// when the rule keeps one for it).
+    pub fn view_state(&self, s: &mut ParamState, i: usize, second: bool) {
+        s.buf = Some(self.layout.view(&self.buf, i));
+        if second {
+            s.second = Some(self.layout.view(&self.second, i));
+        }
+    }
+}
+
 /// Σ x² over a flat buffer, in two stages (rows of [`ALIGN`], then the row sums): one pass over
 /// millions of f32 values drifts (CPU: 1e-3 relative on the nano model), two stay at the
 /// per-tensor sum's accuracy.

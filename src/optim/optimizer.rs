@@ -80,15 +80,9 @@ impl Optimizer {
         }
         let mut f = FlatState::gather(params, &self.state, &device);
         f.viewed = true;
-        let rule = self.rule;
         for (i, s) in self.state.iter_mut().enumerate() {
             if s.buf.is_some() {
-                s.buf = Some(f.layout.view(&f.buf, i));
-            }
-            if s.second.is_some()
-                && (rule == Rule::AdamW || super::muon::uses_muon(rule, &self.table[i]))
-            {
-                s.second = Some(f.layout.view(&f.second, i));
+                f.view_state(s, i, keeps_second(self.rule, &self.table[i]));
             }
         }
         let mut mapper = ViewMapper {
@@ -178,9 +172,7 @@ impl Optimizer {
             return finite;
         };
         let f = self.flat.as_ref().expect("a flat step keeps its buffers");
-        let rule = self.rule;
         for (i, s) in self.state.iter_mut().enumerate() {
-            let second = rule == Rule::AdamW || super::muon::uses_muon(rule, &self.table[i]);
             let counted = finite && present[i];
             if counted {
                 s.steps += 1;
@@ -190,10 +182,7 @@ impl Optimizer {
             // buffers (their values are the old ones where the step did not count).
             let fresh = s.buf.is_none() && counted;
             if fresh || (!in_place && s.buf.is_some()) {
-                s.buf = Some(f.layout.view(&f.buf, i));
-                if second {
-                    s.second = Some(f.layout.view(&f.second, i));
-                }
+                f.view_state(s, i, keeps_second(self.rule, &self.table[i]));
             }
         }
         finite
@@ -338,6 +327,12 @@ impl Optimizer {
             }
         }
     }
+}
+
+/// Whether `rule` keeps a second state buffer for this parameter (AdamW's second moment,
+/// Muon's momentum).
+fn keeps_second(rule: Rule, info: &ParamInfo) -> bool {
+    rule == Rule::AdamW || super::muon::uses_muon(rule, info)
 }
 
 /// The current value of every parameter in the table (inner, `[numel]`), in table order.
