@@ -274,7 +274,9 @@ pub fn step(
     let present_rows = col(PRESENT);
     let g = layout.gather(parts, &device);
     let g = match inv {
-        Some(inv) => g * Tensor::<1>::from_data(TensorData::new(vec![inv], [1]), &device),
+        Some(inv) => {
+            g * Tensor::<1>::from_data(TensorData::new(vec![inv], [1]), (&device, DType::F32))
+        }
         None => g,
     };
     // Padding and absent gradients are zero, whatever a run copied between its segments.
