@@ -113,6 +113,9 @@ impl Trainer {
         let labels: Vec<Vec<Instance>> =
             batch.samples.iter().map(|s| s.instances.clone()).collect();
         let mut clock = PhaseClock::new(self.timing.as_ref(), &self.device);
+        if self.cfg.replay.shared_parameters && self.stage.records_next() {
+            self.share_parameters();
+        }
         let (out, features) = {
             let _reduced = autocast(self.cfg.train.precision.compute_dtype());
             let how = self.timing.as_ref().map(|t| t.upload).unwrap_or_default();
@@ -120,9 +123,6 @@ impl Trainer {
             clock.mark(Phase::Upload);
             let images = batch.augment(pixels);
             clock.mark(Phase::Augment);
-            if self.cfg.replay.shared_parameters && self.stage.records_next() {
-                self.share_parameters();
-            }
             let features = self.stage.forward(&mut self.model, images);
             clock.mark(Phase::Features);
             (features.head(&self.model.head), features)
