@@ -13,13 +13,15 @@ use burnpose::train::{StateHashes, Trainer};
 use std::path::Path;
 
 /// `task` is "pose", "detect", "pose-network" (a pose model with `replay.scope = "network"`),
-/// "pose-per-tensor" (`optim.flat_update = false`: the per-tensor update), or "pose-step" /
+/// "pose-per-tensor" (`optim.flat_update = false`: the per-tensor update), "pose-musgd" (MuSGD
+/// through the flat update, Newton–Schulz batched by shape), or "pose-step" /
 /// "detect-step" (`replay.scope = "step"`, the device loss in 16 object slots per image).
 pub(super) fn config_for(task: &str, precision: &str, capture: bool) -> Config {
     let step = "[replay]\nscope = \"step\"\n";
     let (task, scope) = match task {
         "pose-network" => ("pose", "[replay]\nscope = \"network\"\n"),
         "pose-per-tensor" => ("pose", "[optim]\nflat_update = false\n"),
+        "pose-musgd" => ("pose", "[optim]\noptimizer = \"musgd\"\n"),
         "pose-step" => ("pose", step),
         "detect-step" => ("detect", step),
         other => (other, ""),
@@ -336,12 +338,20 @@ pub(super) fn assert_keeping_unreached_breaks_parity(task: &str) {
     assert_ne!(native.optimizer, broken.optimizer);
 }
 
-/// The per-tensor update (MuSGD's, and `optim.flat_update = false`): the recorder copies its
-/// new parameter tensors in after every optimizer step, as it does the flat update's views.
+/// The per-tensor update (`optim.flat_update = false`): the recorder copies its new parameter
+/// tensors in after every optimizer step, as it does the flat update's views.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn replay_matches_native_with_the_per_tensor_update() {
     assert_parity_of("pose-per-tensor", "bf16");
+}
+
+/// MuSGD through the flat update (its Newton–Schulz batched by matrix shape), written in place:
+/// the recorder sees its new values as it sees AdamW's.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn replay_matches_native_with_musgd() {
+    assert_parity_of("pose-musgd", "bf16");
 }
 
 /// Negative control: replay copies a parameter in only when the trainer holds a new tensor for
