@@ -20,17 +20,22 @@ fn fit(optimizer: &str, flat: bool, clip: &str) -> StateHashes {
     t.state_hashes()
 }
 
-/// MuSGD through the flat update (Muon's step from the step table, its Newton–Schulz per
-/// matrix on the CPU) equals the per-tensor MuSGD over a fit with accumulation and warm-up.
+/// Each rule through the flat update (MuSGD: Muon's step from the step table, its Newton–Schulz
+/// per matrix on the CPU) equals its per-tensor update over a fit with accumulation and
+/// warm-up, and a second fit repeats.
 #[test]
-fn flat_musgd_fits_like_per_tensor() {
-    let flat = fit("musgd", true, "1e30");
-    let per_tensor = fit("musgd", false, "1e30");
-    assert_eq!(flat, per_tensor);
-    assert_eq!(fit("musgd", true, "1e30"), flat, "a second fit differs");
-    assert_ne!(
-        fit("sgd", true, "1e30").model,
-        flat.model,
-        "MuSGD moved as SGD"
-    );
+fn flat_updates_fit_like_per_tensor() {
+    let mut models = Vec::new();
+    for rule in ["sgd", "adamw", "musgd"] {
+        let flat = fit(rule, true, "1e30");
+        assert_eq!(flat, fit(rule, false, "1e30"), "{rule}");
+        assert_eq!(
+            fit(rule, true, "1e30"),
+            flat,
+            "{rule}: a second fit differs"
+        );
+        models.push(flat.model);
+    }
+    models.dedup();
+    assert_eq!(models.len(), 3, "two rules moved alike");
 }
