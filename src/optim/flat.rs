@@ -64,9 +64,7 @@ impl FlatState {
             muon: None,
         }
     }
-}
 
-impl FlatState {
     /// Points parameter `i`'s state at its segments of the state buffers (the second one too
     /// when the rule keeps one for it).
     pub fn view_state(&self, s: &mut ParamState, i: usize, second: bool) {
@@ -200,8 +198,7 @@ pub fn step(
     let parts: Vec<Option<Tensor<1>>> = table.iter().map(|p| take_flat(grads, p)).collect();
     let present: Vec<bool> = parts.iter().map(Option::is_some).collect();
     let mu = hyper.momentum;
-    // `LossScaler::unscale`'s factor.
-    let inv = loss_scale.map(|s| (1.0f64 / s as f64) as f32);
+    let inv = loss_scale.map(super::scaler::inverse);
     // Row per parameter, plus one for padding (never present, harmless values).
     let mut rows = vec![0f32; (table.len() + 1) * COLUMNS];
     for (i, info) in table.iter().enumerate() {
@@ -418,20 +415,13 @@ fn host_update(
         matches!(rule, Rule::AdamW | Rule::MuSgd).then(|| take_host(flat.second.clone()));
     let (muf, one_mu) = (mu as f32, (1.0 - mu) as f32);
     let (b2, one_b2, epsf) = (beta2 as f32, (1.0 - beta2) as f32, eps as f32);
-    // Muon's momentum (`m`, from the state in `second`) and the blend `u` it orthogonalises,
-    // per element as the tensor path computes them.
-    let muon_m = |init: bool, v: f32, ge: f32| {
-        if init {
-            v * muf + ge * one_mu
-        } else {
-            ge * one_mu
-        }
-    };
-    // The orthogonalised blend of every present Muon matrix, at its place in a flat buffer:
-    // matrix by matrix, which the CPU runs faster than the batches of the tensor path (optimizer
-    // phase ~200 against ~290 ms on the nano pose model, two cores; the same bits either way).
+    // Every present Muon matrix: its new momentum `m` (written into `second` here: this update
+    // runs only when it counts) and the blend `u = m·μ + g·(1 − μ)` orthogonalised, at its place
+    // in a flat buffer; per element the tensor path's operations. Matrix by matrix, which the
+    // CPU runs faster than the batches of the tensor path (optimizer phase ~200 against ~290 ms
+    // on the nano pose model, two cores; the same bits either way).
     let orthogonal: Option<Vec<f32>> = (rule == Rule::MuSgd).then(|| {
-        let v = second.as_deref().expect("MuSGD's state");
+        let v = second.as_deref_mut().expect("MuSGD's state");
         let mut out = vec![0f32; layout.len];
         for (i, info) in table.iter().enumerate() {
             let Some(g) = parts[i].as_ref().filter(|_| uses_muon(rule, info)) else {
@@ -442,10 +432,15 @@ fn host_update(
             let u: Vec<f32> = g
                 .values()
                 .iter()
-                .zip(&v[o..o + n])
-                .map(|(&g, &v)| {
+                .zip(&mut v[o..o + n])
+                .map(|(&g, v)| {
                     let ge = g * factor;
-                    muon_m(init, v, ge) * muf + ge * one_mu
+                    *v = if init {
+                        *v * muf + ge * one_mu
+                    } else {
+                        ge * one_mu
+                    };
+                    *v * muf + ge * one_mu
                 })
                 .collect();
             let u = Tensor::<1>::from_data(TensorData::new(u, [n]), &device);
@@ -480,7 +475,7 @@ fn host_update(
                     v[e] = ve;
                 }
             }
-            (Some(v), Rule::MuSgd) => {
+            (Some(_), Rule::MuSgd) => {
                 let (wd, lr, muon_lr) = (r[SGD_WD], r[SGD_LR], r[MUON_LR]);
                 let (start, n) = (layout.offsets[i], layout.sizes[i]);
                 let o = orthogonal
@@ -490,7 +485,6 @@ fn host_update(
                 for e in 0..p.len() {
                     let ge = g[e] * factor;
                     if let Some(o) = o {
-                        v[e] = muon_m(init, v[e], ge);
                         p[e] -= o[e] * muon_lr;
                     }
                     let gd = ge + p[e] * wd;

@@ -81,7 +81,7 @@ impl LossScaler {
 /// launches per parameter. The flat optimizer unscales inside its step instead
 /// (`flat::step`), where the device decides.
 pub fn unscale(grads: &mut GradientsParams, table: &[ParamInfo], scale: f32) -> bool {
-    let inv = (1.0f64 / scale as f64) as f32;
+    let inv = inverse(scale);
     let parts: Vec<Option<Tensor<1>>> = table.iter().map(|p| take_flat(grads, p)).collect();
     let Some(device) = parts.iter().flatten().next().map(|t| t.device()) else {
         return true;
@@ -98,4 +98,10 @@ pub fn unscale(grads: &mut GradientsParams, table: &[ParamInfo], scale: f32) -> 
         }
     }
     total.is_finite()
+}
+
+/// The factor gradients are unscaled by: the scale's inverse, computed in f64 and rounded to f32
+/// (every unscale multiplies by this one number, so the flat step and [`unscale`] agree).
+pub fn inverse(scale: f32) -> f32 {
+    (1.0f64 / scale as f64) as f32
 }
