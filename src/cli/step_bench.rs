@@ -28,6 +28,9 @@ pub struct Options {
     /// Override `replay.shared_parameters`.
     #[arg(long)]
     pub shared_parameters: Option<bool>,
+    /// Override `replay.one_graph`.
+    #[arg(long)]
+    pub one_graph: Option<bool>,
     /// Override `optim.optimizer` (e.g. `musgd`, which `auto` picks for fits of more than
     /// 10,000 iterations).
     #[arg(long, value_enum)]
@@ -102,6 +105,9 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
     }
     if let Some(s) = o.shared_parameters {
         cfg.replay.shared_parameters = s;
+    }
+    if let Some(g) = o.one_graph {
+        cfg.replay.one_graph = g;
     }
     if let Some(k) = o.optimizer {
         cfg.optim.optimizer = k;
@@ -190,8 +196,13 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
     let (peak_use, peak_reserved) = (timing.peak_in_use(), timing.peak_reserved());
     let h = t.state_hashes();
     println!(
-        "bench-step {what} replay={} precision={:?} optimizer={:?} flat={} batch={} upload={:?} steps={} skip={}: median {:.2} ms (min {:.2}, p10 {:.2}, p90 {:.2}, max {:.2}); peak in use {:.0} MiB, reserved {:.0} MiB; hashes model {} optimizer {} losses {}",
+        "bench-step {what} replay={}{} precision={:?} optimizer={:?} flat={} batch={} upload={:?} steps={} skip={}: median {:.2} ms (min {:.2}, p10 {:.2}, p90 {:.2}, max {:.2}); peak in use {:.0} MiB, reserved {:.0} MiB; hashes model {} optimizer {} losses {}",
         t.stage.is_replay(),
+        if t.stage.is_replay() && t.cfg.replay.one_graph {
+            " one_graph=true"
+        } else {
+            ""
+        },
         t.cfg.train.precision,
         t.optimizer.rule,
         t.optimizer.flat_active(),

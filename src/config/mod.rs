@@ -244,6 +244,12 @@ pub struct ReplaySection {
     /// fewer and no copy per step. Needs `optim.flat_update` (the config refuses it otherwise).
     /// Not yet run on a GPU (docs/perf_log.md AS3), hence off by default (default false).
     pub shared_parameters: bool,
+    /// With `scope = "step"`: record the network's forward, the device loss and the whole
+    /// backward as one CUDA graph instead of three, so the backward reuses the pages the
+    /// forward's and the loss's temporaries freed, as the native step does (docs/replay.md,
+    /// "One window"). The config refuses it with another scope. Not yet run on a GPU, hence
+    /// off by default (default false).
+    pub one_graph: bool,
 }
 
 /// What the stage of a step computes before the tape is cut (`replay.scope`).
@@ -459,6 +465,14 @@ impl Config {
             return bad(
                 "replay.scope",
                 "\"step\" records the loss on the device: set train.loss_on = \"device\" too"
+                    .into(),
+            );
+        }
+        if self.replay.one_graph && self.replay.scope != Some(Scope::Step) {
+            return bad(
+                "replay.one_graph",
+                "one graph holds the forward, the loss and the backward: set replay.scope = \
+                 \"step\" (with train.loss_on = \"device\") or leave replay.one_graph off"
                     .into(),
             );
         }

@@ -36,6 +36,24 @@ fn shared_parameters_need_the_flat_update() {
     );
 }
 
+/// `replay.one_graph` records the step scope's three graphs as one: refused with any other
+/// scope (the default one included), with the key and what to set.
+#[test]
+fn one_graph_needs_the_step_scope() {
+    let ok = parse("[replay]\nscope = \"step\"\none_graph = true\n[train]\nloss_on = \"device\"\n")
+        .unwrap();
+    assert!(ok.replay.one_graph);
+    for scope in ["", "scope = \"features\"\n", "scope = \"network\"\n"] {
+        let e = parse(&format!("[replay]\n{scope}one_graph = true\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("replay.one_graph") && e.contains("replay.scope = \"step\""),
+            "{scope}: {e}"
+        );
+    }
+}
+
 /// `replay.scope = "step"` cuts where "network" does and needs the device loss (the refusal
 /// names the key and what to set); every precision records, FP16 with its loss scale.
 #[test]
@@ -84,7 +102,13 @@ fn bench_configs_differ_from_the_seed_shape_only_in_their_key() {
     network.replay.scope = None;
     network.output.name = seed.output.name.clone();
     assert_eq!(network, seed);
-    let mut step = Config::load(&dir.join("bench_seed_step.toml")).unwrap();
+    let step_shape = Config::load(&dir.join("bench_seed_step.toml")).unwrap();
+    let mut one_graph = Config::load(&dir.join("bench_seed_one_graph.toml")).unwrap();
+    assert!(one_graph.replay.one_graph);
+    one_graph.replay.one_graph = false;
+    one_graph.output.name = step_shape.output.name.clone();
+    assert_eq!(one_graph, step_shape);
+    let mut step = step_shape;
     assert_eq!(step.replay_scope(), Scope::Step);
     assert_eq!(step.train.loss_on, LossOn::Device);
     step.replay.scope = None;

@@ -1,7 +1,9 @@
 //! The recorded loss of `replay.scope = "step"` (docs/replay.md, "Step recording"): the device
 //! loss ([`E2eLoss::dense_loss`]: both copies' assignment and terms, the RLE flow) and its
 //! backward down to the network's outputs, recorded into one CUDA graph on the first training
-//! step and replayed on every later one, between the network's forward and backward graphs.
+//! step and replayed on every later one, between the network's forward and backward graphs
+//! ([`LossGraph`]), or inside the step's one graph with `replay.one_graph` ([`LossInputs`],
+//! recorded by `replay::record::record_step`).
 //!
 //! It reads the network's outputs where the forward graph writes them, the batch's objects from
 //! a fixed block of slots ([`ObjectSlots::pack`]), the ProgLoss weight and (FP16) the loss scale
@@ -70,10 +72,12 @@ pub struct RecordedLoss {
     pub flow: Option<FlatGrads>,
 }
 
-/// The recorded loss and every buffer it reads or writes, kept alive as long as the graph.
-pub struct LossGraph {
-    graph: Graph,
-    /// Images and object slots per image the graph was recorded for.
+/// What the recorded loss reads and writes besides the network's outputs: the batch's objects,
+/// the ProgLoss weight, FP16's loss scale, the constants, the private flow and its gradients,
+/// the results. Both recordings use it: [`LossGraph`] (a graph of its own) and the one-window
+/// step (`replay::record::record_step`).
+pub struct LossInputs {
+    /// Images and object slots per image the inputs were made for.
     batch: usize,
     slots: usize,
     keypoints: usize,
@@ -85,14 +89,159 @@ pub struct LossGraph {
     /// before every replay; `None` without loss scaling.
     scale: Option<Tensor<1>>,
     /// The anchors and keypoint rows the graph reads.
-    _constants: LossConstants,
-    /// The static buffers of every float tensor of the private flow copy.
+    constants: LossConstants,
+    /// A private copy of the flow with its own buffers and the trainer's parameter ids, so its
+    /// gradients key like the trainer's.
+    flow: Option<RealNvp>,
+    /// The static buffers of every float tensor of `flow`.
     flow_sources: Sources,
     /// `[RESULTS]`: the loss, the items, the counts.
     results: Tensor<1>,
     flow_params: Vec<ParamInfo>,
     flow_layout: Layout,
     flow_grads: Tensor<1>,
+}
+
+impl LossInputs {
+    /// The buffers for a batch of `labels` with at least `loss.object_slots` slots, the flow
+    /// `flow` (pose) and the loss scale `scale` (FP16; `None`: not scaled), on `device`'s inner
+    /// device.
+    pub fn prepare(
+        loss: &E2eLoss,
+        labels: &[Vec<Instance>],
+        flow: Option<&RealNvp>,
+        scale: Option<f32>,
+        device: &Device,
+    ) -> Self {
+        let inner = device.clone().inner();
+        let (batch, keypoints) = (labels.len(), loss.sigmas.len());
+        let slots = ObjectSlots::slots_for(labels, loss.object_slots);
+        let flow = flow.map(|f| {
+            let mut copies: HashMap<String, Tensor<1>> = float_tensors(&f.valid())
+                .into_iter()
+                .map(|(p, t)| (p, copy_of(t)))
+                .collect();
+            replace_float_tensors(f.valid().train(), &mut copies).0
+        });
+        let flow_params = flow.as_ref().map(param_table).unwrap_or_default();
+        let flow_layout = Layout::new(flow_params.iter().map(ParamInfo::numel).collect());
+        let flow_sources = flow
+            .as_ref()
+            .map(|f| float_tensors(&f.valid()))
+            .unwrap_or_default();
+        Self {
+            batch,
+            slots,
+            keypoints,
+            objects: copy_of(ObjectSlots::upload(labels, slots, keypoints, &inner)),
+            weight: copy_of(Tensor::<1>::from_floats([loss.one2many_weight], &inner)),
+            scale: scale.map(|s| copy_of(Tensor::<1>::from_floats([s], &inner))),
+            constants: loss.constants(device),
+            flow,
+            flow_sources: Sources::separate(flow_sources),
+            results: Tensor::<1>::zeros([RESULTS], &inner),
+            flow_grads: Tensor::<1>::zeros([flow_layout.len.max(1)], &inner),
+            flow_params,
+            flow_layout,
+        }
+    }
+
+    /// Whether these inputs' shapes fit a batch of `labels` with at least `min_slots` slots.
+    pub fn fits(&self, labels: &[Vec<Instance>], min_slots: usize) -> bool {
+        labels.len() == self.batch && ObjectSlots::slots_for(labels, min_slots) == self.slots
+    }
+
+    /// The device loss on `leaves` (autodiff leaves over the network's outputs, in
+    /// `replay::stage::flatten_outputs` order) and its backward: the results row and the
+    /// flow's gradients written into their buffers. Returns each leaf's gradient (`None` where
+    /// the loss left one without) and whether every flow parameter got one.
+    pub(super) fn run(
+        &self,
+        loss: &E2eLoss,
+        leaves: &[Tensor<4>],
+    ) -> (Vec<Option<Tensor<4>>>, bool) {
+        let out = outputs_of(leaves);
+        let slots =
+            ObjectSlots::from_packed(Tensor::from_inner(self.objects.clone()), self.keypoints);
+        let w = Tensor::<1>::from_inner(self.weight.clone());
+        let (value, counts) = loss.dense_loss(&out, &slots, &self.constants, w, self.flow.as_ref());
+        // The scale as a tensor, not a scalar: a scalar would be frozen into the graph. The
+        // product is the native path's `loss * scale` (`LossScaler::scale_loss`), bit for bit.
+        let grads = match &self.scale {
+            Some(s) => (value.total.clone() * Tensor::<1>::from_inner(s.clone())).backward(),
+            None => value.total.clone().backward(),
+        };
+        let row = Tensor::cat(
+            vec![value.total.inner(), value.items.inner(), counts.inner()],
+            0,
+        );
+        write(row, &self.results);
+        let seeds = leaves.iter().map(|l| l.grad(&grads)).collect();
+        let mut complete = true;
+        if let Some(f) = &self.flow {
+            let all = GradientsParams::from_grads(grads, f);
+            let parts: Option<Vec<Tensor<1>>> =
+                self.flow_params.iter().map(|p| get_flat(&all, p)).collect();
+            match parts {
+                Some(parts) => gather_into(&self.flow_layout, parts, &self.flow_grads),
+                None => complete = false,
+            }
+        }
+        (seeds, complete)
+    }
+
+    /// Before a replay: the objects of `labels` (which must [`LossInputs::fits`]), the
+    /// one-to-many weight `weight` and the loss scale `scale` (each `None`: the one it holds;
+    /// only the `FrozenLossWeight` and `FrozenLossScale` negative controls pass that) and the
+    /// trainer's flow `flow` written into the buffers the graph reads.
+    pub fn write(
+        &mut self,
+        labels: &[Vec<Instance>],
+        weight: Option<f32>,
+        scale: Option<f32>,
+        flow: Option<&RealNvp>,
+        device: &Device,
+    ) {
+        let inner = device.clone().inner();
+        write(
+            ObjectSlots::upload(labels, self.slots, self.keypoints, &inner),
+            &self.objects,
+        );
+        if let Some(w) = weight {
+            write(Tensor::<1>::from_floats([w], &inner), &self.weight);
+        }
+        if let (Some(s), Some(buffer)) = (scale, &self.scale) {
+            write(Tensor::<1>::from_floats([s], &inner), buffer);
+        }
+        if let Some(f) = flow {
+            self.flow_sources.refresh(f, false);
+        }
+    }
+
+    /// After a replay: its results, still on the device, and a copy of the flow's gradients.
+    pub fn pending(&self) -> PendingLoss {
+        PendingLoss {
+            results: self.results.clone(),
+            flow: (!self.flow_params.is_empty()).then(|| FlatGrads {
+                params: self.flow_params.clone(),
+                layout: self.flow_layout.clone(),
+                buf: copy_of(self.flow_grads.clone()),
+                copy: None,
+            }),
+        }
+    }
+
+    /// How many object slots per image the inputs hold.
+    pub fn slots(&self) -> usize {
+        self.slots
+    }
+}
+
+/// The recorded loss as a graph of its own, and every buffer it reads or writes, kept alive as
+/// long as the graph.
+pub struct LossGraph {
+    graph: Graph,
+    inputs: LossInputs,
     /// The device's memory pool before recording and after it.
     pub(super) growth: [PoolUse; 2],
 }
@@ -100,7 +249,7 @@ pub struct LossGraph {
 impl LossGraph {
     /// Whether this graph's shapes fit a batch of `labels` with at least `min_slots` slots.
     pub fn fits(&self, labels: &[Vec<Instance>], min_slots: usize) -> bool {
-        labels.len() == self.batch && ObjectSlots::slots_for(labels, min_slots) == self.slots
+        self.inputs.fits(labels, min_slots)
     }
 
     /// Records the loss of `labels` on the network outputs `outputs` (the forward graph's output
@@ -119,65 +268,22 @@ impl LossGraph {
         let inner = device.clone().inner();
         let dispatch = inner.as_dispatch();
         let before = pool_use(&inner);
-        let (batch, keypoints) = (labels.len(), loss.sigmas.len());
-        let slots = ObjectSlots::slots_for(labels, loss.object_slots);
-        let objects = copy_of(ObjectSlots::upload(labels, slots, keypoints, &inner));
-        let weight = copy_of(Tensor::<1>::from_floats([loss.one2many_weight], &inner));
-        let scale = scale.map(|s| copy_of(Tensor::<1>::from_floats([s], &inner)));
-        let constants = loss.constants(device);
-        // A private copy of the flow with its own buffers and the trainer's parameter ids, so
-        // its gradients key like the trainer's.
-        let flow_copy = flow.map(|f| {
-            let mut copies: HashMap<String, Tensor<1>> = float_tensors(&f.valid())
-                .into_iter()
-                .map(|(p, t)| (p, copy_of(t)))
-                .collect();
-            replace_float_tensors(f.valid().train(), &mut copies).0
-        });
-        let flow_params = flow_copy.as_ref().map(param_table).unwrap_or_default();
-        let flow_layout = Layout::new(flow_params.iter().map(ParamInfo::numel).collect());
-        let flow_grads = Tensor::<1>::zeros([flow_layout.len.max(1)], &inner);
-        let results = Tensor::<1>::zeros([RESULTS], &inner);
+        let inputs = LossInputs::prepare(loss, labels, flow, scale, device);
         let scratch: Vec<Tensor<4>> = outputs
             .iter()
             .map(|o| copy_of(Tensor::<4>::zeros(o.dims(), &inner)))
             .collect();
-        // Whether every output and flow parameter got a gradient.
+        // Whether every output and flow parameter got a gradient, each output's written into
+        // its seed.
         let run = |seeds: &[Tensor<4>]| -> bool {
             let leaves: Vec<Tensor<4>> = outputs
                 .iter()
                 .map(|o| Tensor::<4>::from_inner(o.clone()).require_grad())
                 .collect();
-            let out = outputs_of(&leaves);
-            let slots_now =
-                ObjectSlots::from_packed(Tensor::from_inner(objects.clone()), keypoints);
-            let w = Tensor::<1>::from_inner(weight.clone());
-            let (value, counts) =
-                loss.dense_loss(&out, &slots_now, &constants, w, flow_copy.as_ref());
-            // The scale as a tensor, not a scalar: a scalar would be frozen into the graph. The
-            // product is the native path's `loss * scale` (`LossScaler::scale_loss`), bit for bit.
-            let grads = match &scale {
-                Some(s) => (value.total.clone() * Tensor::<1>::from_inner(s.clone())).backward(),
-                None => value.total.clone().backward(),
-            };
-            let row = Tensor::cat(
-                vec![value.total.inner(), value.items.inner(), counts.inner()],
-                0,
-            );
-            write(row, &results);
-            let mut complete = true;
-            for (leaf, seed) in leaves.iter().zip(seeds) {
-                match leaf.grad(&grads) {
+            let (grads, mut complete) = inputs.run(loss, &leaves);
+            for (g, seed) in grads.into_iter().zip(seeds) {
+                match g {
                     Some(g) => write(g, seed),
-                    None => complete = false,
-                }
-            }
-            if let Some(f) = &flow_copy {
-                let all = GradientsParams::from_grads(grads, f);
-                let parts: Option<Vec<Tensor<1>>> =
-                    flow_params.iter().map(|p| get_flat(&all, p)).collect();
-                match parts {
-                    Some(parts) => gather_into(&flow_layout, parts, &flow_grads),
                     None => complete = false,
                 }
             }
@@ -207,33 +313,15 @@ impl LossGraph {
                 "the recorded loss left an output or a flow parameter without a gradient".into(),
             ));
         }
-        let flow_sources = flow_copy
-            .as_ref()
-            .map(|f| float_tensors(&f.valid()))
-            .unwrap_or_default();
         Ok(Self {
             graph,
-            batch,
-            slots,
-            keypoints,
-            objects,
-            weight,
-            scale,
-            _constants: constants,
-            flow_sources: Sources::separate(flow_sources),
-            results,
-            flow_params,
-            flow_layout,
-            flow_grads,
+            inputs,
             growth: [before, pool_use(&inner)],
         })
     }
 
-    /// Replays the loss on the outputs the forward graph last wrote, for `labels` (which must
-    /// [`LossGraph::fits`]), the one-to-many weight `weight` and the loss scale `scale` (each
-    /// `None`: the one it holds; only the `FrozenLossWeight` and `FrozenLossScale` negative
-    /// controls pass that) and the trainer's flow `flow`; the outputs' buffers then hold their
-    /// gradients.
+    /// Replays the loss on the outputs the forward graph last wrote, with the inputs
+    /// [`LossInputs::write`] takes; the outputs' buffers then hold their gradients.
     pub fn replay(
         &mut self,
         labels: &[Vec<Instance>],
@@ -242,29 +330,8 @@ impl LossGraph {
         flow: Option<&RealNvp>,
         device: &Device,
     ) -> PendingLoss {
-        let inner = device.clone().inner();
-        write(
-            ObjectSlots::upload(labels, self.slots, self.keypoints, &inner),
-            &self.objects,
-        );
-        if let Some(w) = weight {
-            write(Tensor::<1>::from_floats([w], &inner), &self.weight);
-        }
-        if let (Some(s), Some(buffer)) = (scale, &self.scale) {
-            write(Tensor::<1>::from_floats([s], &inner), buffer);
-        }
-        if let Some(f) = flow {
-            self.flow_sources.refresh(f, false);
-        }
+        self.inputs.write(labels, weight, scale, flow, device);
         replay(device, &self.graph);
-        PendingLoss {
-            results: self.results.clone(),
-            flow: (!self.flow_params.is_empty()).then(|| FlatGrads {
-                params: self.flow_params.clone(),
-                layout: self.flow_layout.clone(),
-                buf: copy_of(self.flow_grads.clone()),
-                copy: None,
-            }),
-        }
+        self.inputs.pending()
     }
 }

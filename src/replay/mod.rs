@@ -13,6 +13,8 @@ pub(crate) mod copy;
 #[cfg(feature = "cuda")]
 pub mod loss;
 #[cfg(feature = "cuda")]
+mod record;
+#[cfg(feature = "cuda")]
 pub mod recorder;
 #[cfg(feature = "cuda")]
 mod sources;

@@ -18,33 +18,29 @@
 
 pub use super::control::Control;
 use super::copy::{copy_into, duplicate};
-use super::loss::{LossGraph, PendingLoss};
-use super::sources::{Pinned, Sources, private_copies};
+use super::loss::{LossGraph, LossInputs, PendingLoss};
+use super::record::{StepInputs, is_recorded, record, record_step};
+use super::sources::{Pinned, Sources};
 use super::stage::Growth;
-use super::tape::{leaf, seeded_root};
+use super::tape::leaf;
 use crate::config::Scope;
 use crate::data::Instance;
 use crate::loss::E2eLoss;
 use crate::loss::assign::device::ObjectSlots;
 use crate::model::Yolo;
-use crate::model::flow::RealNvp;
-use crate::model::ops::{from_cube, segment};
-use crate::optim::grads::{FlatGrads, get_flat};
-use crate::optim::groups::{ParamInfo, param_table};
+use crate::model::ops::from_cube;
+use crate::model::precision::compute_dtype;
+use crate::optim::grads::FlatGrads;
+use crate::optim::groups::ParamInfo;
 use crate::optim::layout::{Layout, f32_of};
 use crate::optim::tensors::{float_tensors, replace_float_tensors};
 use burn::backend::{Backend, BackendTensor, Dispatch, DispatchTensorKind};
-use burn::optim::GradientsParams;
 use burn::prelude::*;
-use burn::tensor::DType;
+use burn::tensor::FloatDType;
 use burn_cubecl::tensor::CubeTensor;
 use std::collections::HashMap;
 
 pub(super) type Graph = burn::backend::BackendGraph<Dispatch>;
-
-/// Eager forward + seeded backward runs before each recording: they settle every allocation the
-/// recorded launches will reuse (docs/replay.md, "Recording").
-const WARMUPS: usize = 3;
 
 /// Why recording failed; the trainer then stays native and says so.
 #[derive(Debug, thiserror::Error)]
@@ -60,48 +56,69 @@ pub struct Recorder {
     /// The optimizer's values for the recording to read in place
     /// ([`Recorder::share_parameters`]).
     pinned: Option<Pinned>,
+    /// `replay.one_graph`: the forward, the loss and the backward recorded as one graph, by
+    /// [`Recorder::loss`], which has the labels.
+    one_graph: bool,
+    /// One graph: this step's images, written into the input by [`Recorder::loss`], and the
+    /// autocast dtype the trainer's forward runs under.
+    images: Option<Tensor<4>>,
+    dtype: Option<FloatDType>,
 }
 
-/// Everything the two graphs read or write, kept alive for as long as they exist.
-struct Recorded {
-    forward: Graph,
-    backward: Graph,
+/// The recorded graphs.
+pub(super) enum Graphs {
+    /// The stage's forward and backward apart, and (`replay.scope = "step"`) the loss between
+    /// them, recorded on the first [`Recorder::loss`].
+    Split {
+        forward: Graph,
+        backward: Graph,
+        /// The stage's outputs ([`Scope::run`], then the point stems' outputs under
+        /// `RecordStems`) where the forward graph writes them.
+        outputs: Vec<Tensor<4>>,
+        /// The backward's seed buffers. `None`: the outputs' buffers take the seeds
+        /// ([`Scope::Network`]: the head's outputs, which nothing in the recorded backward reads
+        /// back, and which the head's backward is done with when the seeds are written). The
+        /// features stage keeps its own, views of `pool`: its outputs are also inputs of later
+        /// neck layers, whose weight gradients read them.
+        seeds: Option<Vec<Tensor<4>>>,
+        loss: Option<Box<LossGraph>>,
+    },
+    /// `replay.one_graph`: forward, device loss and backward in one graph; the outputs and
+    /// seeds are its temporaries.
+    One { step: Graph, loss: Box<LossInputs> },
+}
+
+/// Everything the graphs read or write, kept alive for as long as they exist.
+pub(super) struct Recorded {
+    pub(super) graphs: Graphs,
+    /// How many outputs each head copy has among the stage's (both copies' come in order).
+    pub(super) per_copy: usize,
     /// The private copy of the network, kept only for the `SkipRollback` control, which reads
     /// its statistics after recording. Otherwise dropped: the graphs' buffers are all held
     /// below, and the copy's unrecorded part (the head) shares the trainer's tensors of the
     /// recording step, which would stay allocated after the optimizer replaced them.
-    net: Option<Yolo>,
-    input: Tensor<4>,
+    pub(super) net: Option<Yolo>,
+    pub(super) input: Tensor<4>,
     /// The static buffers of every parameter and running statistic the recorded forward reads.
-    sources: Sources,
+    pub(super) sources: Sources,
     /// `(index in sources, buffer)` of the running statistics the recorded forward writes.
-    updated: Vec<(usize, Tensor<1>)>,
+    pub(super) updated: Vec<(usize, Tensor<1>)>,
     /// Where each of `updated` sits in `stats_flat`, the buffer the recorded forward gathers
     /// them in.
-    stats_layout: Layout,
-    stats_flat: Tensor<1>,
-    /// The stage's outputs ([`Scope::run`], then the point stems' outputs under `RecordStems`)
-    /// and the backward's seed buffers. `None`: the outputs' buffers take the seeds
-    /// ([`Scope::Network`]: the head's outputs, which nothing in the recorded backward reads
-    /// back, and which the head's backward is done with when the seeds are written). The
-    /// features stage keeps its own, views of `pool`: its outputs are also inputs of later neck
-    /// layers, whose weight gradients read them.
-    outputs: Vec<Tensor<4>>,
-    seeds: Option<Vec<Tensor<4>>>,
-    /// The buffer behind the seeds (features stage) and `grad_flat`: the recorded backward
+    pub(super) stats_layout: Layout,
+    pub(super) stats_flat: Tensor<1>,
+    /// The buffer behind `grad_flat` and (features stage) the seeds: the recorded backward
     /// reads every seed before its first gradient and gathers the gradients at its end, so one
     /// buffer serves both.
-    pool: Tensor<1>,
+    pub(super) pool: Tensor<1>,
     /// The pool's use before recording and after each of its stages ([`Recorder::recording`]).
-    growth: Vec<(&'static str, PoolUse)>,
+    pub(super) growth: Vec<(&'static str, PoolUse)>,
     /// The stage's parameters with a gradient, in the order of `grad_layout`.
-    grad_params: Vec<ParamInfo>,
+    pub(super) grad_params: Vec<ParamInfo>,
     /// Where each gradient sits in `grad_flat`, the buffer the recorded backward gathers them in.
-    grad_layout: Layout,
+    pub(super) grad_layout: Layout,
     /// A view of `pool`'s first `grad_layout.len` values.
-    grad_flat: Tensor<1>,
-    /// The recorded loss (`replay.scope = "step"`), recorded on the first [`Recorder::loss`].
-    loss: Option<LossGraph>,
+    pub(super) grad_flat: Tensor<1>,
 }
 
 /// The CUDA float tensor inside `t` (panics on any other device: callers hold CUDA tensors).
@@ -151,50 +168,8 @@ pub(super) fn gather_into(layout: &Layout, parts: Vec<Tensor<1>>, dst: &Tensor<1
     }
 }
 
-/// `stats` gathered into one flat buffer, and where each sits in it.
-fn gather_stats(stats: &[(String, Tensor<1>)], device: &Device) -> (Layout, Tensor<1>) {
-    let layout = Layout::new(stats.iter().map(|(_, t)| t.dims()[0]).collect());
-    let flat = layout.gather(stats.iter().map(|(_, t)| Some(t.clone())).collect(), device);
-    (layout, flat)
-}
-
-/// The stage's parameter gradients in `all` (table order) written into `flat`.
-fn gather_grads(all: &GradientsParams, params: &[ParamInfo], layout: &Layout, flat: &Tensor<1>) {
-    let parts = params
-        .iter()
-        .map(|p| get_flat(all, p).expect("a parameter with a gradient"))
-        .collect();
-    gather_into(layout, parts, flat);
-}
-
 pub(super) fn is_running_stat(path: &str) -> bool {
     path.ends_with("running_mean") || path.ends_with("running_var")
-}
-
-fn is_recorded(path: &str, scope: Scope, control: Control) -> bool {
-    scope.covers(path)
-        || (control.records_stems() && path.starts_with("head.one2many.pose.point_stems."))
-}
-
-/// What the graphs compute from `input`: the stage's outputs, then (`RecordStems`, pose) each
-/// level's one-to-many point stem on its feature level.
-fn outputs(net: &Yolo, input: &Tensor<4>, scope: Scope, control: Control) -> Vec<Tensor<4>> {
-    let mut out = scope.run(net, Tensor::from_inner(input.clone()));
-    if control.records_stems() {
-        assert_eq!(
-            scope,
-            Scope::Features,
-            "point stems are recorded on the features"
-        );
-        let pose = net.head.one2many.pose.as_ref().expect("a pose head");
-        let stems: Vec<Tensor<4>> = out
-            .iter()
-            .zip(&pose.point_stems)
-            .map(|(x, stem)| stem.forward(x.clone()))
-            .collect();
-        out.extend(stems);
-    }
-    out
 }
 
 impl Recorder {
@@ -218,7 +193,21 @@ impl Recorder {
             control,
             loss_recordings: 0,
             pinned: None,
+            one_graph: false,
+            images: None,
+            dtype: None,
         }
+    }
+
+    /// `replay.one_graph`: the forward, the loss and the backward as one graph, recorded by the
+    /// first [`Recorder::loss`] (`replay.scope = "step"` only, which the config checks).
+    pub fn with_one_graph(mut self, one_graph: bool) -> Self {
+        assert!(
+            !one_graph || self.scope == Scope::Step,
+            "one graph records the step scope"
+        );
+        self.one_graph = one_graph;
+        self
     }
 
     /// The trainer's parameters where the flat optimizer keeps them (`Optimizer::pin`): the
@@ -243,31 +232,41 @@ impl Recorder {
         self.control
     }
 
+    /// Whether the forward, the loss and the backward are one graph (`replay.one_graph`).
+    pub fn one_graph(&self) -> bool {
+        self.one_graph
+    }
+
     /// Bytes of the buffers the recorded graphs read and write beside the stage's activations,
-    /// by kind (nothing before the first forward).
+    /// by kind (nothing before the first recording).
     pub fn buffer_bytes(&self) -> Vec<(&'static str, u64)> {
         let Some(r) = &self.state else {
             return Vec::new();
         };
         let sum = |ts: &[Tensor<4>]| ts.iter().map(bytes_of).sum();
-        let pool = if r.seeds.is_some() {
-            "seeds and gradients (one buffer)"
-        } else {
-            "gradients"
-        };
-        vec![
+        let mut out = vec![
             ("parameters and statistics", r.sources.bytes()),
             ("input", bytes_of(&r.input)),
-            ("outputs", sum(&r.outputs)),
-            (pool, bytes_of(&r.pool)),
-            ("statistics out", bytes_of(&r.stats_flat)),
-        ]
+        ];
+        match &r.graphs {
+            Graphs::Split { outputs, seeds, .. } => {
+                out.push(("outputs", sum(outputs)));
+                let pool = match seeds {
+                    Some(_) => "seeds and gradients (one buffer)",
+                    None => "gradients",
+                };
+                out.push((pool, bytes_of(&r.pool)));
+            }
+            Graphs::One { .. } => out.push(("gradients", bytes_of(&r.pool))),
+        }
+        out.push(("statistics out", bytes_of(&r.stats_flat)));
+        out
     }
 
     /// Bytes and slices in use before recording, then what each stage of recording added, by
-    /// stage, the loss graph's last where one is recorded; nothing before the first forward.
-    /// The slices tell a few tensors from many small buffers (e.g. launch metadata a graph
-    /// pins); the reservation after each stage tells where the pool grew.
+    /// stage, the loss graph's last where one is recorded apart; nothing before the first
+    /// recording. The slices tell a few tensors from many small buffers (e.g. launch metadata
+    /// a graph pins); the reservation after each stage tells where the pool grew.
     pub fn recording(&self) -> Vec<Growth> {
         let Some(r) = &self.state else {
             return Vec::new();
@@ -288,7 +287,7 @@ impl Recorder {
                 step
             })
             .collect();
-        if let Some(l) = &r.loss {
+        if let Graphs::Split { loss: Some(l), .. } = &r.graphs {
             out.push(delta("loss graph", &l.growth[0], &l.growth[1]));
         }
         out
@@ -296,10 +295,16 @@ impl Recorder {
 
     /// Replays the forward graph on `images` (recording it first on the first call) and returns
     /// the stage's outputs as leaves; the trainer's BatchNorm running statistics are updated in
-    /// `model`.
+    /// `model`. With one graph it only keeps `images` (and the autocast dtype in effect) for
+    /// [`Recorder::loss`], which runs the whole step, and returns no leaves.
     /// A recording failure is fatal and names the stage that failed: eligibility was decided
     /// before, and silently training natively would hide it.
     pub fn forward(&mut self, model: &mut Yolo, images: Tensor<4>) -> Vec<Tensor<4>> {
+        if self.one_graph {
+            self.images = Some(images);
+            self.dtype = compute_dtype();
+            return Vec::new();
+        }
         if self.state.is_none() {
             let recorded = record(
                 model,
@@ -309,37 +314,38 @@ impl Recorder {
                 self.scope,
                 self.control,
             );
-            let r = recorded.unwrap_or_else(|e| panic!("{e}"));
-            if self.control.skips_rollback() {
-                let net = r.net.as_ref().expect("kept for this control");
-                let mut advanced: HashMap<String, Tensor<1>> = float_tensors(&net.valid())
-                    .into_iter()
-                    .filter(|(p, _)| is_running_stat(p) && is_recorded(p, self.scope, self.control))
-                    .map(|(p, t)| (p, copy_of(t)))
-                    .collect();
-                *model = replace_float_tensors(model.clone(), &mut advanced).0;
-            }
-            self.state = Some(r);
+            self.state = Some(recorded.unwrap_or_else(|e| panic!("{e}")));
+            self.skip_rollback(model);
         }
         let r = self.state.as_mut().expect("recorded");
         r.sources.refresh(model, self.control.stale_sources());
         write(images, &r.input);
-        replay(&self.device, &r.forward);
-        let flat = copy_of(r.stats_flat.clone());
-        let mut stats: HashMap<String, Tensor<1>> = HashMap::new();
-        for (k, (i, _)) in r.updated.iter().enumerate() {
-            let view = r.stats_layout.view(&flat, k);
-            // The graph has written the same values into the source buffer.
-            r.sources.written[*i] = Some(cube(view.clone()));
-            stats.insert(r.sources.buffers[*i].0.clone(), Tensor::from_inner(view));
+        let Graphs::Split {
+            forward, outputs, ..
+        } = &r.graphs
+        else {
+            unreachable!("split graphs")
+        };
+        replay(&self.device, forward);
+        let leaves = outputs.iter().map(leaf).collect();
+        r.statistics_into(model);
+        leaves
+    }
+
+    /// The `SkipRollback` control, right after recording: the private copy's BatchNorm
+    /// statistics, as the warm-ups and the recording left them, handed to the trainer.
+    fn skip_rollback(&self, model: &mut Yolo) {
+        if !self.control.skips_rollback() {
+            return;
         }
-        let (updated, missing) = replace_float_tensors(model.clone(), &mut stats);
-        assert!(
-            missing.is_empty(),
-            "running statistics not in the model: {missing:?}"
-        );
-        *model = updated;
-        r.outputs.iter().map(leaf).collect()
+        let r = self.state.as_ref().expect("recorded");
+        let net = r.net.as_ref().expect("kept for this control");
+        let mut advanced: HashMap<String, Tensor<1>> = float_tensors(&net.valid())
+            .into_iter()
+            .filter(|(p, _)| is_running_stat(p) && is_recorded(p, self.scope, self.control))
+            .map(|(p, t)| (p, copy_of(t)))
+            .collect();
+        *model = replace_float_tensors(model.clone(), &mut advanced).0;
     }
 
     /// Replays the backward graph with the gradients at the stage's outputs (`seeds`) and returns
@@ -347,7 +353,15 @@ impl Recorder {
     /// backward ([`FlatGrads::copy`]).
     pub fn backward(&mut self, seeds: Vec<Tensor<4>>) -> FlatGrads {
         let r = self.state.as_ref().expect("forward before backward");
-        let buffers = r.seeds.as_ref().unwrap_or(&r.outputs);
+        let Graphs::Split {
+            outputs,
+            seeds: own,
+            ..
+        } = &r.graphs
+        else {
+            panic!("one graph takes no seeds: its loss writes them")
+        };
+        let buffers = own.as_ref().unwrap_or(outputs);
         assert_eq!(seeds.len(), buffers.len(), "one seed per recorded output");
         for (s, buffer) in seeds.into_iter().zip(buffers) {
             write(s, buffer);
@@ -357,14 +371,16 @@ impl Recorder {
 
     /// How many outputs each head copy has among the stage's (both copies' come in order).
     pub fn outputs_per_copy(&self) -> usize {
-        self.state.as_ref().map_or(0, |r| r.outputs.len() / 2)
+        self.state.as_ref().map_or(0, |r| r.per_copy)
     }
 
     /// [`Recorder::backward`] with the seeds already in their buffers (the recorded loss wrote
-    /// them).
+    /// them); with one graph, the gradients its last replay wrote.
     pub fn backward_in_place(&mut self) -> FlatGrads {
         let r = self.state.as_ref().expect("forward before backward");
-        replay(&self.device, &r.backward);
+        if let Graphs::Split { backward, .. } = &r.graphs {
+            replay(&self.device, backward);
+        }
         FlatGrads {
             params: r.grad_params.clone(),
             layout: r.grad_layout.clone(),
@@ -373,46 +389,141 @@ impl Recorder {
         }
     }
 
-    /// `replay.scope = "step"`: the recorded loss of `labels` on the outputs the last forward
-    /// replay wrote, with the trainer's flow `flow` and (FP16) loss scale `scale`; it leaves the outputs' gradients in their
-    /// buffers for [`Recorder::backward_in_place`]. Recorded on the first call, and again
-    /// (said on stderr) when a batch needs other shapes (another count of object slots).
+    /// `replay.scope = "step"`: the recorded loss of `labels` with the trainer's flow (in
+    /// `model`) and (FP16) loss scale `scale`. Split graphs: on the outputs the last forward
+    /// replay wrote, leaving the outputs' gradients in their buffers for
+    /// [`Recorder::backward_in_place`]. One graph: the whole step on the images of the last
+    /// [`Recorder::forward`], the trainer's BatchNorm running statistics updated in `model`.
+    /// Recorded on the first call, and again (said on stderr) when a batch needs other shapes
+    /// (another count of object slots).
     pub fn loss(
         &mut self,
+        model: &mut Yolo,
         loss: &E2eLoss,
         labels: &[Vec<Instance>],
-        flow: Option<&RealNvp>,
         scale: Option<f32>,
     ) -> PendingLoss {
+        if self.one_graph {
+            return self.step(model, loss, labels, scale);
+        }
+        let flow = model.head.flow.as_ref();
         let r = self.state.as_mut().expect("forward before the loss");
-        if !r
-            .loss
+        let Graphs::Split {
+            outputs, loss: g, ..
+        } = &mut r.graphs
+        else {
+            unreachable!("split graphs")
+        };
+        if !g
             .as_ref()
             .is_some_and(|g| g.fits(labels, loss.object_slots))
         {
-            if r.loss.take().is_some() {
-                eprintln!(
-                    "step replay: recording the loss again for {} object slots per image \
-                     (train.object_slots = {})",
-                    ObjectSlots::slots_for(labels, loss.object_slots),
-                    loss.object_slots
-                );
+            if g.take().is_some() {
+                say_recording_again(labels, loss.object_slots);
             }
-            let g = LossGraph::record(loss, &r.outputs, labels, flow, scale, &self.device)
+            let recorded = LossGraph::record(loss, outputs, labels, flow, scale, &self.device)
                 .unwrap_or_else(|e| panic!("{e}"));
             self.loss_recordings += 1;
-            r.loss = Some(g);
+            *g = Some(Box::new(recorded));
         }
-        let g = r.loss.as_mut().expect("recorded");
+        let g = g.as_mut().expect("recorded");
         let weight = (!self.control.freezes_loss_weight()).then_some(loss.one2many_weight);
         let scale = scale.filter(|_| !self.control.freezes_loss_scale());
         g.replay(labels, weight, scale, flow, &self.device)
     }
 
-    /// How many times the loss was recorded ([`Recorder::loss`]).
+    /// [`Recorder::loss`] with one graph.
+    fn step(
+        &mut self,
+        model: &mut Yolo,
+        loss: &E2eLoss,
+        labels: &[Vec<Instance>],
+        scale: Option<f32>,
+    ) -> PendingLoss {
+        let images = self.images.take().expect("forward before the loss");
+        let fits = |r: &Recorded| match &r.graphs {
+            Graphs::One { loss: l, .. } => l.fits(labels, loss.object_slots),
+            Graphs::Split { .. } => false,
+        };
+        if !self.state.as_ref().is_some_and(fits) {
+            // Dropping the old graph first gives its pages back for the new recording.
+            if self.state.take().is_some() {
+                say_recording_again(labels, loss.object_slots);
+            }
+            let step = StepInputs {
+                loss,
+                labels,
+                flow: model.head.flow.as_ref(),
+                scale,
+                dtype: self.dtype,
+            };
+            let recorded = record_step(
+                model,
+                images.clone(),
+                self.pinned.as_ref(),
+                &self.device,
+                self.control,
+                step,
+            );
+            self.state = Some(recorded.unwrap_or_else(|e| panic!("{e}")));
+            self.loss_recordings += 1;
+            self.skip_rollback(model);
+        }
+        let weight = (!self.control.freezes_loss_weight()).then_some(loss.one2many_weight);
+        let scale = scale.filter(|_| !self.control.freezes_loss_scale());
+        let r = self.state.as_mut().expect("recorded");
+        r.sources.refresh(model, self.control.stale_sources());
+        write(images, &r.input);
+        let Graphs::One { step, loss: inputs } = &mut r.graphs else {
+            unreachable!("one graph")
+        };
+        inputs.write(
+            labels,
+            weight,
+            scale,
+            model.head.flow.as_ref(),
+            &self.device,
+        );
+        replay(&self.device, step);
+        let pending = inputs.pending();
+        r.statistics_into(model);
+        pending
+    }
+
+    /// How many times the loss was recorded ([`Recorder::loss`]; with one graph, the step).
     pub fn loss_recordings(&self) -> usize {
         self.loss_recordings
     }
+}
+
+impl Recorded {
+    /// After a replay of the forward: the running statistics it wrote, copied out with one
+    /// launch and handed to `model` as views of the copy.
+    fn statistics_into(&mut self, model: &mut Yolo) {
+        let flat = copy_of(self.stats_flat.clone());
+        let mut stats: HashMap<String, Tensor<1>> = HashMap::new();
+        for (k, (i, _)) in self.updated.iter().enumerate() {
+            let view = self.stats_layout.view(&flat, k);
+            // The graph has written the same values into the source buffer.
+            self.sources.written[*i] = Some(cube(view.clone()));
+            stats.insert(self.sources.buffers[*i].0.clone(), Tensor::from_inner(view));
+        }
+        let (updated, missing) = replace_float_tensors(model.clone(), &mut stats);
+        assert!(
+            missing.is_empty(),
+            "running statistics not in the model: {missing:?}"
+        );
+        *model = updated;
+    }
+}
+
+/// Says on stderr that a batch needs another count of object slots than the recording's.
+fn say_recording_again(labels: &[Vec<Instance>], min_slots: usize) {
+    eprintln!(
+        "step replay: recording the loss again for {} object slots per image \
+         (train.object_slots = {min_slots})",
+        ObjectSlots::slots_for(labels, min_slots),
+    );
 }
 
 pub(super) fn replay(device: &Device, graph: &Graph) {
@@ -421,187 +532,4 @@ pub(super) fn replay(device: &Device, graph: &Graph) {
     // graphs; refreshes and reads are issued from this (the capturing) thread.
     unsafe { Dispatch::graph_replay(inner.as_dispatch(), graph) }
         .unwrap_or_else(|e| panic!("feature replay: graph replay failed: {e:?}"));
-}
-
-fn record(
-    model: &Yolo,
-    images: Tensor<4>,
-    pinned: Option<&Pinned>,
-    device: &Device,
-    scope: Scope,
-    control: Control,
-) -> Result<Recorded, RecordError> {
-    let err = |what: &str, e: &dyn std::fmt::Debug| RecordError(format!("{what}: {e:?}"));
-    let inner = device.clone().inner();
-    let dispatch = inner.as_dispatch();
-    let mut growth = vec![("before", pool_use(&inner))];
-    // A private copy with its own buffers and its own BatchNorm state (`valid()` detaches the
-    // running statistics, which a plain clone would share), and the same parameter ids, so its
-    // gradients key like the trainer's.
-    // The parameters' copies are segments of one buffer (`sources::private_copies`), or the
-    // optimizer's own values when they are pinned.
-    let (net, shared) = {
-        let net = model.valid().train();
-        let recorded = float_tensors(&net.valid())
-            .into_iter()
-            .filter(|(p, _)| is_recorded(p, scope, control))
-            .collect();
-        let (mut copies, shared) = private_copies(&net, recorded, pinned, &inner);
-        (replace_float_tensors(net, &mut copies).0, shared)
-    };
-    let input = copy_of(images.inner());
-    let run = |net: &Yolo| outputs(net, &input, scope, control);
-    let stage_tensors = |net: &Yolo, keep: fn(&str) -> bool| -> Vec<(String, Tensor<1>)> {
-        float_tensors(&net.valid())
-            .into_iter()
-            .filter(|(p, _)| is_recorded(p, scope, control) && keep(p))
-            .collect()
-    };
-
-    // The stage's parameters that get a gradient; every warm-up gathers them as the recorded
-    // backward will (into the buffer that holds the seeds, allocating nothing).
-    let stage_params: Vec<ParamInfo> = param_table(&net)
-        .into_iter()
-        .filter(|p| is_recorded(&p.path, scope, control))
-        .collect();
-    let with_grad = |all: &GradientsParams| -> Vec<ParamInfo> {
-        stage_params
-            .iter()
-            .filter(|p| get_flat(all, p).is_some())
-            .cloned()
-            .collect()
-    };
-    let backward_of = |net: &Yolo, f: &[Tensor<4>], seeds: &[Tensor<4>]| {
-        GradientsParams::from_grads(seeded_root(f, seeds).backward(), net)
-    };
-    // The seeds and, at most as long as every stage parameter together, the gathered gradients,
-    // in one buffer (features stage); the network stage's seeds are the outputs' buffers, and
-    // separate ones serve only the warm-ups.
-    let dims: Vec<[usize; 4]> = run(&net).iter().map(|t| t.dims()).collect();
-    let seed_layout = Layout::new(dims.iter().map(|d| d.iter().product()).collect());
-    let grad_room = Layout::new(stage_params.iter().map(ParamInfo::numel).collect()).len;
-    let own_seeds = scope.cut() != Scope::Network;
-    let pool_len = if own_seeds {
-        seed_layout.len.max(grad_room)
-    } else {
-        grad_room
-    };
-    let pool = Tensor::<1>::zeros([pool_len], (&inner, DType::F32));
-    let seeds: Vec<Tensor<4>> = dims
-        .iter()
-        .enumerate()
-        .map(|(i, d)| match own_seeds {
-            true => seed_layout.view(&pool, i).reshape(*d),
-            // Burn's `zeros` pitches rows (an 80-wide FP32 row takes 512 bytes); a copy is packed.
-            false => copy_of(Tensor::zeros(*d, &inner)),
-        })
-        .collect();
-    growth.push(("private copy, input, seeds and gradients", pool_use(&inner)));
-
-    Dispatch::graph_prepare(dispatch).map_err(|e| err("prepare", &e))?;
-    let mut grad_params = Vec::new();
-    let mut grad_layout = Layout::new(Vec::new());
-    for _ in 0..WARMUPS {
-        let f = run(&net);
-        let all = backward_of(&net, &f, &seeds);
-        grad_params = with_grad(&all);
-        grad_layout = Layout::new(grad_params.iter().map(ParamInfo::numel).collect());
-        let flat = segment(pool.clone(), 0, grad_layout.len, grad_layout.len);
-        gather_grads(&all, &grad_params, &grad_layout, &flat);
-        let (_, stats) = gather_stats(&stage_tensors(&net, is_running_stat), &inner);
-        inner.sync().map_err(|e| err("warm-up sync", &e))?;
-        drop((f, all, stats));
-    }
-    // What the recorded forward reads. `valid()` also merges the warm-ups' pending running-stat
-    // updates now, outside the window.
-    let sources = stage_tensors(&net, |_| true);
-    inner.sync().map_err(|e| err("sync", &e))?;
-    growth.push(("warm-ups", pool_use(&inner)));
-
-    Dispatch::graph_start_capture(dispatch).map_err(|e| err("start forward capture", &e))?;
-    let taped = run(&net);
-    // Merging the new running statistics inside the window records that step too, so these
-    // are buffers every replay rewrites; and their copies into the buffers the next replay reads.
-    let index: HashMap<&str, usize> = sources
-        .iter()
-        .enumerate()
-        .map(|(i, (p, _))| (p.as_str(), i))
-        .collect();
-    let stats = stage_tensors(&net, is_running_stat);
-    let (stats_layout, stats_flat) = gather_stats(&stats, &inner);
-    let updated: Vec<(usize, Tensor<1>)> = stats
-        .into_iter()
-        .map(|(p, t)| (index[p.as_str()], t))
-        .collect();
-    for (i, t) in &updated {
-        write(t.clone(), &sources[*i].1);
-    }
-    let sources = Sources::with_shared(sources, shared);
-    let forward = Dispatch::graph_stop_capture(dispatch).map_err(|e| err("forward capture", &e))?;
-    growth.push(("forward graph", pool_use(&inner)));
-
-    Dispatch::graph_prepare(dispatch).map_err(|e| err("prepare backward", &e))?;
-    let grad_flat = segment(pool.clone(), 0, grad_layout.len, grad_layout.len);
-    // The forward graph now holds its pages; the backward needs room outside them. One more
-    // eager forward + backward (on a twin with its own autodiff leaves, so the recorded tape's
-    // parameter leaves stay unconsumed) makes the pool grow by what the backward allocates.
-    {
-        let twin = net.valid().train();
-        let f = run(&twin);
-        let all = backward_of(&twin, &f, &seeds);
-        gather_grads(&all, &grad_params, &grad_layout, &grad_flat);
-        inner.sync().map_err(|e| err("backward warm-up sync", &e))?;
-        drop((f, all, twin));
-    }
-    growth.push(("backward warm-up", pool_use(&inner)));
-    let outputs: Vec<Tensor<4>> = taped.iter().map(|t| t.clone().inner()).collect();
-    let seeds = own_seeds.then_some(seeds);
-    Dispatch::graph_start_capture(dispatch).map_err(|e| err("start backward capture", &e))?;
-    let all = backward_of(&net, &taped, seeds.as_ref().unwrap_or(&outputs));
-    let captured = with_grad(&all);
-    // Other parameters than the warm-ups' are refused below, once the window is closed (an
-    // error inside it would leave the stream recording).
-    if captured
-        .iter()
-        .map(|p| p.id)
-        .eq(grad_params.iter().map(|p| p.id))
-    {
-        gather_grads(&all, &grad_params, &grad_layout, &grad_flat);
-    }
-    // Dropped inside the window: the graph holds every buffer it wrote that is still alive when
-    // it closes, so the per-parameter gradients would stay allocated beside `grad_flat`.
-    drop(all);
-    let backward =
-        Dispatch::graph_stop_capture(dispatch).map_err(|e| err("backward capture", &e))?;
-    if captured
-        .iter()
-        .map(|p| p.id)
-        .ne(grad_params.iter().map(|p| p.id))
-    {
-        return Err(RecordError(
-            "the recorded backward reached other parameters than the warm-ups".into(),
-        ));
-    }
-    inner.sync().map_err(|e| err("sync after capture", &e))?;
-    growth.push(("backward graph", pool_use(&inner)));
-    drop(taped);
-    growth.push(("recorded tape dropped", pool_use(&inner)));
-    Ok(Recorded {
-        forward,
-        backward,
-        net: control.skips_rollback().then_some(net),
-        input,
-        sources,
-        updated,
-        stats_layout,
-        stats_flat,
-        outputs,
-        seeds,
-        pool,
-        growth,
-        grad_params,
-        grad_layout,
-        grad_flat,
-        loss: None,
-    })
 }

@@ -203,11 +203,13 @@ impl Stage {
     /// (`features`, released first: the loss graph writes its seeds into their buffers), scaled
     /// by `scale` before its backward (FP16's loss scale). Its items and reach stay on the
     /// device until [`Stage::recorded_backward`], which follows, has replayed the backward;
-    /// the flow's gradients come with them ([`super::loss::RecordedLoss::flow`]).
+    /// the flow's gradients come with them ([`super::loss::RecordedLoss::flow`]). With
+    /// `replay.one_graph` this replays the whole step and updates `model`'s running
+    /// statistics.
     #[cfg(feature = "cuda")]
     pub fn recorded_loss(
         &mut self,
-        model: &Yolo,
+        model: &mut Yolo,
         features: StageOutputs,
         loss: &crate::loss::E2eLoss,
         labels: &[Vec<crate::data::Instance>],
@@ -217,7 +219,7 @@ impl Stage {
             panic!("the recorded loss needs a replayed stage");
         };
         drop(features);
-        r.loss(loss, labels, model.head.flow.as_ref(), scale)
+        r.loss(model, loss, labels, scale)
     }
 
     /// The network's backward from the seeds [`Stage::recorded_loss`] wrote, then the loss's

@@ -502,7 +502,7 @@ fn choose_stage(
         model,
     });
     match verdict {
-        Ok(()) => (replay_stage(device, scope), None),
+        Ok(()) => (replay_stage(device, scope, cfg.replay.one_graph), None),
         Err(why) => {
             if enabled {
                 let stage = match scope {
@@ -517,14 +517,13 @@ fn choose_stage(
 }
 
 #[cfg(feature = "cuda")]
-fn replay_stage(device: &Device, scope: Scope) -> Stage {
-    Stage::Replay(Box::new(crate::replay::recorder::Recorder::new(
-        device, scope,
-    )))
+fn replay_stage(device: &Device, scope: Scope, one_graph: bool) -> Stage {
+    let recorder = crate::replay::recorder::Recorder::new(device, scope).with_one_graph(one_graph);
+    Stage::Replay(Box::new(recorder))
 }
 
 #[cfg(not(feature = "cuda"))]
-fn replay_stage(_device: &Device, _scope: Scope) -> Stage {
+fn replay_stage(_device: &Device, _scope: Scope, _one_graph: bool) -> Stage {
     unreachable!("eligibility refuses replay without the CUDA backend")
 }
 

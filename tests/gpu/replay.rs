@@ -14,10 +14,17 @@ use std::path::Path;
 
 /// `task` is "pose", "detect", "pose-network" (a pose model with `replay.scope = "network"`),
 /// "pose-per-tensor" (`optim.flat_update = false`: the per-tensor update), "pose-musgd" (MuSGD
-/// through the flat update, Newton–Schulz batched by shape), or "pose-step" /
-/// "detect-step" (`replay.scope = "step"`, the device loss in 16 object slots per image).
+/// through the flat update, Newton–Schulz batched by shape), "pose-step" /
+/// "detect-step" (`replay.scope = "step"`, the device loss in 16 object slots per image), or
+/// "pose-one-graph" ("pose-step" with `replay.one_graph`: its native twin is "pose-step"'s).
 pub(super) fn config_for(task: &str, precision: &str, capture: bool) -> Config {
     let step = "[replay]\nscope = \"step\"\n";
+    if task == "pose-one-graph" {
+        let mut cfg = config_for("pose-step", precision, capture);
+        cfg.replay.one_graph = true;
+        cfg.validate(Path::new("replay.toml")).unwrap();
+        return cfg;
+    }
     let (task, scope) = match task {
         "pose-network" => ("pose", "[replay]\nscope = \"network\"\n"),
         "pose-per-tensor" => ("pose", "[optim]\nflat_update = false\n"),
@@ -44,7 +51,9 @@ pub(super) fn trainer(cfg: &Config, control: Control) -> Trainer {
         assert!(t.stage.is_replay(), "replay refused: {:?}", t.replay_off);
         if control != Control::None {
             let scope = cfg.replay_scope();
-            t.stage = Stage::Replay(Box::new(Recorder::with_control(&t.device, scope, control)));
+            let recorder = Recorder::with_control(&t.device, scope, control)
+                .with_one_graph(cfg.replay.one_graph);
+            t.stage = Stage::Replay(Box::new(recorder));
         }
     } else {
         assert!(!t.stage.is_replay());
@@ -360,8 +369,13 @@ fn replay_matches_native_with_musgd() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn stale_parameters_break_parity() {
-    let cfg = config_for("pose", "fp32", true);
-    let (native, native_losses, _) = fit(&config_for("pose", "fp32", false), Control::None);
+    assert_stale_parameters_break_parity("pose");
+}
+
+/// [`stale_parameters_break_parity`] for `task`.
+pub(super) fn assert_stale_parameters_break_parity(task: &str) {
+    let cfg = config_for(task, "fp32", true);
+    let (native, native_losses, _) = fit(&config_for(task, "fp32", false), Control::None);
     let (broken, broken_losses, _) = fit(&cfg, Control::StaleSources);
     assert_eq!(
         native_losses[0], broken_losses[0],

@@ -7,7 +7,7 @@ use burnpose::replay::Stage;
 use burnpose::replay::recorder::Control;
 use burnpose::train::{StateHashes, Trainer};
 
-fn recordings(t: &Trainer) -> usize {
+pub(super) fn recordings(t: &Trainer) -> usize {
     match &t.stage {
         Stage::Replay(r) => r.loss_recordings(),
         Stage::Native(_) => 0,
@@ -46,8 +46,13 @@ fn detection_step_replay_matches_native_fp32() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn step_replay_matches_native_fp16() {
-    let (native, native_losses, native_scale) = fit_fp16(false, Control::None);
-    let (replay, replay_losses, replay_scale) = fit_fp16(true, Control::None);
+    assert_fp16_parity("pose-step");
+}
+
+/// [`step_replay_matches_native_fp16`] for `task`.
+pub(super) fn assert_fp16_parity(task: &str) {
+    let (native, native_losses, native_scale) = fit_fp16(task, false, Control::None);
+    let (replay, replay_losses, replay_scale) = fit_fp16(task, true, Control::None);
     assert!(native_scale > 64.0, "the scale never grew: {native_scale}");
     assert_eq!(native_scale, replay_scale);
     assert_eq!(replay_losses, native_losses, "per-step losses differ");
@@ -61,8 +66,13 @@ fn step_replay_matches_native_fp16() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_frozen_loss_scale_breaks_step_parity() {
-    let (native, native_losses, native_scale) = fit_fp16(false, Control::None);
-    let (broken, broken_losses, _) = fit_fp16(true, Control::FrozenLossScale);
+    assert_frozen_loss_scale_breaks_parity("pose-step");
+}
+
+/// [`a_frozen_loss_scale_breaks_step_parity`] for `task`.
+pub(super) fn assert_frozen_loss_scale_breaks_parity(task: &str) {
+    let (native, native_losses, native_scale) = fit_fp16(task, false, Control::None);
+    let (broken, broken_losses, _) = fit_fp16(task, true, Control::FrozenLossScale);
     assert!(native_scale > 64.0, "the scale never grew: {native_scale}");
     assert_eq!(
         native_losses[..2],
@@ -72,10 +82,10 @@ fn a_frozen_loss_scale_breaks_step_parity() {
     assert_ne!(native.model, broken.model);
 }
 
-/// A two-epoch FP16 fit of the step config from loss scale 64, the scale growing after every
+/// A two-epoch FP16 fit of `task`'s config from loss scale 64, the scale growing after every
 /// two clean optimizer steps: its state hashes, per-step losses and final scale.
-fn fit_fp16(capture: bool, control: Control) -> (StateHashes, Vec<[f32; 6]>, f32) {
-    let cfg = config_for("pose-step", "fp16", capture);
+fn fit_fp16(task: &str, capture: bool, control: Control) -> (StateHashes, Vec<[f32; 6]>, f32) {
+    let cfg = config_for(task, "fp16", capture);
     let mut t = super::replay::trainer(&cfg, control);
     t.scaler
         .as_mut()
@@ -100,7 +110,12 @@ fn step_replay_matches_native_on_an_empty_batch() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn step_replay_records_the_loss_again_for_other_slot_counts() {
-    let cfg = config_for("pose-step", "fp32", true);
+    assert_records_again_for_other_slot_counts("pose-step");
+}
+
+/// [`step_replay_records_the_loss_again_for_other_slot_counts`] for `task`.
+pub(super) fn assert_records_again_for_other_slot_counts(task: &str) {
+    let cfg = config_for(task, "fp32", true);
     let once = run(super::replay::trainer(&cfg, Control::None));
     assert_eq!(recordings(&once), 1, "16 slots hold every batch");
     let mut cfg = cfg;
@@ -132,11 +147,14 @@ fn keeping_unreached_gradients_breaks_step_parity() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_frozen_loss_weight_breaks_step_parity() {
-    let (native, native_losses, _) = fit(&config_for("pose-step", "fp32", false), Control::None);
-    let (broken, broken_losses, _) = fit(
-        &config_for("pose-step", "fp32", true),
-        Control::FrozenLossWeight,
-    );
+    assert_frozen_loss_weight_breaks_parity("pose-step");
+}
+
+/// [`a_frozen_loss_weight_breaks_step_parity`] for `task`.
+pub(super) fn assert_frozen_loss_weight_breaks_parity(task: &str) {
+    let (native, native_losses, _) = fit(&config_for(task, "fp32", false), Control::None);
+    let (broken, broken_losses, _) =
+        fit(&config_for(task, "fp32", true), Control::FrozenLossWeight);
     let first_epoch = 24 / 4;
     assert_eq!(
         native_losses[..first_epoch],

@@ -62,9 +62,9 @@ impl Trainer {
     ) -> (GradientsParams, Vec<FlatGrads>, Items) {
         clock.mark(Phase::Assign);
         let scale = self.scaler.as_ref().map(|s| s.scale);
-        let pending = self
-            .stage
-            .recorded_loss(&self.model, features, &self.loss, labels, scale);
+        let pending =
+            self.stage
+                .recorded_loss(&mut self.model, features, &self.loss, labels, scale);
         clock.mark(Phase::Loss);
         clock.mark(Phase::HeadBackward);
         let (stage_grads, flat, recorded) = self.stage.recorded_backward(&self.model, pending);
@@ -116,8 +116,9 @@ impl Trainer {
         if self.cfg.replay.shared_parameters && self.stage.records_next() {
             self.share_parameters();
         }
-        let (out, features) = {
-            let _reduced = autocast(self.cfg.train.precision.compute_dtype());
+        let dtype = self.cfg.train.precision.compute_dtype();
+        let features = {
+            let _reduced = autocast(dtype);
             let how = self.timing.as_ref().map(|t| t.upload).unwrap_or_default();
             let pixels = batch.upload(&self.device, how);
             clock.mark(Phase::Upload);
@@ -125,12 +126,18 @@ impl Trainer {
             clock.mark(Phase::Augment);
             let features = self.stage.forward(&mut self.model, images);
             clock.mark(Phase::Features);
-            (features.head(&self.model.head), features)
+            features
         };
-        clock.mark(Phase::Head);
+        // The recorded loss reads the outputs' buffers itself: no head view of them.
         let (mut grads, mut flats, items) = if self.stage.records_loss() {
+            clock.mark(Phase::Head);
             self.recorded_loss(features, &labels, &mut clock)
         } else {
+            let out = {
+                let _reduced = autocast(dtype);
+                features.head(&self.model.head)
+            };
+            clock.mark(Phase::Head);
             self.loss_and_backward(&out, features, &labels, &mut clock)
         };
         if let Some(c) = &self.collective {

@@ -1,0 +1,442 @@
+//! How the [`super::recorder::Recorder`] records (docs/replay.md, "Recording"): on a private
+//! copy of the stage, after eager warm-ups that settle every allocation the recorded launches
+//! will reuse (nothing may be allocated inside a window). Two forms:
+//! - [`record`]: the forward and the seeded backward as two graphs (and, for
+//!   `replay.scope = "step"`, the loss as a third, [`super::loss::LossGraph`], recorded later);
+//! - [`record_step`] (`replay.one_graph`): the forward, the device loss and the whole backward
+//!   in one window, so the backward reuses the pages the forward's and the loss's temporaries
+//!   freed, as the native step does, and no twin warms the backward up.
+
+use super::loss::LossInputs;
+use super::recorder::{
+    Graphs, PoolUse, RecordError, Recorded, copy_of, gather_into, is_running_stat, pool_use, write,
+};
+use super::sources::{Pinned, SharedParams, Sources, private_copies};
+use super::tape::{leaf, seeded_root};
+use crate::config::Scope;
+use crate::data::Instance;
+use crate::loss::E2eLoss;
+use crate::model::Yolo;
+use crate::model::flow::RealNvp;
+use crate::model::ops::segment;
+use crate::model::precision::autocast;
+use crate::optim::grads::get_flat;
+use crate::optim::groups::{ParamInfo, param_table};
+use crate::optim::layout::Layout;
+use crate::optim::tensors::{float_tensors, replace_float_tensors};
+use burn::backend::{Backend, Dispatch};
+use burn::optim::GradientsParams;
+use burn::prelude::*;
+use burn::tensor::{DType, FloatDType};
+use std::collections::HashMap;
+
+use super::control::Control;
+
+/// Eager runs before each recording: they settle every allocation the recorded launches will
+/// reuse (docs/replay.md, "Recording").
+const WARMUPS: usize = 3;
+
+fn err(what: &str, e: &dyn std::fmt::Debug) -> RecordError {
+    RecordError(format!("{what}: {e:?}"))
+}
+
+/// Whether the stage records the tensor at `path` (the point stems too under `RecordStems`).
+pub(super) fn is_recorded(path: &str, scope: Scope, control: Control) -> bool {
+    scope.covers(path)
+        || (control.records_stems() && path.starts_with("head.one2many.pose.point_stems."))
+}
+
+/// `stats` gathered into one flat buffer, and where each sits in it.
+fn gather_stats(stats: &[(String, Tensor<1>)], device: &Device) -> (Layout, Tensor<1>) {
+    let layout = Layout::new(stats.iter().map(|(_, t)| t.dims()[0]).collect());
+    let flat = layout.gather(stats.iter().map(|(_, t)| Some(t.clone())).collect(), device);
+    (layout, flat)
+}
+
+/// The stage's parameter gradients in `all` (table order) written into `flat`.
+fn gather_grads(all: &GradientsParams, params: &[ParamInfo], layout: &Layout, flat: &Tensor<1>) {
+    let parts = params
+        .iter()
+        .map(|p| get_flat(all, p).expect("a parameter with a gradient"))
+        .collect();
+    gather_into(layout, parts, flat);
+}
+
+fn backward_of(net: &Yolo, f: &[Tensor<4>], seeds: &[Tensor<4>]) -> GradientsParams {
+    GradientsParams::from_grads(seeded_root(f, seeds).backward(), net)
+}
+
+/// What every form of recording starts from: the private copy of the stage and its input.
+struct Start {
+    scope: Scope,
+    control: Control,
+    /// A private copy with its own buffers and its own BatchNorm state (`valid()` detaches the
+    /// running statistics, which a plain clone would share), and the same parameter ids, so its
+    /// gradients key like the trainer's.
+    net: Yolo,
+    /// The parameters' buffer (`sources::private_copies`), or the optimizer's own values.
+    shared: Option<SharedParams>,
+    input: Tensor<4>,
+    /// The stage's parameters that can get a gradient, in table order.
+    stage_params: Vec<ParamInfo>,
+    inner: Device,
+    growth: Vec<(&'static str, PoolUse)>,
+}
+
+impl Start {
+    fn new(
+        model: &Yolo,
+        images: Tensor<4>,
+        pinned: Option<&Pinned>,
+        device: &Device,
+        scope: Scope,
+        control: Control,
+    ) -> Self {
+        let inner = device.clone().inner();
+        let growth = vec![("before", pool_use(&inner))];
+        let (net, shared) = {
+            let net = model.valid().train();
+            let recorded = float_tensors(&net.valid())
+                .into_iter()
+                .filter(|(p, _)| is_recorded(p, scope, control))
+                .collect();
+            let (mut copies, shared) = private_copies(&net, recorded, pinned, &inner);
+            (replace_float_tensors(net, &mut copies).0, shared)
+        };
+        let stage_params = param_table(&net)
+            .into_iter()
+            .filter(|p| is_recorded(&p.path, scope, control))
+            .collect();
+        Self {
+            scope,
+            control,
+            net,
+            shared,
+            input: copy_of(images.inner()),
+            stage_params,
+            inner,
+            growth,
+        }
+    }
+
+    /// What the graphs compute from the input: the stage's outputs, then (`RecordStems`, pose)
+    /// each level's one-to-many point stem on its feature level.
+    fn run(&self, net: &Yolo) -> Vec<Tensor<4>> {
+        let mut out = self.scope.run(net, Tensor::from_inner(self.input.clone()));
+        if self.control.records_stems() {
+            assert_eq!(
+                self.scope,
+                Scope::Features,
+                "point stems are recorded on the features"
+            );
+            let pose = net.head.one2many.pose.as_ref().expect("a pose head");
+            let stems: Vec<Tensor<4>> = out
+                .iter()
+                .zip(&pose.point_stems)
+                .map(|(x, stem)| stem.forward(x.clone()))
+                .collect();
+            out.extend(stems);
+        }
+        out
+    }
+
+    /// The stage's forward on the private copy under the autocast dtype `dtype`, as the trainer
+    /// runs it.
+    fn forward(&self, dtype: Option<FloatDType>) -> Vec<Tensor<4>> {
+        let _reduced = autocast(dtype);
+        self.run(&self.net)
+    }
+
+    /// The stage's float tensors of `net` whose path `keep` accepts.
+    fn tensors(&self, net: &Yolo, keep: fn(&str) -> bool) -> Vec<(String, Tensor<1>)> {
+        float_tensors(&net.valid())
+            .into_iter()
+            .filter(|(p, _)| is_recorded(p, self.scope, self.control) && keep(p))
+            .collect()
+    }
+
+    /// The stage's parameters that have a gradient in `all`.
+    fn with_grad(&self, all: &GradientsParams) -> Vec<ParamInfo> {
+        self.stage_params
+            .iter()
+            .filter(|p| get_flat(all, p).is_some())
+            .cloned()
+            .collect()
+    }
+
+    /// How long a buffer must be to hold every stage parameter's gradient.
+    fn grad_room(&self) -> usize {
+        Layout::new(self.stage_params.iter().map(ParamInfo::numel).collect()).len
+    }
+
+    fn mark(&mut self, what: &'static str) {
+        self.growth.push((what, pool_use(&self.inner)));
+    }
+}
+
+/// Inside a window, after the stage's forward: the new running statistics merged (so these are
+/// buffers every replay rewrites), gathered into one flat buffer, and copied into the buffers
+/// the next replay reads. Returns `(index in sources, buffer)` of each, their layout and the
+/// flat buffer.
+fn statistics_in_window(
+    s: &Start,
+    sources: &[(String, Tensor<1>)],
+) -> (Vec<(usize, Tensor<1>)>, Layout, Tensor<1>) {
+    let index: HashMap<&str, usize> = sources
+        .iter()
+        .enumerate()
+        .map(|(i, (p, _))| (p.as_str(), i))
+        .collect();
+    let stats = s.tensors(&s.net, is_running_stat);
+    let (layout, flat) = gather_stats(&stats, &s.inner);
+    let updated: Vec<(usize, Tensor<1>)> = stats
+        .into_iter()
+        .map(|(p, t)| (index[p.as_str()], t))
+        .collect();
+    for (i, t) in &updated {
+        write(t.clone(), &sources[*i].1);
+    }
+    (updated, layout, flat)
+}
+
+/// Whether the recorded backward reached exactly the warm-ups' parameters.
+fn same_params(a: &[ParamInfo], b: &[ParamInfo]) -> bool {
+    a.iter().map(|p| p.id).eq(b.iter().map(|p| p.id))
+}
+
+/// The forward and the seeded backward of the stage as two graphs (docs/replay.md,
+/// "Recording").
+pub(super) fn record(
+    model: &Yolo,
+    images: Tensor<4>,
+    pinned: Option<&Pinned>,
+    device: &Device,
+    scope: Scope,
+    control: Control,
+) -> Result<Recorded, RecordError> {
+    let mut s = Start::new(model, images, pinned, device, scope, control);
+    let inner = s.inner.clone();
+    let dispatch = inner.as_dispatch();
+    // The seeds and, at most as long as every stage parameter together, the gathered gradients,
+    // in one buffer (features stage); the network stage's seeds are the outputs' buffers, and
+    // separate ones serve only the warm-ups.
+    let dims: Vec<[usize; 4]> = s.run(&s.net).iter().map(|t| t.dims()).collect();
+    let seed_layout = Layout::new(dims.iter().map(|d| d.iter().product()).collect());
+    let own_seeds = scope.cut() != Scope::Network;
+    let pool_len = if own_seeds {
+        seed_layout.len.max(s.grad_room())
+    } else {
+        s.grad_room()
+    };
+    let pool = Tensor::<1>::zeros([pool_len], (&inner, DType::F32));
+    let seeds: Vec<Tensor<4>> = dims
+        .iter()
+        .enumerate()
+        .map(|(i, d)| match own_seeds {
+            true => seed_layout.view(&pool, i).reshape(*d),
+            // Burn's `zeros` pitches rows (an 80-wide FP32 row takes 512 bytes); a copy is packed.
+            false => copy_of(Tensor::zeros(*d, &inner)),
+        })
+        .collect();
+    s.mark("private copy, input, seeds and gradients");
+
+    Dispatch::graph_prepare(dispatch).map_err(|e| err("prepare", &e))?;
+    let mut grad_params = Vec::new();
+    let mut grad_layout = Layout::new(Vec::new());
+    for _ in 0..WARMUPS {
+        let f = s.run(&s.net);
+        let all = backward_of(&s.net, &f, &seeds);
+        grad_params = s.with_grad(&all);
+        grad_layout = Layout::new(grad_params.iter().map(ParamInfo::numel).collect());
+        let flat = segment(pool.clone(), 0, grad_layout.len, grad_layout.len);
+        gather_grads(&all, &grad_params, &grad_layout, &flat);
+        let (_, stats) = gather_stats(&s.tensors(&s.net, is_running_stat), &inner);
+        inner.sync().map_err(|e| err("warm-up sync", &e))?;
+        drop((f, all, stats));
+    }
+    // What the recorded forward reads. `valid()` also merges the warm-ups' pending running-stat
+    // updates now, outside the window.
+    let sources = s.tensors(&s.net, |_| true);
+    inner.sync().map_err(|e| err("sync", &e))?;
+    s.mark("warm-ups");
+
+    Dispatch::graph_start_capture(dispatch).map_err(|e| err("start forward capture", &e))?;
+    let taped = s.run(&s.net);
+    let (updated, stats_layout, stats_flat) = statistics_in_window(&s, &sources);
+    let forward = Dispatch::graph_stop_capture(dispatch).map_err(|e| err("forward capture", &e))?;
+    let sources = Sources::with_shared(sources, s.shared.take());
+    s.mark("forward graph");
+
+    Dispatch::graph_prepare(dispatch).map_err(|e| err("prepare backward", &e))?;
+    let grad_flat = segment(pool.clone(), 0, grad_layout.len, grad_layout.len);
+    // The forward graph now holds its pages; the backward needs room outside them. One more
+    // eager forward + backward (on a twin with its own autodiff leaves, so the recorded tape's
+    // parameter leaves stay unconsumed) makes the pool grow by what the backward allocates.
+    {
+        let twin = s.net.valid().train();
+        let f = s.run(&twin);
+        let all = backward_of(&twin, &f, &seeds);
+        gather_grads(&all, &grad_params, &grad_layout, &grad_flat);
+        inner.sync().map_err(|e| err("backward warm-up sync", &e))?;
+        drop((f, all, twin));
+    }
+    s.mark("backward warm-up");
+    let outputs: Vec<Tensor<4>> = taped.iter().map(|t| t.clone().inner()).collect();
+    let seeds = own_seeds.then_some(seeds);
+    Dispatch::graph_start_capture(dispatch).map_err(|e| err("start backward capture", &e))?;
+    let all = backward_of(&s.net, &taped, seeds.as_ref().unwrap_or(&outputs));
+    let captured = s.with_grad(&all);
+    // Other parameters than the warm-ups' are refused below, once the window is closed (an
+    // error inside it would leave the stream recording).
+    if same_params(&captured, &grad_params) {
+        gather_grads(&all, &grad_params, &grad_layout, &grad_flat);
+    }
+    // Dropped inside the window: the graph holds every buffer it wrote that is still alive when
+    // it closes, so the per-parameter gradients would stay allocated beside `grad_flat`.
+    drop(all);
+    let backward =
+        Dispatch::graph_stop_capture(dispatch).map_err(|e| err("backward capture", &e))?;
+    if !same_params(&captured, &grad_params) {
+        return Err(RecordError(
+            "the recorded backward reached other parameters than the warm-ups".into(),
+        ));
+    }
+    inner.sync().map_err(|e| err("sync after capture", &e))?;
+    s.mark("backward graph");
+    drop(taped);
+    s.mark("recorded tape dropped");
+    Ok(Recorded {
+        graphs: Graphs::Split {
+            forward,
+            backward,
+            outputs,
+            seeds,
+            loss: None,
+        },
+        per_copy: dims.len() / 2,
+        net: control.skips_rollback().then_some(s.net),
+        input: s.input,
+        sources,
+        updated,
+        stats_layout,
+        stats_flat,
+        pool,
+        growth: s.growth,
+        grad_params,
+        grad_layout,
+        grad_flat,
+    })
+}
+
+/// What [`record_step`] records the loss with: the loss, the batch's objects, the trainer's
+/// flow, FP16's loss scale and the forward's autocast dtype.
+pub(super) struct StepInputs<'a> {
+    pub loss: &'a E2eLoss,
+    pub labels: &'a [Vec<Instance>],
+    pub flow: Option<&'a RealNvp>,
+    pub scale: Option<f32>,
+    pub dtype: Option<FloatDType>,
+}
+
+/// `replay.one_graph`: the network's forward (under the step's autocast dtype, as the trainer
+/// runs it), the device loss of `step.labels` on its outputs, and the network's backward from
+/// the loss's gradients, as one graph (docs/replay.md, "One window"), with the loss's inputs
+/// and results ([`LossInputs`]).
+pub(super) fn record_step(
+    model: &Yolo,
+    images: Tensor<4>,
+    pinned: Option<&Pinned>,
+    device: &Device,
+    control: Control,
+    step: StepInputs,
+) -> Result<Recorded, RecordError> {
+    let mut s = Start::new(model, images, pinned, device, Scope::Step, control);
+    let inner = s.inner.clone();
+    let dispatch = inner.as_dispatch();
+    let pool = Tensor::<1>::zeros([s.grad_room()], (&inner, DType::F32));
+    let inputs = LossInputs::prepare(step.loss, step.labels, step.flow, step.scale, device);
+    s.mark("private copy, input, loss inputs and gradients");
+    // The loss's gradients at the outputs, or `None` where one is missing (the recording is
+    // then refused); whether the flow got all of its own.
+    let loss_of = |taped: &[Tensor<4>]| -> (Option<Vec<Tensor<4>>>, bool) {
+        let leaves: Vec<Tensor<4>> = taped.iter().map(leaf).collect();
+        let (seeds, flow_complete) = inputs.run(step.loss, &leaves);
+        (seeds.into_iter().collect(), flow_complete)
+    };
+    let incomplete = || {
+        RecordError("the device loss left an output or a flow parameter without a gradient".into())
+    };
+
+    Dispatch::graph_prepare(dispatch).map_err(|e| err("prepare", &e))?;
+    let mut grad_params = Vec::new();
+    let mut grad_layout = Layout::new(Vec::new());
+    let mut per_copy = 0;
+    for _ in 0..WARMUPS {
+        let taped = s.forward(step.dtype);
+        per_copy = taped.len() / 2;
+        let (_, stats) = gather_stats(&s.tensors(&s.net, is_running_stat), &inner);
+        let (seeds, flow_complete) = loss_of(&taped);
+        let seeds = seeds.filter(|_| flow_complete).ok_or_else(incomplete)?;
+        let all = backward_of(&s.net, &taped, &seeds);
+        grad_params = s.with_grad(&all);
+        grad_layout = Layout::new(grad_params.iter().map(ParamInfo::numel).collect());
+        let flat = segment(pool.clone(), 0, grad_layout.len, grad_layout.len);
+        gather_grads(&all, &grad_params, &grad_layout, &flat);
+        inner.sync().map_err(|e| err("warm-up sync", &e))?;
+        drop((taped, stats, seeds, all));
+    }
+    let sources = s.tensors(&s.net, |_| true);
+    let grad_flat = segment(pool.clone(), 0, grad_layout.len, grad_layout.len);
+    inner.sync().map_err(|e| err("sync", &e))?;
+    s.mark("warm-ups");
+
+    Dispatch::graph_start_capture(dispatch).map_err(|e| err("start step capture", &e))?;
+    let taped = s.forward(step.dtype);
+    let (updated, stats_layout, stats_flat) = statistics_in_window(&s, &sources);
+    let (seeds, flow_complete) = loss_of(&taped);
+    let complete = flow_complete && seeds.is_some();
+    // A refusal waits until the window is closed (an error inside it would leave the stream
+    // recording).
+    let mut captured = Vec::new();
+    if let (Some(seeds), true) = (&seeds, complete) {
+        let all = backward_of(&s.net, &taped, seeds);
+        captured = s.with_grad(&all);
+        if same_params(&captured, &grad_params) {
+            gather_grads(&all, &grad_params, &grad_layout, &grad_flat);
+        }
+    }
+    // Dropped inside the window: the graph keeps every buffer it wrote that is still alive when
+    // it closes; what the loss and the backward need from the forward is freed here, so its
+    // pages serve the rest of the window as natively.
+    drop((taped, seeds));
+    let graph = Dispatch::graph_stop_capture(dispatch).map_err(|e| err("step capture", &e))?;
+    if !complete {
+        return Err(incomplete());
+    }
+    if !same_params(&captured, &grad_params) {
+        return Err(RecordError(
+            "the recorded backward reached other parameters than the warm-ups".into(),
+        ));
+    }
+    inner.sync().map_err(|e| err("sync after capture", &e))?;
+    s.mark("step graph");
+    let sources = Sources::with_shared(sources, s.shared.take());
+    Ok(Recorded {
+        graphs: Graphs::One {
+            step: graph,
+            loss: Box::new(inputs),
+        },
+        per_copy,
+        net: control.skips_rollback().then_some(s.net),
+        input: s.input,
+        sources,
+        updated,
+        stats_layout,
+        stats_flat,
+        pool,
+        growth: s.growth,
+        grad_params,
+        grad_layout,
+        grad_flat,
+    })
+}

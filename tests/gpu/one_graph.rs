@@ -1,0 +1,100 @@
+//! `replay.one_graph`: the step scope's forward, device loss and backward recorded as one CUDA
+//! graph (docs/replay.md, "One window"), against the native loop on the H200 — byte-equal state
+//! hashes and per-step losses in every precision, on an empty batch, with the loss recorded
+//! again for other slot counts, on real COCO images, with shared parameters — and the step
+//! scope's negative controls, which must fail here too.
+
+use super::replay::{
+    assert_empty_parity, assert_keeping_unreached_breaks_parity, assert_parity_of,
+    assert_stale_parameters_break_parity, config_for, fit,
+};
+use super::step::{
+    assert_fp16_parity, assert_frozen_loss_scale_breaks_parity,
+    assert_frozen_loss_weight_breaks_parity, assert_records_again_for_other_slot_counts,
+    recordings,
+};
+use burnpose::replay::recorder::Control;
+
+const TASK: &str = "pose-one-graph";
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_graph_matches_native_fp32() {
+    assert_parity_of(TASK, "fp32");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_graph_matches_native_bf16() {
+    assert_parity_of(TASK, "bf16");
+}
+
+/// The forward runs under the step's autocast dtype inside the window, the loss in FP32, and
+/// the loss scale is read from its buffer at every replay.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_graph_matches_native_fp16() {
+    assert_fp16_parity(TASK);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_graph_matches_native_on_an_empty_batch() {
+    assert_empty_parity(TASK);
+}
+
+/// Another slot count records the whole step again, on that step's own images.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_graph_records_the_step_again_for_other_slot_counts() {
+    assert_records_again_for_other_slot_counts(TASK);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_graph_with_shared_parameters_matches_native_bf16() {
+    let mut cfg = config_for(TASK, "bf16", true);
+    cfg.replay.shared_parameters = true;
+    let (native, native_losses, _) = fit(&config_for(TASK, "bf16", false), Control::None);
+    let (replay, replay_losses, _) = fit(&cfg, Control::None);
+    assert_eq!(native_losses, replay_losses, "per-step losses");
+    assert_eq!(native, replay, "state hashes");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU and ../shared/data/pose-real/pose_minicoco"]
+fn one_graph_matches_native_at_batch_3_on_coco() {
+    let replay = super::repeat::coco_b3_parity(
+        "scope = \"step\"\none_graph = true\n",
+        "loss_on = \"device\"\nobject_slots = 24\n",
+    );
+    println!("{} step recordings", recordings(&replay));
+}
+
+/// Negative control: the recorded zero gradients of unreached outputs kept.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn keeping_unreached_gradients_breaks_one_graph_parity() {
+    assert_keeping_unreached_breaks_parity(TASK);
+}
+
+/// Negative control: the ProgLoss weight written at recording only.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_frozen_loss_weight_breaks_one_graph_parity() {
+    assert_frozen_loss_weight_breaks_parity(TASK);
+}
+
+/// Negative control: FP16's loss scale written at recording only.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_frozen_loss_scale_breaks_one_graph_parity() {
+    assert_frozen_loss_scale_breaks_parity(TASK);
+}
+
+/// Negative control: the parameters copied in once and never again.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn stale_parameters_break_one_graph_parity() {
+    assert_stale_parameters_break_parity(TASK);
+}
