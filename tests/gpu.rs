@@ -31,6 +31,8 @@ mod replay;
 mod shared;
 #[path = "gpu/step.rs"]
 mod step;
+#[path = "gpu/update.rs"]
+mod update;
 #[path = "gpu/weights.rs"]
 mod weights;
 

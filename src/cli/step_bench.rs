@@ -31,6 +31,9 @@ pub struct Options {
     /// Override `replay.one_graph`.
     #[arg(long)]
     pub one_graph: Option<bool>,
+    /// Override `replay.record_update`.
+    #[arg(long)]
+    pub record_update: Option<bool>,
     /// Override `optim.optimizer` (e.g. `musgd`, which `auto` picks for fits of more than
     /// 10,000 iterations).
     #[arg(long, value_enum)]
@@ -108,6 +111,9 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
     }
     if let Some(g) = o.one_graph {
         cfg.replay.one_graph = g;
+    }
+    if let Some(u) = o.record_update {
+        cfg.replay.record_update = u;
     }
     if let Some(k) = o.optimizer {
         cfg.optim.optimizer = k;
@@ -196,10 +202,15 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
     let (peak_use, peak_reserved) = (timing.peak_in_use(), timing.peak_reserved());
     let h = t.state_hashes();
     println!(
-        "bench-step {what} replay={}{} precision={:?} optimizer={:?} flat={} batch={} upload={:?} steps={} skip={}: median {:.2} ms (min {:.2}, p10 {:.2}, p90 {:.2}, max {:.2}); peak in use {:.0} MiB, reserved {:.0} MiB; hashes model {} optimizer {} losses {}",
+        "bench-step {what} replay={}{}{} precision={:?} optimizer={:?} flat={} batch={} upload={:?} steps={} skip={}: median {:.2} ms (min {:.2}, p10 {:.2}, p90 {:.2}, max {:.2}); peak in use {:.0} MiB, reserved {:.0} MiB; hashes model {} optimizer {} losses {}",
         t.stage.is_replay(),
         if t.stage.is_replay() && t.cfg.replay.one_graph {
             " one_graph=true"
+        } else {
+            ""
+        },
+        if t.stage.is_replay() && t.cfg.replay.record_update {
+            " record_update=true"
         } else {
             ""
         },

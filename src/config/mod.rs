@@ -250,6 +250,13 @@ pub struct ReplaySection {
     /// "One window"). The config refuses it with another scope. Not yet run on a GPU, hence
     /// off by default (default false).
     pub one_graph: bool,
+    /// Record the optimizer step (with FP16's unscale and skip and the global clip) and the EMA
+    /// update as one more CUDA graph, replayed on every optimizer step once both write in place
+    /// (from the second): per-step values (learning rates, momentum, bias corrections,
+    /// presence, loss scale, EMA decay) are written into its buffers before each replay
+    /// (docs/replay.md, "The update recorded"). Needs `optim.flat_update` (the config refuses it
+    /// otherwise). Not yet run on a GPU, hence off by default (default false).
+    pub record_update: bool,
 }
 
 /// What the stage of a step computes before the tape is cut (`replay.scope`).
@@ -473,6 +480,14 @@ impl Config {
                 "replay.one_graph",
                 "one graph holds the forward, the loss and the backward: set replay.scope = \
                  \"step\" (with train.loss_on = \"device\") or leave replay.one_graph off"
+                    .into(),
+            );
+        }
+        if self.replay.record_update && !self.optim.flat_update {
+            return bad(
+                "replay.record_update",
+                "the recorded update is the flat optimizer's: set optim.flat_update = true (the \
+                 default) or leave replay.record_update off"
                     .into(),
             );
         }

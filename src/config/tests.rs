@@ -36,6 +36,21 @@ fn shared_parameters_need_the_flat_update() {
     );
 }
 
+/// `replay.record_update` records the flat optimizer's update: refused without it, with the key
+/// and what to set.
+#[test]
+fn record_update_needs_the_flat_update() {
+    let ok = parse("[replay]\nrecord_update = true\n").unwrap();
+    assert!(ok.replay.record_update && ok.optim.flat_update);
+    let e = parse("[replay]\nrecord_update = true\n[optim]\nflat_update = false\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("replay.record_update") && e.contains("optim.flat_update = true"),
+        "{e}"
+    );
+}
+
 /// `replay.one_graph` records the step scope's three graphs as one: refused with any other
 /// scope (the default one included), with the key and what to set.
 #[test]

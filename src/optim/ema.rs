@@ -109,8 +109,7 @@ impl<M: Module> Ema<M> {
             let device = averaged.device();
             let m = layout.gather(parts, &device);
             // The decay changes every update.
-            let (d_t, keep) = super::flat::and_complement(d, &device);
-            let next = averaged.clone() * d_t + m * keep;
+            let next = average(&averaged, m, super::flat::pair(d, &device));
             // On CUDA the new values go into the buffer the model's tensors are views of: the
             // views stay valid, so none is made again (~600 views and a module rebuild, a few
             // ms of host time an update), and the buffer keeps its address.
@@ -132,6 +131,23 @@ impl<M: Module> Ema<M> {
         self.flat = Some((paths, layout, averaged));
     }
 
+    /// While the averaged model's tensors are views of one buffer updated in place (CUDA, from
+    /// the second flat update): the buffer, its layout and the tensors' paths in it.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn flat_buffer(&self) -> Option<(&[String], &Layout, &Tensor<1>)> {
+        self.flat
+            .as_ref()
+            .map(|(paths, layout, averaged)| (paths.as_slice(), layout, averaged))
+    }
+
+    /// Counts an update made outside [`Ema::update`] (a recorded one) and returns its decay.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn count_update(&mut self) -> f64 {
+        let d = self.next_decay();
+        self.updates += 1;
+        d
+    }
+
     pub fn state_hash(&self) -> String {
         let mut h = StateHasher::new();
         h.u64("updates", self.updates);
@@ -140,6 +156,13 @@ impl<M: Module> Ema<M> {
         }
         h.finish()
     }
+}
+
+/// `averaged · d + m · (1 − d)`, `decay` the `[d, 1 − d]` device pair (`flat::pair`): a recorded
+/// update reads the decay from a buffer, as a value that changes every update must be read.
+pub(crate) fn average(averaged: &Tensor<1>, m: Tensor<1>, decay: Tensor<1>) -> Tensor<1> {
+    let (d, keep) = (decay.clone().slice(0..1), decay.slice(1..2));
+    averaged.clone() * d + m * keep
 }
 
 /// `averaged · d + current · (1 − d)` as one loop on the host, the current tensors read where

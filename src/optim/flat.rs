@@ -13,10 +13,9 @@
 
 use super::grads::take_flat;
 use super::groups::ParamInfo;
-use super::host::{HostValues, take_host};
+use super::host::{HostValues, host_update};
 use super::layout::{ALIGN, Layout, f32_of};
 use super::muon::{MuonBatches, uses_muon};
-use super::newton_schulz::orthogonalized;
 use super::reduce::sum_all;
 use super::state::{Hyper, ParamState, Rule};
 use super::tensors::write_in_place;
@@ -65,6 +64,27 @@ impl FlatState {
         }
     }
 
+    /// MuSGD's matrices by shape, made now if not yet (a recording must not upload them).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn prepare_muon(&mut self, rule: Rule, table: &[ParamInfo]) {
+        if rule == Rule::MuSgd && self.muon.is_none() {
+            let device = self.p.device();
+            self.muon = Some(MuonBatches::new(rule, table, &self.layout, &device));
+        }
+    }
+
+    /// A copy with buffers of its own (`copy` makes each), the same layout and index tensors:
+    /// what a recording's warm-ups update instead of the real buffers.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn scratch(&self, copy: fn(Tensor<1>) -> Tensor<1>) -> Self {
+        Self {
+            p: copy(self.p.clone()),
+            buf: copy(self.buf.clone()),
+            second: copy(self.second.clone()),
+            ..self.clone()
+        }
+    }
+
     /// Points parameter `i`'s state at its segments of the state buffers (the second one too
     /// when the rule keeps one for it).
     pub fn view_state(&self, s: &mut ParamState, i: usize, second: bool) {
@@ -87,15 +107,14 @@ pub fn sum_of_squares(x: &Tensor<1>, len: usize) -> Tensor<1> {
     sum_all(rows)
 }
 
-/// `x` and `1 − x` (each rounded to f32) as `[1]` device values, to broadcast over a flat buffer:
-/// a per-step factor a recorded update must read rather than have frozen into its kernels, as a
-/// scalar would be. Multiplying by them gives the scalar products' bits.
-pub(super) fn and_complement(x: f64, device: &Device) -> (Tensor<1>, Tensor<1>) {
-    let both = Tensor::<1>::from_data(
+/// `[x, 1 − x]` (each rounded to f32) as one device tensor, whose `[1]` slices broadcast over a
+/// flat buffer: a per-step factor a recorded update must read rather than have frozen into its
+/// kernels, as a scalar would be. Multiplying by them gives the scalar products' bits.
+pub(crate) fn pair(x: f64, device: &Device) -> Tensor<1> {
+    Tensor::<1>::from_data(
         TensorData::new(vec![x as f32, (1.0 - x) as f32], [2]),
         (device, DType::F32),
-    );
-    (both.clone().slice(0..1), both.slice(1..2))
+    )
 }
 
 static IN_PLACE_STEPS: AtomicU64 = AtomicU64::new(0);
@@ -139,22 +158,22 @@ impl Finite {
 }
 
 /// Columns of the per-step table: one row of scalars per parameter.
-const COLUMNS: usize = 6;
+pub(super) const COLUMNS: usize = 6;
 /// 1 when the parameter has a gradient this step.
-const PRESENT: usize = 0;
+pub(super) const PRESENT: usize = 0;
 /// 1 when its state exists (the first step's formula differs).
-const INIT: usize = 1;
+pub(super) const INIT: usize = 1;
 /// AdamW: 1 − lr·wd, 1 − β2^t, lr / (1 − β1^t).
-const ADAM_DECAY: usize = 2;
-const ADAM_BC2: usize = 3;
-const ADAM_STEP: usize = 4;
+pub(super) const ADAM_DECAY: usize = 2;
+pub(super) const ADAM_BC2: usize = 3;
+pub(super) const ADAM_STEP: usize = 4;
 /// SGD and MuSGD: weight decay, the SGD step's learning rate (MuSGD's class-branch boost and,
 /// for Muon's matrices, its SGD weight included).
-const SGD_WD: usize = 2;
-const SGD_LR: usize = 3;
+pub(super) const SGD_WD: usize = 2;
+pub(super) const SGD_LR: usize = 3;
 /// MuSGD: the Muon step's learning rate, and 1 for the matrices Muon updates.
-const MUON_LR: usize = 4;
-const MUON: usize = 5;
+pub(super) const MUON_LR: usize = 4;
+pub(super) const MUON: usize = 5;
 
 /// The update rule and its fixed constants.
 #[derive(Clone, Copy, Debug)]
@@ -186,67 +205,26 @@ pub fn step(
     clip_norm: f64,
     loss_scale: Option<f32>,
 ) -> FlatStep {
-    let RuleConstants {
-        rule,
-        beta2,
-        eps,
-        muon_weight,
-        sgd_weight,
-    } = constants;
     let device = flat.p.device();
-    let layout = &flat.layout;
     let parts: Vec<Option<Tensor<1>>> = table.iter().map(|p| take_flat(grads, p)).collect();
     let present: Vec<bool> = parts.iter().map(Option::is_some).collect();
-    let mu = hyper.momentum;
-    let inv = loss_scale.map(super::scaler::inverse);
-    // Row per parameter, plus one for padding (never present, harmless values).
-    let mut rows = vec![0f32; (table.len() + 1) * COLUMNS];
-    for (i, info) in table.iter().enumerate() {
-        let s = &state[i];
-        let (lr, wd) = hyper.for_group(info.group);
-        let init = s.buf.is_some();
-        // The step count this update is the parameter's `t`-th.
-        let t = (s.steps + present[i] as u64).max(1) as i32;
-        let r = &mut rows[i * COLUMNS..(i + 1) * COLUMNS];
-        r[PRESENT] = present[i] as u8 as f32;
-        r[INIT] = init as u8 as f32;
-        match rule {
-            Rule::AdamW => {
-                r[ADAM_DECAY] = (1.0 - lr * wd) as f32;
-                r[ADAM_BC2] = (1.0 - beta2.powi(t)) as f32;
-                r[ADAM_STEP] = (lr / (1.0 - mu.powi(t))) as f32;
-            }
-            Rule::MuSgd => {
-                // `Optimizer::update`'s products, in its order.
-                let lr = lr * if info.class_branch { 3.0 } else { 1.0 };
-                let muon = uses_muon(rule, info);
-                r[SGD_WD] = wd as f32;
-                r[SGD_LR] = if muon { lr * sgd_weight } else { lr } as f32;
-                r[MUON_LR] = (lr * muon_weight) as f32;
-                r[MUON] = muon as u8 as f32;
-            }
-            Rule::Sgd => {
-                r[SGD_WD] = wd as f32;
-                r[SGD_LR] = lr as f32;
-            }
-        }
-    }
-    // Padding divides by its bias correction: 1, not 0 (masked out either way).
-    rows[table.len() * COLUMNS + ADAM_BC2] = 1.0;
+    let host = HostInputs::new(constants, table, state, &present, hyper, loss_scale);
     // Off CUDA the update is one pass on the host.
     if !is_cuda(&device) && !super::host::force::tensor_path() {
         let parts: Vec<Option<HostValues>> = parts
             .into_iter()
-            .map(|t| t.map(|t| HostValues::of(unscaled(f32_of(t), inv))))
+            .map(|t| t.map(|t| HostValues::of(unscaled(f32_of(t), host.inv))))
             .collect();
         // Each value checked, as `LossScaler::unscale` checks them.
-        let finite = inv.is_none()
+        let finite = host.inv.is_none()
             || parts
                 .iter()
                 .flatten()
                 .all(|g| g.values().iter().all(|v| v.is_finite()));
         if finite {
-            host_update(constants, flat, table, &rows, &parts, mu, clip_norm);
+            host_update(
+                constants, flat, table, &host.rows, &parts, host.mu, clip_norm,
+            );
         }
         return FlatStep {
             present,
@@ -254,11 +232,194 @@ pub fn step(
             finite: Finite::Known(finite),
         };
     }
-    let per_row = Tensor::<2>::from_data(
-        TensorData::new(rows, [table.len() + 1, COLUMNS]),
-        (&device, DType::F32),
-    );
-    let per_elem = per_row.select(0, flat.seg.clone());
+    let inputs = DeviceInputs {
+        rows: host.rows_tensor(&device),
+        mu: host.mu_tensor(&device),
+        inv: host.inv_tensor(&device),
+        g: flat.layout.gather(parts, &device),
+    };
+    let (next, finite) = device_update(constants, flat, table, inputs, clip_norm);
+    let in_place = next.apply(flat);
+    FlatStep {
+        present,
+        in_place,
+        finite,
+    }
+}
+
+/// The host's part of one flat update: the per-step table (a row of scalars per parameter and
+/// one for padding), the momentum and FP16's loss-scale inverse.
+pub(crate) struct HostInputs {
+    pub rows: Vec<f32>,
+    pub mu: f64,
+    pub inv: Option<f32>,
+}
+
+impl HostInputs {
+    /// The inputs of an update of the parameters `present` marks, with `hyper`'s learning
+    /// rates and momentum, gradients scaled by `loss_scale`.
+    pub fn new(
+        constants: RuleConstants,
+        table: &[ParamInfo],
+        state: &[ParamState],
+        present: &[bool],
+        hyper: &Hyper,
+        loss_scale: Option<f32>,
+    ) -> Self {
+        let RuleConstants {
+            rule,
+            beta2,
+            muon_weight,
+            sgd_weight,
+            ..
+        } = constants;
+        let mu = hyper.momentum;
+        let mut rows = vec![0f32; (table.len() + 1) * COLUMNS];
+        for (i, info) in table.iter().enumerate() {
+            let s = &state[i];
+            let (lr, wd) = hyper.for_group(info.group);
+            let init = s.buf.is_some();
+            // The step count this update is the parameter's `t`-th.
+            let t = (s.steps + present[i] as u64).max(1) as i32;
+            let r = &mut rows[i * COLUMNS..(i + 1) * COLUMNS];
+            r[PRESENT] = present[i] as u8 as f32;
+            r[INIT] = init as u8 as f32;
+            match rule {
+                Rule::AdamW => {
+                    r[ADAM_DECAY] = (1.0 - lr * wd) as f32;
+                    r[ADAM_BC2] = (1.0 - beta2.powi(t)) as f32;
+                    r[ADAM_STEP] = (lr / (1.0 - mu.powi(t))) as f32;
+                }
+                Rule::MuSgd => {
+                    // `Optimizer::update`'s products, in its order.
+                    let lr = lr * if info.class_branch { 3.0 } else { 1.0 };
+                    let muon = uses_muon(rule, info);
+                    r[SGD_WD] = wd as f32;
+                    r[SGD_LR] = if muon { lr * sgd_weight } else { lr } as f32;
+                    r[MUON_LR] = (lr * muon_weight) as f32;
+                    r[MUON] = muon as u8 as f32;
+                }
+                Rule::Sgd => {
+                    r[SGD_WD] = wd as f32;
+                    r[SGD_LR] = lr as f32;
+                }
+            }
+        }
+        // Padding divides by its bias correction: 1, not 0 (masked out either way).
+        rows[table.len() * COLUMNS + ADAM_BC2] = 1.0;
+        Self {
+            rows,
+            mu,
+            inv: loss_scale.map(super::scaler::inverse),
+        }
+    }
+
+    /// The table as one `[(parameters + 1) · COLUMNS]` device buffer ([`table_view`] reads it
+    /// as rows).
+    pub fn rows_tensor(&self, device: &Device) -> Tensor<1> {
+        Tensor::<1>::from_data(
+            TensorData::new(self.rows.clone(), [self.rows.len()]),
+            (device, DType::F32),
+        )
+    }
+
+    /// `[μ, 1 − μ]` (each rounded to f32) on the device ([`pair`]).
+    pub fn mu_tensor(&self, device: &Device) -> Tensor<1> {
+        pair(self.mu, device)
+    }
+
+    /// The loss scale's inverse as a `[1]` device value, where there is one.
+    pub fn inv_tensor(&self, device: &Device) -> Option<Tensor<1>> {
+        self.inv.map(|inv| {
+            Tensor::<1>::from_data(TensorData::new(vec![inv], [1]), (device, DType::F32))
+        })
+    }
+}
+
+/// The per-step table `rows` (one buffer, [`HostInputs::rows_tensor`]) as
+/// `[parameters + 1, COLUMNS]`.
+pub(crate) fn table_view(rows: &Tensor<1>) -> Tensor<2> {
+    rows.clone().reshape([rows.dims()[0] / COLUMNS, COLUMNS])
+}
+
+/// The device's part of one flat update: every input a device value (a recorded update reads
+/// them from buffers the host rewrites before each replay, `replay::update`).
+pub(crate) struct DeviceInputs {
+    /// The per-step table ([`HostInputs::rows_tensor`]).
+    pub rows: Tensor<1>,
+    /// `[μ, 1 − μ]`.
+    pub mu: Tensor<1>,
+    /// `[1 / loss scale]` (FP16).
+    pub inv: Option<Tensor<1>>,
+    /// The gradients at the layout's places; padding and absent segments hold anything (they
+    /// are masked).
+    pub g: Tensor<1>,
+}
+
+/// The new values of a flat update, not yet written.
+pub(crate) struct Next {
+    p: Tensor<1>,
+    buf: Tensor<1>,
+    second: Option<Tensor<1>>,
+}
+
+impl Next {
+    /// Writes the new values into `flat`'s buffers (CUDA; a recorded update, which counts its
+    /// replays itself).
+    #[cfg(feature = "cuda")]
+    pub fn write(&self, flat: &FlatState) {
+        let done = write_in_place(&self.p, &flat.p);
+        assert!(done, "a recorded update writes in place on CUDA");
+        write_in_place(&self.buf, &flat.buf);
+        if let Some(v) = &self.second {
+            write_in_place(v, &flat.second);
+        }
+    }
+
+    /// Writes the new values into `flat`'s buffers where the model's views of them are out and
+    /// the backend can (CUDA), else makes them `flat`'s buffers; whether it wrote in place.
+    pub fn apply(self, flat: &mut FlatState) -> bool {
+        // Computed whole before any is written: each reads the old values of the others.
+        let in_place = flat.viewed && write_in_place(&self.p, &flat.p);
+        if in_place {
+            count_in_place_step();
+            write_in_place(&self.buf, &flat.buf);
+            if let Some(v) = &self.second {
+                write_in_place(v, &flat.second);
+            }
+        } else {
+            flat.p = self.p;
+            flat.buf = self.buf;
+            if let Some(v) = self.second {
+                flat.second = v;
+            }
+        }
+        in_place
+    }
+}
+
+/// Counts a flat step written in place ([`in_place_steps`]): replay's copies of the parameters
+/// are refreshed after it.
+pub(crate) fn count_in_place_step() {
+    IN_PLACE_STEPS.fetch_add(1, Ordering::AcqRel);
+}
+
+/// The arithmetic of [`step`] on the device, from `inputs`: the new parameters and state, and
+/// whether the gradients were finite (FP16's loss scale: decided on the device, the update
+/// masked whole when not). `flat`'s buffers are read, not written.
+pub(crate) fn device_update(
+    constants: RuleConstants,
+    flat: &mut FlatState,
+    table: &[ParamInfo],
+    inputs: DeviceInputs,
+    clip_norm: f64,
+) -> (Next, Finite) {
+    let RuleConstants {
+        rule, beta2, eps, ..
+    } = constants;
+    let device = flat.p.device();
+    let layout = &flat.layout;
+    let per_elem = table_view(&inputs.rows).select(0, flat.seg.clone());
     let col = |j: usize| {
         per_elem
             .clone()
@@ -267,21 +428,18 @@ pub fn step(
     };
     // The momentum changes during warm-up, the loss scale after overflows and clean streaks:
     // device values, as a recorded update must read them.
-    let (mu_t, one_mu) = and_complement(mu, &device);
+    let (mu_t, one_mu) = (inputs.mu.clone().slice(0..1), inputs.mu.slice(1..2));
     let present_rows = col(PRESENT);
-    let g = layout.gather(parts, &device);
-    let g = match inv {
-        Some(inv) => {
-            g * Tensor::<1>::from_data(TensorData::new(vec![inv], [1]), (&device, DType::F32))
-        }
-        None => g,
+    let g = match &inputs.inv {
+        Some(inv) => inputs.g * inv.clone(),
+        None => inputs.g,
     };
     // Padding and absent gradients are zero, whatever a run copied between its segments.
     let g = g.mask_fill(present_rows.clone().equal_elem(1.0).bool_not(), 0.0);
     // With a loss scale: Σ 0·g is 0 when every value is finite and NaN when not, and added to
     // the presence column it leaves every parameter out of a step that must be skipped. The
     // update below is then masked whole: the same bits as not running it.
-    let (present_mask, finite) = match inv {
+    let (present_mask, finite) = match inputs.inv {
         Some(_) => {
             let zero_or_nan = sum_all(g.clone().mul_scalar(0.0));
             let mask = (present_rows + zero_or_nan.clone()).equal_elem(1.0);
@@ -339,29 +497,12 @@ pub fn step(
             (p_new, b, None)
         }
     };
-    let p_next = p.mask_where(present_mask.clone(), p_new);
-    let buf_next = buf.mask_where(present_mask.clone(), buf_new);
-    let second_next = second_new.map(|v| second.mask_where(present_mask, v));
-    // Computed whole before any is written: each reads the old values of the others.
-    let in_place = flat.viewed && write_in_place(&p_next, &flat.p);
-    if in_place {
-        IN_PLACE_STEPS.fetch_add(1, Ordering::AcqRel);
-        write_in_place(&buf_next, &flat.buf);
-        if let Some(v) = &second_next {
-            write_in_place(v, &flat.second);
-        }
-    } else {
-        flat.p = p_next;
-        flat.buf = buf_next;
-        if let Some(v) = second_next {
-            flat.second = v;
-        }
-    }
-    FlatStep {
-        present,
-        in_place,
-        finite,
-    }
+    let next = Next {
+        p: p.mask_where(present_mask.clone(), p_new),
+        buf: buf.mask_where(present_mask.clone(), buf_new),
+        second: second_new.map(|v| second.mask_where(present_mask, v)),
+    };
+    (next, finite)
 }
 
 /// `g` divided by the loss scale (multiplied by its f32 inverse, as `LossScaler::unscale` does).
@@ -369,176 +510,5 @@ fn unscaled(g: Tensor<1>, inv: Option<f32>) -> Tensor<1> {
     match inv {
         Some(inv) => g * inv,
         None => g,
-    }
-}
-
-/// The update of [`step`] as one loop over the buffers on the host (the CPU backend runs each
-/// tensor operation as its own pass over all 3.7 M values: ~30 passes, ~90 ms a step on two
-/// cores). Per element the same f32 operations in the same order, so the same bits as the
-/// tensor operations and the per-tensor update; the clipping norm is summed in [`ALIGN`]-value
-/// rows, then the row sums, as [`sum_of_squares`] does. MuSGD's orthogonalisation runs as
-/// tensor operations per matrix (matrix products), before the loop.
-fn host_update(
-    constants: RuleConstants,
-    flat: &mut FlatState,
-    table: &[ParamInfo],
-    rows: &[f32],
-    parts: &[Option<HostValues>],
-    mu: f64,
-    clip_norm: f64,
-) {
-    let RuleConstants {
-        rule, beta2, eps, ..
-    } = constants;
-    let device = flat.p.device();
-    let layout = &flat.layout;
-    // The rows of `ALIGN` values of the flat gradient: each lies in one segment (padding and
-    // absent gradients are zeros and add nothing).
-    let mut row_sums = Vec::with_capacity(layout.len / ALIGN);
-    for (i, &n) in layout.sizes.iter().enumerate() {
-        let rows = super::layout::padded(n) / ALIGN;
-        match &parts[i] {
-            Some(g) => row_sums.extend(
-                g.values()
-                    .chunks(ALIGN)
-                    .map(|r| r.iter().map(|x| x * x).sum::<f32>()),
-            ),
-            None => row_sums.extend(std::iter::repeat_n(0.0, rows)),
-        }
-    }
-    let norm = row_sums.iter().sum::<f32>().sqrt();
-    let factor = ((1.0 / (norm + 1e-6)) * clip_norm as f32).min(1.0);
-    // Copies: the model's parameters and the optimizer state are views of these buffers.
-    let mut p = take_host(flat.p.clone());
-    let mut buf = take_host(flat.buf.clone());
-    let mut second =
-        matches!(rule, Rule::AdamW | Rule::MuSgd).then(|| take_host(flat.second.clone()));
-    let (muf, one_mu) = (mu as f32, (1.0 - mu) as f32);
-    let (b2, one_b2, epsf) = (beta2 as f32, (1.0 - beta2) as f32, eps as f32);
-    // Every present Muon matrix: its new momentum `m` (written into `second` here: this update
-    // runs only when it counts) and the blend `u = m·μ + g·(1 − μ)` orthogonalised, at its place
-    // in a flat buffer; per element the tensor path's operations. Matrix by matrix, which the
-    // CPU runs faster than the batches of the tensor path (optimizer phase ~200 against ~290 ms
-    // on the nano pose model, two cores; the same bits either way).
-    let orthogonal: Option<Vec<f32>> = (rule == Rule::MuSgd).then(|| {
-        let v = second.as_deref_mut().expect("MuSGD's state");
-        let mut out = vec![0f32; layout.len];
-        for (i, info) in table.iter().enumerate() {
-            let Some(g) = parts[i].as_ref().filter(|_| uses_muon(rule, info)) else {
-                continue;
-            };
-            let init = rows[i * COLUMNS + INIT] == 1.0;
-            let (o, n) = (layout.offsets[i], layout.sizes[i]);
-            let u: Vec<f32> = g
-                .values()
-                .iter()
-                .zip(&mut v[o..o + n])
-                .map(|(&g, v)| {
-                    let ge = g * factor;
-                    *v = if init {
-                        *v * muf + ge * one_mu
-                    } else {
-                        ge * one_mu
-                    };
-                    *v * muf + ge * one_mu
-                })
-                .collect();
-            let u = Tensor::<1>::from_data(TensorData::new(u, [n]), &device);
-            out[o..o + n].copy_from_slice(&take_host(orthogonalized(u, &info.dims)));
-        }
-        out
-    });
-    // Parameter `i`'s update, given its segments of the three buffers.
-    let update = |i: usize, p: &mut [f32], buf: &mut [f32], v: Option<&mut [f32]>| {
-        let r = &rows[i * COLUMNS..(i + 1) * COLUMNS];
-        let Some(g) = &parts[i] else { return };
-        let g = g.values();
-        let init = r[INIT] == 1.0;
-        match (v, rule) {
-            (Some(v), Rule::AdamW) => {
-                let (decay, bc2, step) = (r[ADAM_DECAY], r[ADAM_BC2], r[ADAM_STEP]);
-                for e in 0..p.len() {
-                    let ge = g[e] * factor;
-                    let m = if init {
-                        buf[e] * muf + ge * one_mu
-                    } else {
-                        ge * one_mu
-                    };
-                    let ve = if init {
-                        v[e] * b2 + ge * ge * one_b2
-                    } else {
-                        ge * ge * one_b2
-                    };
-                    let denom = (ve / bc2).sqrt() + epsf;
-                    p[e] = p[e] * decay - m / denom * step;
-                    buf[e] = m;
-                    v[e] = ve;
-                }
-            }
-            (Some(_), Rule::MuSgd) => {
-                let (wd, lr, muon_lr) = (r[SGD_WD], r[SGD_LR], r[MUON_LR]);
-                let (start, n) = (layout.offsets[i], layout.sizes[i]);
-                let o = orthogonal
-                    .as_deref()
-                    .filter(|_| uses_muon(rule, &table[i]))
-                    .map(|o| &o[start..start + n]);
-                for e in 0..p.len() {
-                    let ge = g[e] * factor;
-                    if let Some(o) = o {
-                        p[e] -= o[e] * muon_lr;
-                    }
-                    let gd = ge + p[e] * wd;
-                    let b = if init { buf[e] * muf + gd } else { gd };
-                    p[e] -= (gd + b * muf) * lr;
-                    buf[e] = b;
-                }
-            }
-            _ => {
-                let (wd, lr) = (r[SGD_WD], r[SGD_LR]);
-                for e in 0..p.len() {
-                    let ge = g[e] * factor;
-                    let gd = ge + p[e] * wd;
-                    let b = if init { buf[e] * muf + gd } else { gd };
-                    p[e] -= (gd + b * muf) * lr;
-                    buf[e] = b;
-                }
-            }
-        }
-    };
-    // Parameters `range`, whose segments start at `base` in the given parts of the buffers.
-    let run = |range: std::ops::Range<usize>,
-               base: usize,
-               p: &mut [f32],
-               buf: &mut [f32],
-               mut v: Option<&mut [f32]>| {
-        for i in range {
-            let (o, n) = (layout.offsets[i] - base, layout.sizes[i]);
-            let v = v.as_deref_mut().map(|v| &mut v[o..o + n]);
-            update(i, &mut p[o..o + n], &mut buf[o..o + n], v);
-        }
-    };
-    // Memory-bound and independent per value: the parameters in two halves, one per core.
-    let count = layout.sizes.len();
-    let k = layout.offsets.partition_point(|&o| o < layout.len / 2);
-    let cut = layout.offsets.get(k).copied().unwrap_or(layout.len);
-    let (p1, p2) = p.split_at_mut(cut);
-    let (buf1, buf2) = buf.split_at_mut(cut);
-    let (v1, v2) = match second.as_deref_mut() {
-        Some(v) => {
-            let (a, b) = v.split_at_mut(cut);
-            (Some(a), Some(b))
-        }
-        None => (None, None),
-    };
-    std::thread::scope(|s| {
-        s.spawn(|| run(k..count, cut, p2, buf2, v2));
-        run(0..k, 0, p1, buf1, v1);
-    });
-    let len = flat.layout.len;
-    let upload = |v: Vec<f32>| Tensor::<1>::from_data(TensorData::new(v, [len]), &device);
-    flat.p = upload(p);
-    flat.buf = upload(buf);
-    if let Some(v) = second {
-        flat.second = upload(v);
     }
 }

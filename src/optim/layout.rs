@@ -69,12 +69,38 @@ impl Layout {
         flat
     }
 
+    /// The present `parts` written into their segments of `dst` (a `[len]` buffer), runs as one
+    /// copy each as in [`Layout::gather`], by our copy kernel: nothing is allocated and the
+    /// absent parts' segments keep what they held. CUDA only (a recording's fixed buffers).
+    pub fn gather_into(&self, parts: &[Option<Tensor<1>>], dst: &Tensor<1>) {
+        let mut i = 0;
+        while i < parts.len() {
+            let o = self.offsets[i];
+            if let Some((j, whole)) = run(parts, &self.offsets, &self.sizes, i) {
+                let len = whole.dims()[0];
+                written(&whole, &segment(dst.clone(), o, len, len));
+                i = j;
+                continue;
+            }
+            if let Some(t) = &parts[i] {
+                written(&f32_of(t.clone()), &self.view(dst, i));
+            }
+            i += 1;
+        }
+    }
+
     /// Segment `i` of `flat`: a view of its buffer on CUDA, whose padded segment reaches an
     /// aligned end ([`crate::model::ops::segment`]).
     pub fn view(&self, flat: &Tensor<1>, i: usize) -> Tensor<1> {
         let n = self.sizes[i];
         segment(flat.clone(), self.offsets[i], n, padded(n))
     }
+}
+
+/// `src` copied into `dst` in place (CUDA).
+fn written(src: &Tensor<1>, dst: &Tensor<1>) {
+    let done = super::tensors::write_in_place(src, dst);
+    assert!(done, "a fixed buffer is written in place on CUDA only");
 }
 
 pub(crate) fn f32_of(t: Tensor<1>) -> Tensor<1> {

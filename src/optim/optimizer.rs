@@ -188,6 +188,40 @@ impl Optimizer {
         finite
     }
 
+    /// The fixed constants of the update rule.
+    pub(crate) fn constants(&self) -> flat::RuleConstants {
+        flat::RuleConstants {
+            rule: self.rule,
+            beta2: self.beta2,
+            eps: self.eps,
+            muon_weight: self.muon_weight,
+            sgd_weight: self.sgd_weight,
+        }
+    }
+
+    /// While every flat step writes in place (the buffers gathered and viewed, CUDA): the flat
+    /// buffers, for a recorded update to read and write (`replay::update`).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn in_place_buffers(&mut self) -> Option<&mut FlatState> {
+        let f = self.flat.as_mut().filter(|f| f.viewed)?;
+        crate::config::device::is_cuda(&f.p.device()).then_some(f)
+    }
+
+    /// A step a recorded update queued for the parameters `present` (written in place, its
+    /// finiteness `finite`), to [`Optimizer::settle`] as any other.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn queued(&mut self, present: Vec<bool>, finite: Finite) -> Stepped {
+        assert!(
+            !self.unsettled,
+            "an optimizer step is queued but not settled"
+        );
+        self.unsettled = true;
+        Stepped {
+            finite,
+            flat: Some((present, true)),
+        }
+    }
+
     fn step_flat<M: Module>(
         &mut self,
         model: M,
@@ -201,14 +235,8 @@ impl Optimizer {
             let device = params[0].device();
             self.flat = Some(FlatState::gather(params, &self.state, &device));
         }
+        let constants = self.constants();
         let f = self.flat.as_mut().expect("gathered above");
-        let constants = flat::RuleConstants {
-            rule: self.rule,
-            beta2: self.beta2,
-            eps: self.eps,
-            muon_weight: self.muon_weight,
-            sgd_weight: self.sgd_weight,
-        };
         let done = flat::step(
             constants,
             f,

@@ -35,6 +35,11 @@ pub enum Control {
     /// keep the first scale while the optimizer unscales by the current one.
     #[cfg(feature = "controls")]
     FrozenLossScale,
+    /// Writes the recorded update's per-step values (the table of learning rates, weight decay,
+    /// bias corrections and presence, the momentum, the loss-scale inverse, the EMA's decay)
+    /// at recording only, as if they were frozen into the graph.
+    #[cfg(feature = "controls")]
+    FrozenUpdateScalars,
 }
 
 /// Which control is on, as the recorder asks it.
@@ -63,6 +68,10 @@ impl Control {
     pub fn freezes_loss_scale(self) -> bool {
         self == Control::FrozenLossScale
     }
+
+    pub fn freezes_update_scalars(self) -> bool {
+        self == Control::FrozenUpdateScalars
+    }
 }
 
 /// Without the `controls` feature no control exists.
@@ -89,6 +98,10 @@ impl Control {
     }
 
     pub fn freezes_loss_scale(self) -> bool {
+        false
+    }
+
+    pub fn freezes_update_scalars(self) -> bool {
         false
     }
 }

@@ -18,5 +18,7 @@ mod record;
 pub mod recorder;
 #[cfg(feature = "cuda")]
 mod sources;
+#[cfg(feature = "cuda")]
+pub mod update;
 
 pub use stage::{Scope, Stage, StageOutputs};

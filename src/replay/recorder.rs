@@ -63,6 +63,10 @@ pub struct Recorder {
     /// autocast dtype the trainer's forward runs under.
     images: Option<Tensor<4>>,
     dtype: Option<FloatDType>,
+    /// `replay.record_update`: the optimizer step and the EMA update as one more graph, and
+    /// how many updates went through it.
+    update: Option<super::update::UpdateGraph>,
+    update_replays: usize,
 }
 
 /// The recorded graphs.
@@ -196,6 +200,8 @@ impl Recorder {
             one_graph: false,
             images: None,
             dtype: None,
+            update: None,
+            update_replays: 0,
         }
     }
 
@@ -488,6 +494,26 @@ impl Recorder {
         let pending = inputs.pending();
         r.statistics_into(model);
         pending
+    }
+
+    /// `replay.record_update`: the optimizer step and the EMA update through their recorded
+    /// graph ([`super::update::update`]), or `Err` with the gradients when they do not write in
+    /// place yet (the caller runs them eagerly).
+    pub fn update(
+        &mut self,
+        optimizer: &mut crate::optim::Optimizer,
+        ema: &mut crate::optim::Ema<Yolo>,
+        inputs: super::update::UpdateInputs,
+    ) -> Result<crate::optim::optimizer::Stepped, burn::optim::GradientsParams> {
+        let stepped =
+            super::update::update(&mut self.update, self.control, optimizer, ema, inputs)?;
+        self.update_replays += 1;
+        Ok(stepped)
+    }
+
+    /// How many optimizer steps went through the recorded update ([`Recorder::update`]).
+    pub fn update_replays(&self) -> usize {
+        self.update_replays
     }
 
     /// How many times the loss was recorded ([`Recorder::loss`]; with one graph, the step).

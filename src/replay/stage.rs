@@ -190,6 +190,22 @@ impl Stage {
         (out, flat)
     }
 
+    /// `replay.record_update`, replayed: the optimizer step and the EMA update through their
+    /// recorded graph; `Err` with the gradients untouched for a native stage or while they do
+    /// not write in place yet (the caller runs them eagerly).
+    #[cfg(feature = "cuda")]
+    pub fn recorded_update(
+        &mut self,
+        optimizer: &mut crate::optim::Optimizer,
+        ema: &mut crate::optim::Ema<Yolo>,
+        inputs: super::update::UpdateInputs,
+    ) -> Result<crate::optim::optimizer::Stepped, GradientsParams> {
+        match self {
+            Stage::Native(_) => Err(inputs.grads),
+            Stage::Replay(r) => r.update(optimizer, ema, inputs),
+        }
+    }
+
     /// Whether the loss is recorded too: replay with `replay.scope = "step"`.
     pub fn records_loss(&self) -> bool {
         match self {

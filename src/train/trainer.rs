@@ -371,6 +371,40 @@ impl Trainer {
         stepped
     }
 
+    /// The optimizer step and the EMA update (`replay.record_update`: through their recorded
+    /// graph once both write in place; eagerly before), each phase marked on `clock`.
+    fn optimizer_and_ema(&mut self, clock: &mut PhaseClock) -> Stepped {
+        #[cfg(feature = "cuda")]
+        if self.cfg.replay.record_update && self.stage.is_replay() {
+            let grads = self.pending.take().unwrap_or_default();
+            let hyper = self.schedule.hyper(self.epoch, self.ni);
+            let inputs = crate::replay::update::UpdateInputs {
+                model: &self.model,
+                grads,
+                hyper: &hyper,
+                clip_norm: self.cfg.optim.clip_norm,
+                loss_scale: self.scaler.as_ref().map(|s| s.scale),
+            };
+            match self
+                .stage
+                .recorded_update(&mut self.optimizer, &mut self.ema, inputs)
+            {
+                Ok(stepped) => {
+                    self.pending_flat.clear();
+                    clock.mark(Phase::Optimizer);
+                    clock.mark(Phase::Ema);
+                    return stepped;
+                }
+                Err(grads) => self.pending = Some(grads),
+            }
+        }
+        let stepped = self.optimizer_update();
+        clock.mark(Phase::Optimizer);
+        self.ema.update(&self.model);
+        clock.mark(Phase::Ema);
+        stepped
+    }
+
     /// Learns whether the queued optimizer step counted (FP16: its gradients were finite; read
     /// from the device after the EMA is queued, so nothing waits between the backward and the
     /// update) and moves the loss scale accordingly.

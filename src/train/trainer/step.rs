@@ -149,16 +149,15 @@ impl Trainer {
         let stepped =
             self.ni as i64 - self.last_opt_step >= self.schedule.accumulate(self.ni) as i64;
         self.accumulate(grads, flats, !stepped);
-        let queued = stepped.then(|| {
+        let queued = if stepped {
             self.last_opt_step = self.ni as i64;
-            self.optimizer_update()
-        });
+            Some(self.optimizer_and_ema(&mut clock))
+        } else {
+            clock.mark(Phase::Optimizer);
+            clock.mark(Phase::Ema);
+            None
+        };
         self.ni += 1;
-        clock.mark(Phase::Optimizer);
-        if stepped {
-            self.ema.update(&self.model);
-        }
-        clock.mark(Phase::Ema);
         if let Some(q) = queued {
             self.settle(q);
         }

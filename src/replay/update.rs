@@ -1,0 +1,327 @@
+//! The optimizer step and the EMA update recorded into one CUDA graph (`replay.record_update`,
+//! docs/replay.md "The update recorded"), replayed on every optimizer step once the flat
+//! optimizer and the EMA write in place (their buffers then keep their addresses).
+//!
+//! The graph runs the flat update's device arithmetic (`optim::flat::device_update`: FP16's
+//! unscale and skip, the global clip, the rule, the masks) on fixed input buffers, writes the
+//! new values in place, copies the new parameters into the EMA's current-values buffer and
+//! averages. What changes per step is a device value the host rewrites before each replay: the
+//! per-step table (learning rates, weight decay, bias corrections, presence), the momentum pair,
+//! FP16's loss-scale inverse, the EMA's decay pair, the gradients (gathered into a fixed buffer,
+//! a copy per run) and the running statistics the EMA averages (their trainer tensors are new
+//! every step). Decided on the host, as natively: which parameters are present, the step counts
+//! (`Optimizer::settle`, after the replay), the loss scale's next value.
+
+use super::control::Control;
+use super::recorder::{Graph, RecordError, copy_of, replay};
+use crate::model::Yolo;
+use crate::model::ops::storage;
+use crate::optim::ema::average;
+use crate::optim::flat::{
+    DeviceInputs, Finite, FlatState, HostInputs, count_in_place_step, device_update, pair,
+};
+use crate::optim::grads::take_flat;
+use crate::optim::groups::ParamInfo;
+use crate::optim::layout::Layout;
+use crate::optim::optimizer::Stepped;
+use crate::optim::tensors::{float_tensors, write_in_place};
+use crate::optim::{Ema, Hyper, Optimizer};
+use burn::backend::{Backend, Dispatch};
+use burn::optim::GradientsParams;
+use burn::prelude::*;
+use burn::tensor::DType;
+use std::collections::HashMap;
+
+/// Eager runs of the update (on scratch copies of the buffers) before recording it.
+const WARMUPS: usize = 3;
+
+/// The recorded update and every buffer it reads or writes.
+pub struct UpdateGraph {
+    graph: Graph,
+    rows: Tensor<1>,
+    mu: Tensor<1>,
+    inv: Option<Tensor<1>>,
+    decay: Tensor<1>,
+    /// The gradients at the optimizer's layout.
+    g: Tensor<1>,
+    /// The EMA's current values at its layout: the parameters copied in by the graph, the rest
+    /// (`host_written`) by the host before each replay.
+    current: Tensor<1>,
+    host_written: Vec<bool>,
+    /// FP16: `[1]`, 0 when the gradients were finite, NaN when not; rewritten by every replay.
+    finite: Option<Tensor<1>>,
+    /// The optimizer's values and the EMA's buffer the graph was recorded on: another buffer
+    /// (a checkpoint loaded, the flat buffers gathered again) records it again.
+    recorded_on: [Option<(usize, u64)>; 2],
+}
+
+/// What one update is given.
+pub struct UpdateInputs<'a> {
+    pub model: &'a Yolo,
+    pub grads: GradientsParams,
+    pub hyper: &'a Hyper,
+    pub clip_norm: f64,
+    pub loss_scale: Option<f32>,
+}
+
+/// The EMA's current value of each of its tensors (`paths`), from `model`.
+fn ema_parts(model: &Yolo, paths: &[String]) -> Vec<Option<Tensor<1>>> {
+    let mut current: HashMap<String, Tensor<1>> =
+        float_tensors(&model.valid()).into_iter().collect();
+    paths
+        .iter()
+        .map(|p| {
+            let t = current.remove(p);
+            assert!(t.is_some(), "EMA: the model has no tensor {p}");
+            t
+        })
+        .collect()
+}
+
+/// `parts` with those `keep` leaves out set to `None`.
+fn only(parts: &[Option<Tensor<1>>], keep: &[bool]) -> Vec<Option<Tensor<1>>> {
+    parts
+        .iter()
+        .zip(keep)
+        .map(|(t, k)| t.clone().filter(|_| *k))
+        .collect()
+}
+
+/// The graph's work on `flat` and `averaged` (the real buffers when recording, scratch copies
+/// in the warm-ups): the update written in place, the new parameters copied into `current`,
+/// the average written in place. Returns the finiteness the update decided.
+#[allow(clippy::too_many_arguments)]
+fn body(
+    u: &UpdateBuffers,
+    optimizer_constants: crate::optim::flat::RuleConstants,
+    table: &[ParamInfo],
+    flat: &mut FlatState,
+    ema_layout: &Layout,
+    params_in_ema: &[Option<Tensor<1>>],
+    averaged: &Tensor<1>,
+    clip_norm: f64,
+) -> Finite {
+    let inputs = DeviceInputs {
+        rows: u.rows.clone(),
+        mu: u.mu.clone(),
+        inv: u.inv.clone(),
+        g: u.g.clone(),
+    };
+    let (next, finite) = device_update(optimizer_constants, flat, table, inputs, clip_norm);
+    next.write(flat);
+    ema_layout.gather_into(params_in_ema, &u.current);
+    let next = average(averaged, u.current.clone(), u.decay.clone());
+    write_in_place(&next, averaged);
+    finite
+}
+
+/// The input buffers, made at recording.
+struct UpdateBuffers {
+    rows: Tensor<1>,
+    mu: Tensor<1>,
+    inv: Option<Tensor<1>>,
+    decay: Tensor<1>,
+    g: Tensor<1>,
+    current: Tensor<1>,
+}
+
+impl UpdateGraph {
+    /// Records the update of `optimizer` (whose flat buffers are written in place: `flat`)
+    /// and `ema` for these inputs, and leaves them written into its buffers for the first
+    /// replay.
+    #[allow(clippy::too_many_arguments)]
+    fn record(
+        optimizer_constants: crate::optim::flat::RuleConstants,
+        table: &[ParamInfo],
+        flat: &mut FlatState,
+        ema: (&[String], &Layout, &Tensor<1>),
+        host: &HostInputs,
+        decay: f64,
+        grads: &[Option<Tensor<1>>],
+        current: &[Option<Tensor<1>>],
+        clip_norm: f64,
+    ) -> Result<Self, RecordError> {
+        let err = |what: &str, e: &dyn std::fmt::Debug| RecordError(format!("{what}: {e:?}"));
+        let (_, ema_layout, averaged) = ema;
+        let device = flat.p.device();
+        let dispatch = device.as_dispatch();
+        flat.prepare_muon(optimizer_constants.rule, table);
+        let zeros = |n: usize| copy_of(Tensor::<1>::zeros([n], (&device, DType::F32)));
+        let u = UpdateBuffers {
+            rows: copy_of(host.rows_tensor(&device)),
+            mu: copy_of(host.mu_tensor(&device)),
+            inv: host.inv_tensor(&device).map(copy_of),
+            decay: copy_of(pair(decay, &device)),
+            g: zeros(flat.layout.len),
+            current: zeros(ema_layout.len),
+        };
+        flat.layout.gather_into(grads, &u.g);
+        // The EMA's tensors that are views of the optimizer's values: the graph copies them
+        // after writing the update.
+        let values = storage(&flat.p).map(|(id, _)| id);
+        let in_graph: Vec<bool> = current
+            .iter()
+            .map(|t| t.as_ref().and_then(storage).map(|(id, _)| id) == values)
+            .collect();
+        let host_written: Vec<bool> = in_graph.iter().map(|g| !g).collect();
+        ema_layout.gather_into(&only(current, &host_written), &u.current);
+        let params_in_ema = only(current, &in_graph);
+
+        Dispatch::graph_prepare(dispatch).map_err(|e| err("prepare update", &e))?;
+        for _ in 0..WARMUPS {
+            let mut scratch = flat.scratch(copy_of::<1>);
+            let scratch_avg = copy_of(averaged.clone());
+            let finite = body(
+                &u,
+                optimizer_constants,
+                table,
+                &mut scratch,
+                ema_layout,
+                &params_in_ema,
+                &scratch_avg,
+                clip_norm,
+            );
+            device.sync().map_err(|e| err("update warm-up sync", &e))?;
+            drop((scratch, scratch_avg, finite));
+        }
+        device.sync().map_err(|e| err("sync", &e))?;
+        Dispatch::graph_start_capture(dispatch).map_err(|e| err("start update capture", &e))?;
+        let finite = body(
+            &u,
+            optimizer_constants,
+            table,
+            flat,
+            ema_layout,
+            &params_in_ema,
+            averaged,
+            clip_norm,
+        );
+        let graph =
+            Dispatch::graph_stop_capture(dispatch).map_err(|e| err("update capture", &e))?;
+        device
+            .sync()
+            .map_err(|e| err("sync after update capture", &e))?;
+        let finite = match finite {
+            Finite::OnDevice(t) => Some(*t),
+            Finite::Known(_) => None,
+        };
+        Ok(Self {
+            graph,
+            rows: u.rows,
+            mu: u.mu,
+            inv: u.inv,
+            decay: u.decay,
+            g: u.g,
+            current: u.current,
+            host_written,
+            finite,
+            recorded_on: [storage(&flat.p), storage(averaged)],
+        })
+    }
+
+    /// Whether the graph reads and writes these buffers.
+    fn fits(&self, flat: &FlatState, averaged: &Tensor<1>, scaled: bool) -> bool {
+        self.recorded_on == [storage(&flat.p), storage(averaged)] && self.inv.is_some() == scaled
+    }
+
+    /// Writes this step's inputs into the graph's buffers (`scalars`: the table, momentum,
+    /// loss-scale inverse and decay too; only the `FrozenUpdateScalars` control passes false).
+    fn write_inputs(
+        &self,
+        host: &HostInputs,
+        decay: f64,
+        grads: &[Option<Tensor<1>>],
+        current: &[Option<Tensor<1>>],
+        layouts: (&Layout, &Layout),
+        scalars: bool,
+    ) {
+        let device = self.g.device();
+        if scalars {
+            write_in_place(&host.rows_tensor(&device), &self.rows);
+            write_in_place(&host.mu_tensor(&device), &self.mu);
+            if let (Some(t), Some(buffer)) = (host.inv_tensor(&device), &self.inv) {
+                write_in_place(&t, buffer);
+            }
+            write_in_place(&pair(decay, &device), &self.decay);
+        }
+        layouts.0.gather_into(grads, &self.g);
+        layouts
+            .1
+            .gather_into(&only(current, &self.host_written), &self.current);
+    }
+}
+
+/// One optimizer step and EMA update through the recorded graph (recording it first when there
+/// is none for these buffers), or `Err` with the gradients untouched when the optimizer or the
+/// EMA does not write in place yet (their first update, a non-flat update, another device):
+/// the caller runs them eagerly then.
+pub fn update(
+    graph: &mut Option<UpdateGraph>,
+    control: Control,
+    optimizer: &mut Optimizer,
+    ema: &mut Ema<Yolo>,
+    mut inputs: UpdateInputs,
+) -> Result<Stepped, GradientsParams> {
+    let ready = optimizer.in_place_buffers().is_some() && ema.flat_buffer().is_some();
+    if !ready {
+        return Err(inputs.grads);
+    }
+    let table = optimizer.table.clone();
+    let constants = optimizer.constants();
+    let parts: Vec<Option<Tensor<1>>> = table
+        .iter()
+        .map(|p| take_flat(&mut inputs.grads, p))
+        .collect();
+    let present: Vec<bool> = parts.iter().map(Option::is_some).collect();
+    let host = HostInputs::new(
+        constants,
+        &table,
+        &optimizer.state,
+        &present,
+        inputs.hyper,
+        inputs.loss_scale,
+    );
+    let decay = ema.next_decay();
+    let (paths, ema_layout, averaged) = ema.flat_buffer().expect("checked above");
+    let (paths, ema_layout, averaged) = (paths.to_vec(), ema_layout.clone(), averaged.clone());
+    let current = ema_parts(inputs.model, &paths);
+    let flat = optimizer.in_place_buffers().expect("checked above");
+    let scaled = inputs.loss_scale.is_some();
+    if !graph
+        .as_ref()
+        .is_some_and(|g| g.fits(flat, &averaged, scaled))
+    {
+        // Dropping the old graph first gives its pages back.
+        *graph = None;
+        let recorded = UpdateGraph::record(
+            constants,
+            &table,
+            flat,
+            (&paths, &ema_layout, &averaged),
+            &host,
+            decay,
+            &parts,
+            &current,
+            inputs.clip_norm,
+        );
+        *graph = Some(recorded.unwrap_or_else(|e| panic!("{e}")));
+    }
+    let g = graph.as_ref().expect("recorded");
+    let layouts = (&flat.layout, &ema_layout);
+    g.write_inputs(
+        &host,
+        decay,
+        &parts,
+        &current,
+        layouts,
+        !control.freezes_update_scalars(),
+    );
+    replay(&flat.p.device(), &g.graph);
+    count_in_place_step();
+    ema.count_update();
+    let finite = match &g.finite {
+        Some(t) => Finite::OnDevice(Box::new(t.clone())),
+        None => Finite::Known(true),
+    };
+    Ok(optimizer.queued(present, finite))
+}
