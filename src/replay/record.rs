@@ -172,6 +172,38 @@ impl Start {
     fn mark(&mut self, what: &'static str) {
         self.growth.push((what, pool_use(&self.inner)));
     }
+
+    /// What the recorder keeps of a recording: `graphs`, the outputs per head copy, the static
+    /// buffers, the statistics the forward writes (`(index in sources, buffer)`, their layout
+    /// and flat buffer), the gradients' pool and the gradients (parameters, layout, flat view);
+    /// the private copy only for the `SkipRollback` control.
+    fn finish(
+        self,
+        graphs: Graphs,
+        per_copy: usize,
+        sources: Sources,
+        stats: (Vec<(usize, Tensor<1>)>, Layout, Tensor<1>),
+        pool: Tensor<1>,
+        grads: (Vec<ParamInfo>, Layout, Tensor<1>),
+    ) -> Recorded {
+        let (updated, stats_layout, stats_flat) = stats;
+        let (grad_params, grad_layout, grad_flat) = grads;
+        Recorded {
+            graphs,
+            per_copy,
+            net: self.control.skips_rollback().then_some(self.net),
+            input: self.input,
+            sources,
+            updated,
+            stats_layout,
+            stats_flat,
+            pool,
+            growth: self.growth,
+            grad_params,
+            grad_layout,
+            grad_flat,
+        }
+    }
 }
 
 /// Inside a window, after the stage's forward: the new running statistics merged (so these are
@@ -305,27 +337,16 @@ pub(super) fn record(
     s.mark("backward graph");
     drop(taped);
     s.mark("recorded tape dropped");
-    Ok(Recorded {
-        graphs: Graphs::Split {
-            forward,
-            backward,
-            outputs,
-            seeds,
-            loss: None,
-        },
-        per_copy: dims.len() / 2,
-        net: control.skips_rollback().then_some(s.net),
-        input: s.input,
-        sources,
-        updated,
-        stats_layout,
-        stats_flat,
-        pool,
-        growth: s.growth,
-        grad_params,
-        grad_layout,
-        grad_flat,
-    })
+    let graphs = Graphs::Split {
+        forward,
+        backward,
+        outputs,
+        seeds,
+        loss: None,
+    };
+    let stats = (updated, stats_layout, stats_flat);
+    let grads = (grad_params, grad_layout, grad_flat);
+    Ok(s.finish(graphs, dims.len() / 2, sources, stats, pool, grads))
 }
 
 /// What [`record_step`] records the loss with: the loss, the batch's objects, the trainer's
@@ -421,22 +442,11 @@ pub(super) fn record_step(
     inner.sync().map_err(|e| err("sync after capture", &e))?;
     s.mark("step graph");
     let sources = Sources::with_shared(sources, s.shared.take());
-    Ok(Recorded {
-        graphs: Graphs::One {
-            step: graph,
-            loss: Box::new(inputs),
-        },
-        per_copy,
-        net: control.skips_rollback().then_some(s.net),
-        input: s.input,
-        sources,
-        updated,
-        stats_layout,
-        stats_flat,
-        pool,
-        growth: s.growth,
-        grad_params,
-        grad_layout,
-        grad_flat,
-    })
+    let graphs = Graphs::One {
+        step: graph,
+        loss: Box::new(inputs),
+    };
+    let stats = (updated, stats_layout, stats_flat);
+    let grads = (grad_params, grad_layout, grad_flat);
+    Ok(s.finish(graphs, per_copy, sources, stats, pool, grads))
 }

@@ -413,6 +413,7 @@ impl Recorder {
             return self.step(model, loss, labels, scale);
         }
         let flow = model.head.flow.as_ref();
+        let (weight, replay_scale) = self.loss_values(loss, scale);
         let r = self.state.as_mut().expect("forward before the loss");
         let Graphs::Split {
             outputs, loss: g, ..
@@ -433,9 +434,14 @@ impl Recorder {
             *g = Some(Box::new(recorded));
         }
         let g = g.as_mut().expect("recorded");
+        g.replay(labels, weight, replay_scale, flow, &self.device)
+    }
+
+    /// The ProgLoss weight and the loss scale to write before a replay of the loss (`None`:
+    /// leave the recorded one; only the `FrozenLossWeight` and `FrozenLossScale` controls).
+    fn loss_values(&self, loss: &E2eLoss, scale: Option<f32>) -> (Option<f32>, Option<f32>) {
         let weight = (!self.control.freezes_loss_weight()).then_some(loss.one2many_weight);
-        let scale = scale.filter(|_| !self.control.freezes_loss_scale());
-        g.replay(labels, weight, scale, flow, &self.device)
+        (weight, scale.filter(|_| !self.control.freezes_loss_scale()))
     }
 
     /// [`Recorder::loss`] with one graph.
@@ -475,8 +481,7 @@ impl Recorder {
             self.loss_recordings += 1;
             self.skip_rollback(model);
         }
-        let weight = (!self.control.freezes_loss_weight()).then_some(loss.one2many_weight);
-        let scale = scale.filter(|_| !self.control.freezes_loss_scale());
+        let (weight, scale) = self.loss_values(loss, scale);
         let r = self.state.as_mut().expect("recorded");
         r.sources.refresh(model, self.control.stale_sources());
         write(images, &r.input);

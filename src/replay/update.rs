@@ -38,15 +38,9 @@ const WARMUPS: usize = 3;
 /// The recorded update and every buffer it reads or writes.
 pub struct UpdateGraph {
     graph: Graph,
-    rows: Tensor<1>,
-    mu: Tensor<1>,
-    inv: Option<Tensor<1>>,
-    decay: Tensor<1>,
-    /// The gradients at the optimizer's layout.
-    g: Tensor<1>,
-    /// The EMA's current values at its layout: the parameters copied in by the graph, the rest
-    /// (`host_written`) by the host before each replay.
-    current: Tensor<1>,
+    u: UpdateBuffers,
+    /// Per tensor of the EMA's: written into `u.current` by the host before each replay (the
+    /// others, the parameters, the graph copies itself).
     host_written: Vec<bool>,
     /// FP16: `[1]`, 0 when the gradients were finite, NaN when not; rewritten by every replay.
     finite: Option<Tensor<1>>,
@@ -115,7 +109,9 @@ fn body(
     finite
 }
 
-/// The input buffers, made at recording.
+/// The buffers the graph reads, made at recording: the per-step table, `[μ, 1 − μ]`,
+/// FP16's `[1/scale]`, the EMA's `[d, 1 − d]`, the gradients at the optimizer's layout and the
+/// EMA's current values at its layout.
 struct UpdateBuffers {
     rows: Tensor<1>,
     mu: Tensor<1>,
@@ -207,12 +203,7 @@ impl UpdateGraph {
         };
         Ok(Self {
             graph,
-            rows: u.rows,
-            mu: u.mu,
-            inv: u.inv,
-            decay: u.decay,
-            g: u.g,
-            current: u.current,
+            u,
             host_written,
             finite,
             recorded_on: [storage(&flat.p), storage(averaged)],
@@ -221,7 +212,7 @@ impl UpdateGraph {
 
     /// Whether the graph reads and writes these buffers.
     fn fits(&self, flat: &FlatState, averaged: &Tensor<1>, scaled: bool) -> bool {
-        self.recorded_on == [storage(&flat.p), storage(averaged)] && self.inv.is_some() == scaled
+        self.recorded_on == [storage(&flat.p), storage(averaged)] && self.u.inv.is_some() == scaled
     }
 
     /// Writes this step's inputs into the graph's buffers (`scalars`: the table, momentum,
@@ -235,19 +226,20 @@ impl UpdateGraph {
         layouts: (&Layout, &Layout),
         scalars: bool,
     ) {
-        let device = self.g.device();
+        let u = &self.u;
+        let device = u.g.device();
         if scalars {
-            write_in_place(&host.rows_tensor(&device), &self.rows);
-            write_in_place(&host.mu_tensor(&device), &self.mu);
-            if let (Some(t), Some(buffer)) = (host.inv_tensor(&device), &self.inv) {
+            write_in_place(&host.rows_tensor(&device), &u.rows);
+            write_in_place(&host.mu_tensor(&device), &u.mu);
+            if let (Some(t), Some(buffer)) = (host.inv_tensor(&device), &u.inv) {
                 write_in_place(&t, buffer);
             }
-            write_in_place(&pair(decay, &device), &self.decay);
+            write_in_place(&pair(decay, &device), &u.decay);
         }
-        layouts.0.gather_into(grads, &self.g);
+        layouts.0.gather_into(grads, &u.g);
         layouts
             .1
-            .gather_into(&only(current, &self.host_written), &self.current);
+            .gather_into(&only(current, &self.host_written), &u.current);
     }
 }
 
