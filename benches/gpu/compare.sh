@@ -14,6 +14,6 @@ for r in $(seq 1 "$ROUNDS"); do
     echo "== round $r: $CONFIG $v"
     # shellcheck disable=SC2086 # a variant is a list of arguments
     timeout "$LIMIT" burnpose bench-step "$CONFIG" --skip "$SKIP" --steps "$STEPS" $v 2>&1 |
-      grep -E "^bench-step|^peak in use within|^padding in use|^replay buffers|^recording, MiB|accumulating only|rror|panick" | cut -c1-420
+      grep -E "^bench-step|^peak in use within|^padding in use|^replay buffers|^recording, MiB|^recorded updates|accumulating only|rror|panick" | cut -c1-420
   done
 done

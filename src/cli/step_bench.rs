@@ -302,6 +302,13 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
     if let Some(why) = &t.replay_off {
         println!("stage native (no replay): {why}");
     }
+    if t.cfg.replay.record_update && t.stage.is_replay() {
+        let steps = timing.optimizer_step.iter().filter(|s| **s).count();
+        println!(
+            "recorded updates: {} of {steps} optimizer steps",
+            t.stage.update_replays()
+        );
+    }
     let buffers = t.stage.buffer_bytes();
     if !buffers.is_empty() {
         let parts: Vec<String> = buffers

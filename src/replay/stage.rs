@@ -101,6 +101,16 @@ impl Stage {
         }
     }
 
+    /// How many optimizer steps went through the recorded update (`replay.record_update`);
+    /// 0 for a native stage.
+    pub fn update_replays(&self) -> usize {
+        match self {
+            Stage::Native(_) => 0,
+            #[cfg(feature = "cuda")]
+            Stage::Replay(r) => r.update_replays(),
+        }
+    }
+
     /// The trainer's parameters as the flat optimizer keeps them (`Optimizer::pinned`: its
     /// table, layout and values): a replayed stage not yet recorded reads the stage's
     /// parameters there (`replay.shared_parameters`); nothing for a native one.
