@@ -1,6 +1,9 @@
 //! `Recorder`: the stage below the cut — backbone + neck of the pose model, the whole detection
 //! network ([`Scope`]) — recorded into two CUDA graphs on the first training step and replayed on
-//! every later one (docs/replay.md).
+//! every later one (docs/replay.md; how it records: `record`). With `replay.scope = "step"` the
+//! device loss is recorded too, as a third graph between them (`loss`) or, with
+//! `replay.one_graph`, with the forward and backward in one; with `replay.record_update` the
+//! optimizer step and the EMA update are one more graph (`update`).
 //!
 //! The graphs run on a private copy of the stage whose tensors are static buffers.
 //! Before each forward replay the trainer's current parameters and BatchNorm running statistics
