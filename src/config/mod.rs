@@ -247,8 +247,8 @@ pub struct ReplaySection {
     /// With `scope = "step"`: record the network's forward, the device loss and the whole
     /// backward as one CUDA graph instead of three, so the backward reuses the pages the
     /// forward's and the loss's temporaries freed, as the native step does (docs/replay.md,
-    /// "One window"). The config refuses it with another scope. Not yet run on a GPU, hence
-    /// off by default (default false).
+    /// "One window"). The config refuses it with another scope. Byte-identical to native on
+    /// the H200; off by default until its memory is measured (default false).
     pub one_graph: bool,
     /// Record the optimizer step (with FP16's unscale and skip and the global clip) and the EMA
     /// update as one more CUDA graph, replayed on every optimizer step once both write in place
