@@ -97,14 +97,7 @@ impl<M: Module> Ema<M> {
                 (paths, layout, flat)
             }
         };
-        let parts = paths
-            .iter()
-            .map(|p| {
-                let t = current.remove(p);
-                assert!(t.is_some(), "EMA: the model has no tensor {p}");
-                t
-            })
-            .collect();
+        let parts = in_order(&mut current, &paths);
         let averaged = if is_cuda(&averaged.device()) || super::host::force::tensor_path() {
             let device = averaged.device();
             let m = layout.gather(parts, &device);
@@ -156,6 +149,21 @@ impl<M: Module> Ema<M> {
         }
         h.finish()
     }
+}
+
+/// The tensors of `current` (the model's, by path) at `paths`, in that order.
+pub(crate) fn in_order(
+    current: &mut HashMap<String, Tensor<1>>,
+    paths: &[String],
+) -> Vec<Option<Tensor<1>>> {
+    paths
+        .iter()
+        .map(|p| {
+            let t = current.remove(p);
+            assert!(t.is_some(), "EMA: the model has no tensor {p}");
+            t
+        })
+        .collect()
 }
 
 /// `averaged · d + m · (1 − d)`, `decay` the `[d, 1 − d]` device pair (`flat::pair`): a recorded

@@ -16,7 +16,7 @@ use super::control::Control;
 use super::recorder::{Graph, RecordError, copy_of, replay};
 use crate::model::Yolo;
 use crate::model::ops::storage;
-use crate::optim::ema::average;
+use crate::optim::ema::{average, in_order};
 use crate::optim::flat::{
     DeviceInputs, Finite, FlatState, HostInputs, count_in_place_step, device_update, pair,
 };
@@ -62,14 +62,7 @@ pub struct UpdateInputs<'a> {
 fn ema_parts(model: &Yolo, paths: &[String]) -> Vec<Option<Tensor<1>>> {
     let mut current: HashMap<String, Tensor<1>> =
         float_tensors(&model.valid()).into_iter().collect();
-    paths
-        .iter()
-        .map(|p| {
-            let t = current.remove(p);
-            assert!(t.is_some(), "EMA: the model has no tensor {p}");
-            t
-        })
-        .collect()
+    in_order(&mut current, paths)
 }
 
 /// `parts` with those `keep` leaves out set to `None`.
