@@ -67,7 +67,7 @@ pub(super) fn trainer(cfg: &Config, control: Control) -> Trainer {
 /// The model's float tensors (parameters and running statistics) by path, as bytes.
 type Tensors = Vec<(String, Vec<u8>)>;
 
-fn model_tensors(model: &Yolo) -> Tensors {
+pub(super) fn model_tensors(model: &Yolo) -> Tensors {
     float_tensors(&model.valid())
         .into_iter()
         .map(|(p, x)| (p, x.into_data().as_bytes().to_vec()))
@@ -75,7 +75,7 @@ fn model_tensors(model: &Yolo) -> Tensors {
 }
 
 /// The paths whose bytes differ, and the first one's leading values, for a failure message.
-fn differing(a: &Tensors, b: &Tensors) -> String {
+pub(super) fn differing(a: &Tensors, b: &Tensors) -> String {
     let pairs: Vec<_> = a.iter().zip(b).filter(|(x, y)| x != y).collect();
     let shown: Vec<&str> = pairs.iter().take(16).map(|(x, _)| x.0.as_str()).collect();
     let lead = |bytes: &[u8]| -> Vec<f32> {
