@@ -2,7 +2,7 @@
 //! gradients and of the EMA: one segment per parameter, starting and (padded) ending on 512-byte
 //! boundaries so that a segment can be a view of its buffer on CUDA.
 
-use crate::model::ops::{run, segment};
+use crate::model::ops::{run, segment, storage};
 use burn::prelude::*;
 use burn::tensor::DType;
 
@@ -78,12 +78,15 @@ impl Layout {
             let o = self.offsets[i];
             if let Some((j, whole)) = run(parts, &self.offsets, &self.sizes, i) {
                 let len = whole.dims()[0];
-                written(&whole, &segment(dst.clone(), o, len, len));
+                // Reaching to the last part's padded end keeps the view's end aligned: an
+                // unaligned one is a copy (`segment`), and the write would be lost in it.
+                let reach = self.offsets[j - 1] + padded(self.sizes[j - 1]) - o;
+                written(&whole, &segment(dst.clone(), o, len, reach), dst);
                 i = j;
                 continue;
             }
             if let Some(t) = &parts[i] {
-                written(&f32_of(t.clone()), &self.view(dst, i));
+                written(&f32_of(t.clone()), &self.view(dst, i), dst);
             }
             i += 1;
         }
@@ -97,8 +100,13 @@ impl Layout {
     }
 }
 
-/// `src` copied into `dst` in place (CUDA).
-fn written(src: &Tensor<1>, dst: &Tensor<1>) {
+/// `src` copied into `dst` in place (CUDA), `dst` a view of `into`'s allocation.
+fn written(src: &Tensor<1>, dst: &Tensor<1>, into: &Tensor<1>) {
+    assert_eq!(
+        storage(dst).map(|(id, _)| id),
+        storage(into).map(|(id, _)| id),
+        "a segment of a fixed buffer must be a view of it, not a copy"
+    );
     let done = super::tensors::write_in_place(src, dst);
     assert!(done, "a fixed buffer is written in place on CUDA only");
 }
