@@ -110,7 +110,7 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
         cfg.replay.shared_parameters = s;
     }
     if let Some(g) = o.one_graph {
-        cfg.replay.one_graph = g;
+        cfg.replay.one_graph = Some(g);
     }
     if let Some(u) = o.record_update {
         cfg.replay.record_update = u;
@@ -204,7 +204,7 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
     println!(
         "bench-step {what} replay={}{}{} precision={:?} optimizer={:?} flat={} batch={} upload={:?} steps={} skip={}: median {:.2} ms (min {:.2}, p10 {:.2}, p90 {:.2}, max {:.2}); peak in use {:.0} MiB, reserved {:.0} MiB; hashes model {} optimizer {} losses {}",
         t.stage.is_replay(),
-        if t.stage.is_replay() && t.cfg.replay.one_graph {
+        if t.stage.is_replay() && t.cfg.one_graph() {
             " one_graph=true"
         } else {
             ""

@@ -242,20 +242,23 @@ pub struct ReplaySection {
     /// (gathered before the first step and written in place, `Optimizer::pin`) instead of from
     /// private copies refreshed after every optimizer step: one parameter set on the device
     /// fewer and no copy per step. Needs `optim.flat_update` (the config refuses it otherwise).
-    /// Not yet run on a GPU (docs/perf_log.md AS3), hence off by default (default false).
+    /// Byte-identical to native on the H200 (docs/perf_log.md AU1); off by default until its
+    /// memory is measured (default false).
     pub shared_parameters: bool,
     /// With `scope = "step"`: record the network's forward, the device loss and the whole
     /// backward as one CUDA graph instead of three, so the backward reuses the pages the
     /// forward's and the loss's temporaries freed, as the native step does (docs/replay.md,
-    /// "One window"). The config refuses it with another scope. Byte-identical to native on
-    /// the H200; off by default until its memory is measured (default false).
-    pub one_graph: bool,
+    /// "One window"): on the H200 1,594 MiB reserved against the three graphs' 1,975 and
+    /// native's 1,260, byte-identical to native. Unset: on with the step scope ([`Config::one_graph`]);
+    /// `true` with another scope is refused, `false` records three graphs.
+    pub one_graph: Option<bool>,
     /// Record the optimizer step (with FP16's unscale and skip and the global clip) and the EMA
     /// update as one more CUDA graph, replayed on every optimizer step once both write in place
     /// (from the second): per-step values (learning rates, momentum, bias corrections,
     /// presence, loss scale, EMA decay) are written into its buffers before each replay
     /// (docs/replay.md, "The update recorded"). Needs `optim.flat_update` (the config refuses it
-    /// otherwise). Not yet run on a GPU, hence off by default (default false).
+    /// otherwise). Off by default until a GPU sitting has shown it byte-identical to native
+    /// (default false).
     pub record_update: bool,
 }
 
@@ -423,6 +426,12 @@ impl Config {
     }
 
     /// The stage's scope: `replay.scope`, or the task's default.
+    /// Whether a replay stage records the step as one graph: `replay.one_graph`, on by default
+    /// with the step scope, which it needs.
+    pub fn one_graph(&self) -> bool {
+        self.replay_scope() == Scope::Step && self.replay.one_graph.unwrap_or(true)
+    }
+
     pub fn replay_scope(&self) -> Scope {
         self.replay.scope.unwrap_or(match self.model.task {
             Task::Pose => Scope::Features,
@@ -475,7 +484,7 @@ impl Config {
                     .into(),
             );
         }
-        if self.replay.one_graph && self.replay.scope != Some(Scope::Step) {
+        if self.replay.one_graph == Some(true) && self.replay.scope != Some(Scope::Step) {
             return bad(
                 "replay.one_graph",
                 "one graph holds the forward, the loss and the backward: set replay.scope = \

@@ -51,13 +51,23 @@ fn record_update_needs_the_flat_update() {
     );
 }
 
-/// `replay.one_graph` records the step scope's three graphs as one: refused with any other
-/// scope (the default one included), with the key and what to set.
+/// `replay.one_graph` records the step scope's three graphs as one, by default: `true` is
+/// refused with any other scope (the default one included), with the key and what to set;
+/// `false` keeps the step scope's three graphs and is no error elsewhere.
 #[test]
 fn one_graph_needs_the_step_scope() {
-    let ok = parse("[replay]\nscope = \"step\"\none_graph = true\n[train]\nloss_on = \"device\"\n")
-        .unwrap();
-    assert!(ok.replay.one_graph);
+    let step = "[replay]\nscope = \"step\"\n";
+    let device = "[train]\nloss_on = \"device\"\n";
+    let of = |key: &str, scope: &str, train: &str| {
+        parse(&format!("[replay]\n{scope}{key}{train}"))
+            .unwrap()
+            .one_graph()
+    };
+    assert!(of("", &step[9..], device));
+    assert!(of("one_graph = true\n", &step[9..], device));
+    assert!(!of("one_graph = false\n", &step[9..], device));
+    assert!(!of("", "", ""));
+    assert!(!of("one_graph = false\n", "scope = \"network\"\n", ""));
     for scope in ["", "scope = \"features\"\n", "scope = \"network\"\n"] {
         let e = parse(&format!("[replay]\n{scope}one_graph = true\n"))
             .unwrap_err()
@@ -117,13 +127,8 @@ fn bench_configs_differ_from_the_seed_shape_only_in_their_key() {
     network.replay.scope = None;
     network.output.name = seed.output.name.clone();
     assert_eq!(network, seed);
-    let step_shape = Config::load(&dir.join("bench_seed_step.toml")).unwrap();
-    let mut one_graph = Config::load(&dir.join("bench_seed_one_graph.toml")).unwrap();
-    assert!(one_graph.replay.one_graph);
-    one_graph.replay.one_graph = false;
-    one_graph.output.name = step_shape.output.name.clone();
-    assert_eq!(one_graph, step_shape);
-    let mut step = step_shape;
+    let mut step = Config::load(&dir.join("bench_seed_step.toml")).unwrap();
+    assert!(step.one_graph());
     assert_eq!(step.replay_scope(), Scope::Step);
     assert_eq!(step.train.loss_on, LossOn::Device);
     step.replay.scope = None;
@@ -305,10 +310,12 @@ fn the_defaults_file_holds_every_key_at_its_default() {
     let mut every = Config::default();
     every.data.path = Some("x".into());
     every.replay.scope = Some(Scope::Features);
+    every.replay.one_graph = Some(false);
     every.model.weights = Some("x.pt".into());
     assert_eq!(keys(&uncommented), keys(&every.to_toml()));
     // Only the optional keys differ from the defaults once uncommented.
     assert!(full.data.path.is_some() && full.replay.scope.is_some());
+    assert_eq!(full.replay.one_graph, Some(false));
     assert!(full.model.weights.is_some());
     assert_eq!(
         Config {

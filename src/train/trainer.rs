@@ -536,7 +536,7 @@ fn choose_stage(
         model,
     });
     match verdict {
-        Ok(()) => (replay_stage(device, scope, cfg.replay.one_graph), None),
+        Ok(()) => (replay_stage(device, scope, cfg.one_graph()), None),
         Err(why) => {
             if enabled {
                 let stage = match scope {

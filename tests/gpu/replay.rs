@@ -18,10 +18,11 @@ use std::path::Path;
 /// "detect-step" (`replay.scope = "step"`, the device loss in 16 object slots per image), or
 /// "pose-one-graph" ("pose-step" with `replay.one_graph`: its native twin is "pose-step"'s).
 pub(super) fn config_for(task: &str, precision: &str, capture: bool) -> Config {
-    let step = "[replay]\nscope = \"step\"\n";
+    // The step scope's three graphs; "pose-one-graph" is its default of one.
+    let step = "[replay]\nscope = \"step\"\none_graph = false\n";
     if task == "pose-one-graph" {
         let mut cfg = config_for("pose-step", precision, capture);
-        cfg.replay.one_graph = true;
+        cfg.replay.one_graph = Some(true);
         cfg.validate(Path::new("replay.toml")).unwrap();
         return cfg;
     }
@@ -51,8 +52,8 @@ pub(super) fn trainer(cfg: &Config, control: Control) -> Trainer {
         assert!(t.stage.is_replay(), "replay refused: {:?}", t.replay_off);
         if control != Control::None {
             let scope = cfg.replay_scope();
-            let recorder = Recorder::with_control(&t.device, scope, control)
-                .with_one_graph(cfg.replay.one_graph);
+            let recorder =
+                Recorder::with_control(&t.device, scope, control).with_one_graph(cfg.one_graph());
             t.stage = Stage::Replay(Box::new(recorder));
         }
     } else {

@@ -170,7 +170,7 @@ pub(super) fn assert_frozen_loss_weight_breaks_parity(task: &str) {
 #[ignore = "needs a CUDA GPU and ../shared/data/pose-real/pose_minicoco"]
 fn step_replay_matches_native_at_batch_3_on_coco() {
     let replay = super::repeat::coco_b3_parity(
-        "scope = \"step\"\n",
+        "scope = \"step\"\none_graph = false\n",
         "loss_on = \"device\"\nobject_slots = 24\n",
     );
     println!("{} loss recordings", recordings(&replay));
