@@ -113,7 +113,7 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
         cfg.replay.one_graph = Some(g);
     }
     if let Some(u) = o.record_update {
-        cfg.replay.record_update = u;
+        cfg.replay.record_update = Some(u);
     }
     if let Some(k) = o.optimizer {
         cfg.optim.optimizer = k;
@@ -209,7 +209,7 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
         } else {
             ""
         },
-        if t.stage.is_replay() && t.cfg.replay.record_update {
+        if t.stage.is_replay() && t.cfg.record_update() {
             " record_update=true"
         } else {
             ""
@@ -302,7 +302,7 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
     if let Some(why) = &t.replay_off {
         println!("stage native (no replay): {why}");
     }
-    if t.cfg.replay.record_update && t.stage.is_replay() {
+    if t.cfg.record_update() && t.stage.is_replay() {
         let steps = timing.optimizer_step.iter().filter(|s| **s).count();
         println!(
             "recorded updates: {} of {steps} optimizer steps",

@@ -41,7 +41,16 @@ fn shared_parameters_need_the_flat_update() {
 #[test]
 fn record_update_needs_the_flat_update() {
     let ok = parse("[replay]\nrecord_update = true\n").unwrap();
-    assert!(ok.replay.record_update && ok.optim.flat_update);
+    assert!(ok.record_update() && ok.optim.flat_update);
+    // Unset: on with the flat update, off without it; `false` turns it off.
+    assert!(parse("").unwrap().record_update());
+    let per_tensor = parse("[optim]\nflat_update = false\n").unwrap();
+    assert!(!per_tensor.record_update());
+    assert!(
+        !parse("[replay]\nrecord_update = false\n")
+            .unwrap()
+            .record_update()
+    );
     let e = parse("[replay]\nrecord_update = true\n[optim]\nflat_update = false\n")
         .unwrap_err()
         .to_string();
@@ -311,11 +320,13 @@ fn the_defaults_file_holds_every_key_at_its_default() {
     every.data.path = Some("x".into());
     every.replay.scope = Some(Scope::Features);
     every.replay.one_graph = Some(false);
+    every.replay.record_update = Some(false);
     every.model.weights = Some("x.pt".into());
     assert_eq!(keys(&uncommented), keys(&every.to_toml()));
     // Only the optional keys differ from the defaults once uncommented.
     assert!(full.data.path.is_some() && full.replay.scope.is_some());
     assert_eq!(full.replay.one_graph, Some(false));
+    assert_eq!(full.replay.record_update, Some(false));
     assert!(full.model.weights.is_some());
     assert_eq!(
         Config {

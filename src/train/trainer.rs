@@ -375,7 +375,7 @@ impl Trainer {
     /// graph once both write in place; eagerly before), each phase marked on `clock`.
     fn optimizer_and_ema(&mut self, clock: &mut PhaseClock) -> Stepped {
         #[cfg(feature = "cuda")]
-        if self.cfg.replay.record_update && self.stage.is_replay() {
+        if self.cfg.record_update() && self.stage.is_replay() {
             let grads = self.pending.take().unwrap_or_default();
             let hyper = self.schedule.hyper(self.epoch, self.ni);
             let inputs = crate::replay::update::UpdateInputs {

@@ -13,7 +13,7 @@ use burnpose::train::Trainer;
 
 fn recorded(task: &str, precision: &str) -> Config {
     let mut cfg = config_for(task, precision, true);
-    cfg.replay.record_update = true;
+    cfg.replay.record_update = Some(true);
     cfg
 }
 
