@@ -6,7 +6,8 @@ use burn::prelude::*;
 pub const COEFFS: (f32, f32, f32) = (3.4445, -4.7750, 2.0315);
 
 /// Approximately orthogonalises `g` (`[rows, cols]`). Computed in the tensor's dtype (FP32 for
-/// our master weights; Ultralytics runs it in BF16).
+/// our master weights; Ultralytics runs it in BF16); on CUDA CubeCL's accelerated matmul stages
+/// f32 operands as TF32, so there the products round at TF32's 10-bit mantissa.
 pub fn orthogonalize(g: Tensor<2>, steps: usize) -> Tensor<2> {
     let (a, b, c) = COEFFS;
     let [rows, cols] = g.dims();

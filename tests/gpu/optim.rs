@@ -139,8 +139,8 @@ fn flat_equals_per_tensor_on_cuda(rule: Rule) {
 
 /// MuSGD's flat update on CUDA orthogonalises each matrix shape as one batch, whose matrix
 /// products may round otherwise than one matrix's: against the per-tensor update it must agree
-/// to rounding (every parameter within 1e-3 of how far the steps moved it; the same step counts
-/// and state present), and two flat runs must give the same bits.
+/// to TF32's rounding (every parameter within 1e-2 of how far the steps moved it; the same step
+/// counts and state present), and two flat runs must give the same bits.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn flat_musgd_agrees_with_per_tensor_on_cuda() {
@@ -174,12 +174,14 @@ fn flat_musgd_agrees_with_per_tensor_on_cuda() {
                 .map(|(a, b)| (a - b).abs())
                 .fold(0f32, f32::max)
         };
-        // Against how far the three steps moved the tensor: Newton–Schulz's five cubic
-        // iterations carry a product's rounding into the step (seen: 9e-7 where the values
-        // reach 0.036), a wrong learning rate or formula moves it by a share of the step.
+        // Against how far the three steps moved the tensor: CubeCL's accelerated f32 matmul
+        // stages its operands as TF32 (10-bit mantissa, cubek-matmul `adjust_dtypes`), and a
+        // batch may take another kernel than one matrix, so Newton–Schulz's products differ
+        // at TF32's rounding (seen: 3.2e-3 of the step); a wrong formula moves it by a share
+        // of the step. The CPU tests give both forms the same bits.
         let (worst, step) = (worst_of(x, y), worst_of(x, x0));
         assert!(
-            worst <= 1e-3 * step,
+            worst <= 1e-2 * step,
             "{path}: {worst} where the step moved it by up to {step}"
         );
         moved += (x != x0) as usize;
