@@ -76,6 +76,14 @@ fn recorded_update_matches_native_fp16() {
     assert_update_parity("pose-step", "fp16");
 }
 
+/// Detection (the network scope): its box branches' presence decided on the host, as the pose
+/// stems'.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn recorded_update_matches_native_for_detection_bf16() {
+    assert_update_parity("detect", "bf16");
+}
+
 /// MuSGD: Newton–Schulz batched by shape inside the graph.
 #[test]
 #[ignore = "needs a CUDA GPU"]
