@@ -249,8 +249,9 @@ pub struct ReplaySection {
     /// backward as one CUDA graph instead of three, so the backward reuses the pages the
     /// forward's and the loss's temporaries freed, as the native step does (docs/replay.md,
     /// "One window"): on the H200 1,594 MiB reserved against the three graphs' 1,975 and
-    /// native's 1,260, byte-identical to native. Unset: on with the step scope ([`Config::one_graph`]);
-    /// `true` with another scope is refused, `false` records three graphs.
+    /// native's 1,260, byte-identical to native. Unset: on with the step scope
+    /// ([`Config::one_graph`]); `true` with another scope is refused, `false` records three
+    /// graphs.
     pub one_graph: Option<bool>,
     /// Record the optimizer step (with FP16's unscale and skip and the global clip) and the EMA
     /// update as one more CUDA graph, replayed on every optimizer step once both write in place
@@ -426,7 +427,6 @@ impl Config {
         value.try_into()
     }
 
-    /// The stage's scope: `replay.scope`, or the task's default.
     /// Whether a replay stage records the optimizer step and the EMA update
     /// (`replay.record_update`, on by default with the flat update).
     pub fn record_update(&self) -> bool {
@@ -439,6 +439,7 @@ impl Config {
         self.replay_scope() == Scope::Step && self.replay.one_graph.unwrap_or(true)
     }
 
+    /// The stage's scope: `replay.scope`, or the task's default.
     pub fn replay_scope(&self) -> Scope {
         self.replay.scope.unwrap_or(match self.model.task {
             Task::Pose => Scope::Features,

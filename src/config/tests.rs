@@ -65,16 +65,15 @@ fn record_update_needs_the_flat_update() {
 /// `false` keeps the step scope's three graphs and is no error elsewhere.
 #[test]
 fn one_graph_needs_the_step_scope() {
-    let step = "[replay]\nscope = \"step\"\n";
-    let device = "[train]\nloss_on = \"device\"\n";
+    let (step, device) = ("scope = \"step\"\n", "[train]\nloss_on = \"device\"\n");
     let of = |key: &str, scope: &str, train: &str| {
         parse(&format!("[replay]\n{scope}{key}{train}"))
             .unwrap()
             .one_graph()
     };
-    assert!(of("", &step[9..], device));
-    assert!(of("one_graph = true\n", &step[9..], device));
-    assert!(!of("one_graph = false\n", &step[9..], device));
+    assert!(of("", step, device));
+    assert!(of("one_graph = true\n", step, device));
+    assert!(!of("one_graph = false\n", step, device));
     assert!(!of("", "", ""));
     assert!(!of("one_graph = false\n", "scope = \"network\"\n", ""));
     for scope in ["", "scope = \"features\"\n", "scope = \"network\"\n"] {
