@@ -52,41 +52,45 @@ impl Layout {
     /// the same padding rule: the optimizer's values, replay's gradients and statistics) are
     /// copied as one run ([`crate::model::ops::run`]), the padding between them included.
     pub fn gather(&self, parts: Vec<Option<Tensor<1>>>, device: &Device) -> Tensor<1> {
-        let mut flat = Tensor::<1>::zeros([self.len], (device, DType::F32));
-        let mut i = 0;
-        while i < parts.len() {
-            let o = self.offsets[i];
-            if let Some((j, whole)) = run(&parts, &self.offsets, &self.sizes, i) {
-                flat = flat.slice_assign(o..o + whole.dims()[0], whole);
-                i = j;
-                continue;
-            }
-            if let Some(t) = &parts[i] {
-                flat = flat.slice_assign(o..o + self.sizes[i], f32_of(t.clone()));
-            }
-            i += 1;
-        }
-        flat
+        let mut runs = Vec::new();
+        self.each_run(&parts, |at, whole| runs.push((at, whole)));
+        // Moved, not cloned, into each assignment: a buffer held once is written in place.
+        runs.into_iter().fold(
+            Tensor::<1>::zeros([self.len], (device, DType::F32)),
+            |flat, (at, whole)| flat.slice_assign(at.start..at.start + at.len, whole),
+        )
     }
 
     /// The present `parts` written into their segments of `dst` (a `[len]` buffer), runs as one
     /// copy each as in [`Layout::gather`], by our copy kernel: nothing is allocated and the
     /// absent parts' segments keep what they held. CUDA only (a recording's fixed buffers).
     pub fn gather_into(&self, parts: &[Option<Tensor<1>>], dst: &Tensor<1>) {
+        self.each_run(parts, |at, whole| {
+            let done = super::tensors::write_in_place(&whole, &at.view_of(dst));
+            assert!(done, "a fixed buffer is written in place on CUDA only");
+        });
+    }
+
+    /// Calls `f` once per run of the present `parts` (consecutive views of one buffer at this
+    /// layout's distances, [`crate::model::ops::run`]; a part outside any run is a run of its
+    /// own), in order, with where the run lies in a buffer of this layout and the run's values
+    /// as one FP32 tensor (a view where the parts are views).
+    pub fn each_run(&self, parts: &[Option<Tensor<1>>], mut f: impl FnMut(Span, Tensor<1>)) {
         let mut i = 0;
         while i < parts.len() {
-            let o = self.offsets[i];
+            let start = self.offsets[i];
             if let Some((j, whole)) = run(parts, &self.offsets, &self.sizes, i) {
-                let len = whole.dims()[0];
                 // Reaching to the last part's padded end keeps the view's end aligned: an
-                // unaligned one is a copy (`segment`), and the write would be lost in it.
-                let reach = self.offsets[j - 1] + padded(self.sizes[j - 1]) - o;
-                written(&whole, &segment(dst.clone(), o, len, reach), dst);
+                // unaligned one is a copy (`segment`), and a write into it would be lost.
+                let reach = self.offsets[j - 1] + padded(self.sizes[j - 1]) - start;
+                let len = whole.dims()[0];
+                f(Span { start, len, reach }, whole);
                 i = j;
                 continue;
             }
             if let Some(t) = &parts[i] {
-                written(&f32_of(t.clone()), &self.view(dst, i), dst);
+                let (len, reach) = (self.sizes[i], padded(self.sizes[i]));
+                f(Span { start, len, reach }, f32_of(t.clone()));
             }
             i += 1;
         }
@@ -100,15 +104,27 @@ impl Layout {
     }
 }
 
-/// `src` copied into `dst` in place (CUDA), `dst` a view of `into`'s allocation.
-fn written(src: &Tensor<1>, dst: &Tensor<1>, into: &Tensor<1>) {
-    assert_eq!(
-        storage(dst).map(|(id, _)| id),
-        storage(into).map(|(id, _)| id),
-        "a segment of a fixed buffer must be a view of it, not a copy"
-    );
-    let done = super::tensors::write_in_place(src, dst);
-    assert!(done, "a fixed buffer is written in place on CUDA only");
+/// Where a run of segments lies in a flat buffer: `len` values from `start`, its room reaching
+/// `reach` values (to the last segment's padded end, an aligned address).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Span {
+    pub start: usize,
+    pub len: usize,
+    pub reach: usize,
+}
+
+impl Span {
+    /// The span of `buffer` as a view of it (CUDA), checked: a copy would lose what is
+    /// written into it.
+    pub fn view_of(&self, buffer: &Tensor<1>) -> Tensor<1> {
+        let view = segment(buffer.clone(), self.start, self.len, self.reach);
+        assert_eq!(
+            storage(&view).map(|(id, _)| id),
+            storage(buffer).map(|(id, _)| id),
+            "a segment of a fixed buffer must be a view of it, not a copy"
+        );
+        view
+    }
 }
 
 pub(crate) fn f32_of(t: Tensor<1>) -> Tensor<1> {
@@ -116,5 +132,39 @@ pub(crate) fn f32_of(t: Tensor<1>) -> Tensor<1> {
         t
     } else {
         t.cast(DType::F32)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Off CUDA no part is a view of another buffer, so every present part is a run of its own
+    /// at its segment, reaching its padded end; absent parts are skipped. `gather` places the
+    /// same values there.
+    #[test]
+    fn each_run_visits_the_present_parts_at_their_segments() {
+        let d = Device::flex();
+        let layout = Layout::new(vec![3, 130, 5]);
+        let part = |v: &[f32]| Some(Tensor::<1>::from_floats(v, &d));
+        let parts = vec![part(&[1.0, 2.0, 3.0]), None, part(&[4.0; 5])];
+        let mut spans = Vec::new();
+        layout.each_run(&parts, |at, values| spans.push((at, values.dims()[0])));
+        let span = |start, len, reach| Span { start, len, reach };
+        assert_eq!(
+            spans,
+            vec![(span(0, 3, 128), 3), (span(384, 5, 128), 5)],
+            "offsets 0, 128, 384 in a layout of {}",
+            layout.len
+        );
+        let flat = layout
+            .gather(parts, &d)
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap();
+        assert_eq!(flat.len(), 512);
+        assert_eq!(&flat[..4], &[1.0, 2.0, 3.0, 0.0]);
+        assert!(flat[128..384].iter().all(|&v| v == 0.0));
+        assert_eq!(&flat[383..390], &[0.0, 4.0, 4.0, 4.0, 4.0, 4.0, 0.0]);
     }
 }

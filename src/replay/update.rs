@@ -4,8 +4,9 @@
 //!
 //! The graph runs the flat update's device arithmetic (`optim::flat::device_update`: FP16's
 //! unscale and skip, the global clip, the rule, the masks) on fixed input buffers, writes the
-//! new values in place, copies the new parameters into the EMA's current-values buffer and
-//! averages. What changes per step is a device value the host rewrites before each replay: the
+//! new values in place and averages them into the EMA's buffer where they lie, run by run (the
+//! parameters' run reads the optimizer's values; the running statistics' runs read a compact
+//! buffer the host fills). What changes per step is a device value the host rewrites before each replay: the
 //! per-step table (learning rates, weight decay, bias corrections, presence), the momentum pair,
 //! FP16's loss-scale inverse, the EMA's decay pair, the gradients (gathered into a fixed buffer,
 //! a copy per run) and the running statistics the EMA averages (their trainer tensors are new
@@ -39,8 +40,8 @@ const WARMUPS: usize = 3;
 pub struct UpdateGraph {
     graph: Graph,
     u: UpdateBuffers,
-    /// Per tensor of the EMA's: written into `u.current` by the host before each replay (the
-    /// others, the parameters, the graph copies itself).
+    /// Per tensor of the EMA's: written into `u.rest` by the host before each replay (the
+    /// others, the parameters, the graph reads from the optimizer's values).
     host_written: Vec<bool>,
     /// FP16: `[1]`, 0 when the gradients were finite, NaN when not; rewritten by every replay.
     finite: Option<Tensor<1>>,
@@ -65,18 +66,21 @@ fn ema_parts(model: &Yolo, paths: &[String]) -> Vec<Option<Tensor<1>>> {
     in_order(&mut current, paths)
 }
 
-/// `parts` with those `keep` leaves out set to `None`.
-fn only(parts: &[Option<Tensor<1>>], keep: &[bool]) -> Vec<Option<Tensor<1>>> {
-    parts
+/// The tensors of `current` the host writes (`host_written`), in order: the parts of the
+/// compact layout of [`UpdateBuffers::rest`].
+fn written_by_host(current: &[Option<Tensor<1>>], host_written: &[bool]) -> Vec<Option<Tensor<1>>> {
+    current
         .iter()
-        .zip(keep)
-        .map(|(t, k)| t.clone().filter(|_| *k))
+        .zip(host_written)
+        .filter(|(_, h)| **h)
+        .map(|(t, _)| t.clone())
         .collect()
 }
 
 /// The graph's work on `flat` and `averaged` (the real buffers when recording, scratch copies
-/// in the warm-ups): the update written in place, the new parameters copied into `current`,
-/// the average written in place. Returns the finiteness the update decided.
+/// in the warm-ups): the update written in place, then the average written in place run by
+/// run of `sources` (per EMA tensor, its current value: a view of the optimizer's values or of
+/// `u.rest`). Returns the finiteness the update decided.
 #[allow(clippy::too_many_arguments)]
 fn body(
     u: &UpdateBuffers,
@@ -84,7 +88,7 @@ fn body(
     table: &[ParamInfo],
     flat: &mut FlatState,
     ema_layout: &Layout,
-    params_in_ema: &[Option<Tensor<1>>],
+    sources: &[Option<Tensor<1>>],
     averaged: &Tensor<1>,
     clip_norm: f64,
 ) -> Finite {
@@ -96,22 +100,54 @@ fn body(
     };
     let (next, finite) = device_update(optimizer_constants, flat, table, inputs, clip_norm);
     next.write(flat);
-    ema_layout.gather_into(params_in_ema, &u.current);
-    let next = average(averaged, u.current.clone(), u.decay.clone());
-    write_in_place(&next, averaged);
+    // The same arithmetic per value as averaging the whole buffer at once (`Ema::update`),
+    // without a copy of the parameters: element-wise operations on any run give its values
+    // the same bits.
+    ema_layout.each_run(sources, |at, current| {
+        let dst = at.view_of(averaged);
+        let next = average(&dst, current, u.decay.clone());
+        write_in_place(&next, &dst);
+    });
     finite
 }
 
 /// The buffers the graph reads, made at recording: the per-step table, `[μ, 1 − μ]`,
 /// FP16's `[1/scale]`, the EMA's `[d, 1 − d]`, the gradients at the optimizer's layout and the
-/// EMA's current values at its layout.
+/// current values of the EMA's tensors that are not parameters (the running statistics) at
+/// `rest`'s layout.
 struct UpdateBuffers {
     rows: Tensor<1>,
     mu: Tensor<1>,
     inv: Option<Tensor<1>>,
     decay: Tensor<1>,
     g: Tensor<1>,
-    current: Tensor<1>,
+    rest: Tensor<1>,
+    /// The host-written tensors of the EMA's, in its order, each segment padded as in its
+    /// layout: runs of the EMA's layout stay runs here.
+    rest_layout: Layout,
+}
+
+/// Per EMA tensor, where the graph reads its current value: the parameter itself (a view of
+/// the optimizer's values) where `in_graph`, else its segment of `rest`.
+fn sources(
+    current: &[Option<Tensor<1>>],
+    in_graph: &[bool],
+    rest: &Tensor<1>,
+    rest_layout: &Layout,
+) -> Vec<Option<Tensor<1>>> {
+    let mut k = 0;
+    current
+        .iter()
+        .zip(in_graph)
+        .map(|(t, &g)| {
+            if g {
+                t.clone()
+            } else {
+                k += 1;
+                Some(rest_layout.view(rest, k - 1))
+            }
+        })
+        .collect()
 }
 
 impl UpdateGraph {
@@ -136,25 +172,36 @@ impl UpdateGraph {
         let dispatch = device.as_dispatch();
         flat.prepare_muon(optimizer_constants.rule, table);
         let zeros = |n: usize| copy_of(Tensor::<1>::zeros([n], (&device, DType::F32)));
-        let u = UpdateBuffers {
-            rows: copy_of(host.rows_tensor(&device)),
-            mu: copy_of(host.mu_tensor(&device)),
-            inv: host.inv_tensor(&device).map(copy_of),
-            decay: copy_of(pair(decay, &device)),
-            g: zeros(flat.layout.len),
-            current: zeros(ema_layout.len),
-        };
-        flat.layout.gather_into(grads, &u.g);
-        // The EMA's tensors that are views of the optimizer's values: the graph copies them
-        // after writing the update.
+        // The EMA's tensors that are views of the optimizer's values: the graph averages them
+        // where they lie, after writing the update.
         let values = storage(&flat.p).map(|(id, _)| id);
         let in_graph: Vec<bool> = current
             .iter()
             .map(|t| t.as_ref().and_then(storage).map(|(id, _)| id) == values)
             .collect();
         let host_written: Vec<bool> = in_graph.iter().map(|g| !g).collect();
-        ema_layout.gather_into(&only(current, &host_written), &u.current);
-        let params_in_ema = only(current, &in_graph);
+        let rest_layout = Layout::new(
+            ema_layout
+                .sizes
+                .iter()
+                .zip(&host_written)
+                .filter(|(_, h)| **h)
+                .map(|(n, _)| *n)
+                .collect(),
+        );
+        let u = UpdateBuffers {
+            rows: copy_of(host.rows_tensor(&device)),
+            mu: copy_of(host.mu_tensor(&device)),
+            inv: host.inv_tensor(&device).map(copy_of),
+            decay: copy_of(pair(decay, &device)),
+            g: zeros(flat.layout.len),
+            rest: zeros(rest_layout.len.max(1)),
+            rest_layout,
+        };
+        flat.layout.gather_into(grads, &u.g);
+        u.rest_layout
+            .gather_into(&written_by_host(current, &host_written), &u.rest);
+        let sources = sources(current, &in_graph, &u.rest, &u.rest_layout);
 
         Dispatch::graph_prepare(dispatch).map_err(|e| err("prepare update", &e))?;
         for _ in 0..WARMUPS {
@@ -166,7 +213,7 @@ impl UpdateGraph {
                 table,
                 &mut scratch,
                 ema_layout,
-                &params_in_ema,
+                &sources,
                 &scratch_avg,
                 clip_norm,
             );
@@ -181,7 +228,7 @@ impl UpdateGraph {
             table,
             flat,
             ema_layout,
-            &params_in_ema,
+            &sources,
             averaged,
             clip_norm,
         );
@@ -216,7 +263,7 @@ impl UpdateGraph {
         decay: f64,
         grads: &[Option<Tensor<1>>],
         current: &[Option<Tensor<1>>],
-        layouts: (&Layout, &Layout),
+        layout: &Layout,
         scalars: bool,
     ) {
         let u = &self.u;
@@ -229,10 +276,9 @@ impl UpdateGraph {
             }
             write_in_place(&pair(decay, &device), &u.decay);
         }
-        layouts.0.gather_into(grads, &u.g);
-        layouts
-            .1
-            .gather_into(&only(current, &self.host_written), &u.current);
+        layout.gather_into(grads, &u.g);
+        u.rest_layout
+            .gather_into(&written_by_host(current, &self.host_written), &u.rest);
     }
 }
 
@@ -292,13 +338,12 @@ pub fn update(
         *graph = Some(recorded.unwrap_or_else(|e| panic!("{e}")));
     }
     let g = graph.as_ref().expect("recorded");
-    let layouts = (&flat.layout, &ema_layout);
     g.write_inputs(
         &host,
         decay,
         &parts,
         &current,
-        layouts,
+        &flat.layout,
         !control.freezes_update_scalars(),
     );
     replay(&flat.p.device(), &g.graph);
