@@ -19,6 +19,8 @@ mod depthwise;
 mod kernels;
 #[path = "gpu/loss_on.rs"]
 mod loss_on;
+#[path = "gpu/matmul.rs"]
+mod matmul;
 #[path = "gpu/one_graph.rs"]
 mod one_graph;
 #[path = "gpu/optim.rs"]

@@ -31,10 +31,20 @@ pub struct Options {
     /// gradients (CUDA only).
     #[arg(long)]
     pub routines: Option<String>,
-    /// With `--routines`: only the passes that take the most time per step under the current
-    /// routine, this many (each routine compiles its own kernels, ~0.5 s each).
+    /// Instead of the table, compare CubeCL's matmul routines (comma-separated names, or
+    /// `all`; `model::ops::matmul::ROUTINES`) on the weight gradients of the convolutions
+    /// without groups, whose im2col product they run (CUDA only).
+    #[arg(long, conflicts_with = "routines")]
+    pub matmul_routines: Option<String>,
+    /// With `--routines` or `--matmul-routines`: only the passes that take the most time per
+    /// step under the current routine, this many (each routine compiles its own kernels, ~0.5 s
+    /// each).
     #[arg(long, default_value_t = 16)]
     pub top: usize,
+    /// Split the weight gradients' im2col products into matmul batches of at least this many
+    /// output pixels (default 1,024; `model::ops::wgrad::choose_chunk`).
+    #[arg(long)]
+    pub wgrad_chunk: Option<usize>,
 }
 
 /// One pass of one convolution, measured.
@@ -62,12 +72,23 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
         anyhow::ensure!(b > 0, "--batch must be positive");
         cfg.train.batch = b;
     }
+    if let Some(pixels) = o.wgrad_chunk {
+        crate::model::ops::wgrad::choose_chunk(pixels).map_err(|e| anyhow::anyhow!(e))?;
+    }
     let calls = step_convolutions(&cfg);
     let gpu_clock = Census::available().is_ok();
     #[cfg(feature = "cuda")]
-    let routine = format!(", routine {}", crate::model::ops::conv::routine::chosen());
+    let routine = format!(
+        ", routine {}, matmul routine {}, weight-gradient chunk {}",
+        crate::model::ops::conv::routine::chosen(),
+        crate::model::ops::matmul::chosen(),
+        crate::model::ops::wgrad::chunk()
+    );
     #[cfg(not(feature = "cuda"))]
-    let routine = "";
+    let routine = format!(
+        ", weight-gradient chunk {}",
+        crate::model::ops::wgrad::chunk()
+    );
     println!(
         "bench-conv: {} ({what}{routine}), batch {}, {} px, {:?}: {} distinct convolutions, {} runs \
          of each pass; time = {}",
@@ -84,7 +105,10 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
         }
     );
     if let Some(list) = &o.routines {
-        return compare_routines(&calls, list, &device, &o, gpu_clock);
+        return compare_routines(&calls, list, Family::Convolution, &device, &o, gpu_clock);
+    }
+    if let Some(list) = &o.matmul_routines {
+        return compare_routines(&calls, list, Family::Matmul, &device, &o, gpu_clock);
     }
     let mut rows = Vec::new();
     for (layer, (call, count)) in calls.into_iter().enumerate() {
@@ -104,30 +128,78 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Which routines [`compare_routines`] compares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Family {
+    /// The implicit-GEMM convolutions' (`model::ops::conv::routine`): the reduced-precision
+    /// forwards and stride-1 data gradients without groups.
+    Convolution,
+    /// The matmuls' (`model::ops::matmul`): the weight gradients without groups.
+    Matmul,
+}
+
+#[cfg(feature = "cuda")]
+impl Family {
+    fn names(self) -> Vec<&'static str> {
+        use crate::model::ops::{conv::routine, matmul};
+        match self {
+            Family::Convolution => routine::ROUTINES.iter().map(|r| r.0).collect(),
+            Family::Matmul => matmul::ROUTINES.to_vec(),
+        }
+    }
+
+    fn choose(self, name: &str) -> Result<(), String> {
+        use crate::model::ops::{conv::routine, matmul};
+        match self {
+            Family::Convolution => routine::choose(name),
+            Family::Matmul => matmul::choose(name),
+        }
+    }
+
+    fn chosen(self) -> &'static str {
+        use crate::model::ops::{conv::routine, matmul};
+        match self {
+            Family::Convolution => routine::chosen(),
+            Family::Matmul => matmul::chosen(),
+        }
+    }
+
+    /// Whether a routine of this family runs `pass` of `call`.
+    fn runs(self, call: &ConvCall, pass: Pass) -> bool {
+        match self {
+            Family::Convolution => {
+                call.reduced.is_some()
+                    && call.groups == 1
+                    && (pass == Pass::Forward || (pass == Pass::DataGrad && call.stride == [1, 1]))
+            }
+            Family::Matmul => call.groups == 1 && pass == Pass::WeightGrad,
+        }
+    }
+}
+
 /// The routines' times on every pass they run, one column each, and their totals per step.
 #[cfg(feature = "cuda")]
 fn compare_routines(
     calls: &[(ConvCall, usize)],
     list: &str,
+    family: Family,
     device: &Device,
     o: &Options,
     gpu_clock: bool,
 ) -> anyhow::Result<()> {
-    use crate::model::ops::conv::routine;
     let reps = o.reps;
     let names: Vec<&str> = if list == "all" {
-        routine::ROUTINES.iter().map(|r| r.0).collect()
+        family.names()
     } else {
         list.split(',').map(str::trim).collect()
     };
     let passes: Vec<(usize, &ConvCall, usize, Pass)> = calls
         .iter()
         .enumerate()
-        .filter(|(_, (c, _))| c.reduced.is_some() && c.groups == 1)
         .flat_map(|(i, (c, n))| {
             c.passes()
                 .into_iter()
-                .filter(|p| *p == Pass::Forward || (*p == Pass::DataGrad && c.stride == [1, 1]))
+                .filter(move |p| family.runs(c, *p))
                 .map(move |p| (i, c, *n, p))
         })
         .collect();
@@ -144,18 +216,21 @@ fn compare_routines(
         "{} passes run a routine, {all:.3} ms per step under {}; comparing the {} heaviest \
          ({kept:.3} ms)",
         passes.len(),
-        routine::chosen(),
+        family.chosen(),
         o.top.min(passes.len())
     );
     let passes: Vec<_> = order.iter().take(o.top).map(|&i| passes[i]).collect();
     // ms per run, [pass][routine].
     let mut ms = vec![vec![f64::NAN; names.len()]; passes.len()];
     for (j, name) in names.iter().enumerate() {
-        routine::choose(name).map_err(|e| anyhow::anyhow!(e))?;
+        family.choose(name).map_err(|e| anyhow::anyhow!(e))?;
+        let declined = crate::model::ops::matmul::declined();
         for (i, (_, call, _, pass)) in passes.iter().enumerate() {
             ms[i][j] = time_pass(call, *pass, device, reps, gpu_clock)?.0;
         }
-        println!("routine {name}: done");
+        // A declined product ran Burn's routine: its column is not this routine's time.
+        let declined = crate::model::ops::matmul::declined() - declined;
+        println!("routine {name}: done; matmuls it declined (Burn's ran them): {declined}");
     }
     println!(
         "\n| # | input | weight | stride | × | pass | {} | best |",
@@ -202,11 +277,16 @@ fn compare_routines(
 fn compare_routines(
     _calls: &[(ConvCall, usize)],
     _list: &str,
+    family: Family,
     _device: &Device,
     _o: &Options,
     _gpu_clock: bool,
 ) -> anyhow::Result<()> {
-    anyhow::bail!("--routines compares CubeCL's CUDA routines: build with --features cuda")
+    let flag = match family {
+        Family::Convolution => "--routines",
+        Family::Matmul => "--matmul-routines",
+    };
+    anyhow::bail!("{flag} compares CubeCL's CUDA routines: build with --features cuda")
 }
 
 /// Milliseconds per run of `pass`, and on the GPU clock its kernels.

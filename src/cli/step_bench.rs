@@ -51,6 +51,14 @@ pub struct Options {
     /// --routines`; CUDA only).
     #[arg(long)]
     pub conv_routine: Option<String>,
+    /// Run the weight gradients' matmuls with this CubeCL routine (`bench-conv
+    /// --matmul-routines`; CUDA only).
+    #[arg(long)]
+    pub matmul_routine: Option<String>,
+    /// Split the weight gradients' im2col products into matmul batches of at least this many
+    /// output pixels (default 1,024; `model::ops::wgrad::choose_chunk`).
+    #[arg(long)]
+    pub wgrad_chunk: Option<usize>,
     /// Whether the BF16 data gradients of strided convolutions run by the
     /// routine's stride-1 GEMM on the zero-dilated output gradient (`true`, the default) or by
     /// Burn's direct kernel in FP32 (`false`; CUDA only).
@@ -130,6 +138,15 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
         crate::model::ops::conv::routine::choose(name).map_err(|e| anyhow::anyhow!(e))?;
         #[cfg(not(feature = "cuda"))]
         anyhow::bail!("--conv-routine {name}: CubeCL's routines run on CUDA only");
+    }
+    if let Some(name) = &o.matmul_routine {
+        #[cfg(feature = "cuda")]
+        crate::model::ops::matmul::choose(name).map_err(|e| anyhow::anyhow!(e))?;
+        #[cfg(not(feature = "cuda"))]
+        anyhow::bail!("--matmul-routine {name}: CubeCL's routines run on CUDA only");
+    }
+    if let Some(pixels) = o.wgrad_chunk {
+        crate::model::ops::wgrad::choose_chunk(pixels).map_err(|e| anyhow::anyhow!(e))?;
     }
     if let Some(gemm) = o.strided_by_gemm {
         #[cfg(feature = "cuda")]

@@ -5,7 +5,7 @@
 //! positions enough for several partial sums per channel; two runs give the same bits.
 
 use super::{cube, cube_values as values, cuda};
-use burn::backend::ops::ConvOptions;
+use burn::backend::ops::{ConvOptions, FloatTensorOps};
 use burn::prelude::*;
 use burn::tensor::{DType, Distribution, FloatDType};
 use burn_cubecl::CubeBackend;
@@ -98,6 +98,7 @@ fn depthwise_gradients_match_the_operations_they_replace_on_cuda() {
                     cube(grad.clone()),
                     &options,
                     wgrad::columns::<CubeBackend>,
+                    CubeBackend::float_matmul,
                 )
                 .unwrap(),
             );

@@ -225,6 +225,7 @@ pub mod gemm {
             grad.clone(),
             &options,
             super::super::im2col::columns,
+            super::super::matmul::matmul,
         ) {
             return dw;
         }

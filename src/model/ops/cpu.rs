@@ -563,6 +563,7 @@ impl FastOps for Flex {
                     grad.clone(),
                     &options,
                     wgrad::columns::<Self>,
+                    Self::float_matmul,
                 )
             })
             .unwrap_or_else(|| {

@@ -46,6 +46,8 @@ mod host;
 #[path = "../../../kernels/im2col.rs"]
 pub mod im2col;
 #[cfg(feature = "cuda")]
+pub mod matmul;
+#[cfg(feature = "cuda")]
 #[path = "../../../kernels/silu.rs"]
 mod silu_kernels;
 pub mod trace;

@@ -238,7 +238,7 @@ fn flex(t: Tensor<4>) -> FloatTensor<burn::backend::Flex> {
 #[test]
 fn im2col_weight_gradient_matches_burns() {
     use burn::backend::Flex;
-    use burn::backend::ops::ModuleOps;
+    use burn::backend::ops::{FloatTensorOps, ModuleOps};
     let d = Device::flex();
     // (c_in, c_out, kernel, stride, padding, dilation, groups, size); 64×64 outputs make 4
     // chunks; odd sizes leave partial rows at stride 2.
@@ -274,6 +274,7 @@ fn im2col_weight_gradient_matches_burns() {
             flex(dy.clone()),
             &options,
             wgrad::columns::<Flex>,
+            Flex::float_matmul,
         )
         .expect("groups 1 or depthwise");
         // What the CPU runs: the host loop without groups, the tensor operations otherwise.
@@ -311,7 +312,8 @@ fn im2col_weight_gradient_matches_burns() {
             flex(w),
             flex(dy),
             &options,
-            wgrad::columns::<Flex>
+            wgrad::columns::<Flex>,
+            Flex::float_matmul,
         )
         .is_none()
     );

@@ -12,14 +12,39 @@ use super::host::{tensor, values};
 use burn::backend::ops::{ConvOptions, FloatTensorOps};
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Backend, DType, Flex, FloatDType, Shape, Slice, TensorMetadata};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// Output pixels per matmul batch, at least (fewer only when a layer has fewer in all).
+/// Output pixels per matmul batch, at least (fewer only when a layer has fewer in all), unless
+/// [`choose_chunk`] chose another.
 const CHUNK: usize = 1024;
+
+static CHOSEN_CHUNK: AtomicUsize = AtomicUsize::new(CHUNK);
+
+/// Splits every later weight gradient of this process into matmul batches of at least `pixels`
+/// output pixels (`bench-step --wgrad-chunk`, `bench-conv --wgrad-chunk`): fewer pixels make more
+/// batches, hence more of the GPU busy on small layers, and a longer sum of the batches after.
+/// The chunks change the order of the additions, hence the last bits.
+pub fn choose_chunk(pixels: usize) -> Result<(), String> {
+    if pixels == 0 {
+        return Err("the weight gradient's chunk must hold at least one pixel".into());
+    }
+    CHOSEN_CHUNK.store(pixels, Ordering::Relaxed);
+    Ok(())
+}
+
+/// The chunk in use ([`choose_chunk`]).
+pub fn chunk() -> usize {
+    CHOSEN_CHUNK.load(Ordering::Relaxed)
+}
 
 /// How the columns are made: [`columns`], or one kernel on CUDA (`kernels/im2col.rs`); the
 /// `usize` is the number of chunks the output pixels are split into.
 pub type Im2col<B> =
     fn(FloatTensor<B>, [usize; 2], [usize; 2], usize, &ConvOptions<2>) -> FloatTensor<B>;
+
+/// How the chunks' product is multiplied: the backend's matmul, or on CUDA the chosen routine
+/// (`super::matmul`).
+pub type Matmul<B> = fn(FloatTensor<B>, FloatTensor<B>) -> FloatTensor<B>;
 
 /// `[N, C, H, W]` → `[N, S, C·k·k, Ho·Wo / S]` in FP32 for `S = chunks`: for each kernel offset,
 /// the input pixel it multiplies at every output position (zero outside the image), the output
@@ -88,23 +113,30 @@ fn chunked<B: Backend>(t: FloatTensor<B>, n: usize, rows: usize, chunks: usize) 
     B::float_permute(t, &[0, 2, 1, 3])
 }
 
-/// The largest number of chunks ≤ `pixels / CHUNK` that divides `pixels` evenly.
+/// The number of matmul batches `pixels` output pixels are split into ([`split`] by the chunk
+/// in use).
 fn chunks(pixels: usize) -> usize {
-    (1..=(pixels / CHUNK).max(1))
+    split(pixels, chunk())
+}
+
+/// The largest number of chunks ≤ `pixels / chunk` that divides `pixels` evenly.
+fn split(pixels: usize, chunk: usize) -> usize {
+    (1..=(pixels / chunk).max(1))
         .rev()
         .find(|&s| pixels.is_multiple_of(s))
         .unwrap_or(1)
 }
 
 /// Weight gradient of a convolution without groups, or a depthwise one (`groups` = channels),
-/// in the weight's dtype, with the columns made by `im2col`. Other grouped convolutions return
-/// `None`.
+/// in the weight's dtype, with the columns made by `im2col` and multiplied by `matmul`. Other
+/// grouped convolutions return `None`.
 pub fn weight_backward<B: Backend>(
     x: FloatTensor<B>,
     weight: FloatTensor<B>,
     grad: FloatTensor<B>,
     options: &ConvOptions<2>,
     im2col: Im2col<B>,
+    matmul: Matmul<B>,
 ) -> Option<FloatTensor<B>> {
     let ws = weight.shape();
     let (co, ci_g, kh, kw) = (ws[0], ws[1], ws[2], ws[3]);
@@ -144,7 +176,7 @@ pub fn weight_backward<B: Backend>(
             im2col(x, [kh, kw], [ho, wo], s, options)
         };
         let g = chunked::<B>(grad, n, co, s);
-        let prod = B::float_matmul(g, B::float_swap_dims(cols, 2, 3)); // [N, S, co, ci·kk]
+        let prod = matmul(g, B::float_swap_dims(cols, 2, 3)); // [N, S, co, ci·kk]
         let prod = B::float_reshape(prod, Shape::new([n * s, co, ci * kk]));
         B::float_reshape(B::float_sum_dim(prod, 0), Shape::new([co, ci, kh, kw]))
     };
@@ -248,4 +280,20 @@ fn host_columns(
         }
     }
     cols
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Chunks of at least `chunk` pixels that split the positions evenly: 80×80 maps in five
+    /// chunks of 1,280 by default, a 20×20 map in one, or in two of 200 with chunks of 128.
+    #[test]
+    fn chunks_split_the_positions_evenly() {
+        assert_eq!(split(6400, CHUNK), 5);
+        assert_eq!(split(400, CHUNK), 1);
+        assert_eq!(split(400, 128), 2);
+        assert_eq!(split(97, 8), 1, "a prime count stays whole");
+        assert!(choose_chunk(0).is_err());
+    }
 }

@@ -1,0 +1,169 @@
+//! Which of CubeCL's matrix-multiplication routines (cubek-matmul's multi-level strategies) runs
+//! the weight gradients' matmuls (`wgrad`, on CUDA). Burn 0.22.1 without autotune runs every
+//! matmul with one of them, the synchronous, cyclic, `cmma` one (`Strategy::Auto`), and keeps the
+//! choice private; for the convolutions the same family's `mma` routines were 2.2–4.3× faster on
+//! the H200 (docs/kernels.md, "Implicit-GEMM routines"). Every routine computes the same product,
+//! accumulating in FP32 (FP32 operands are staged as TF32 on the tensor cores); they differ in how
+//! the operands reach shared memory and which tensor-core instruction multiplies them, hence in
+//! speed, and in the order of the additions, hence in the last bits (native and replay run the
+//! same one). `burnpose bench-conv --matmul-routines` compares them (docs/kernels.md, "Matmul
+//! routines").
+
+use burn::backend::DType;
+use burn_cubecl::kernel::matmul::{MatmulStrategy, init_matmul_output};
+use burn_cubecl::tensor::CubeTensor;
+use cubek::matmul::definition::{MatmulElems, MatmulGlobalElems, MatmulSetupError};
+use cubek::matmul::multi_level::Strategy as Routine;
+use cubek::matmul::strategy::Strategy;
+use cubek::std::InputBinding;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// The routines, by name; the first is the one Burn runs (`Strategy::Auto` on an accelerator).
+pub const ROUTINES: [&str; 24] = [
+    "simple-cyclic-cmma",
+    "simple-cyclic-mma",
+    "simple-strided-cmma",
+    "simple-strided-mma",
+    "simple-tilewise-cmma",
+    "simple-tilewise-mma",
+    "simple-async-cyclic-cmma",
+    "simple-async-cyclic-mma",
+    "simple-async-strided-cmma",
+    "simple-async-strided-mma",
+    "simple-tma-cmma",
+    "simple-tma-mma",
+    "double-cyclic-cmma",
+    "double-cyclic-mma",
+    "double-tilewise-cmma",
+    "double-tilewise-mma",
+    "double-hybrid-cmma",
+    "double-hybrid-mma",
+    "double-async-cyclic-mma",
+    "double-async-strided-mma",
+    "double-tma-mma",
+    "specialized-cyclic-mma",
+    "specialized-strided-mma",
+    "ordered-double-mma",
+];
+
+/// The routine `ROUTINES[i]`, with cubek's inferred blueprint for each problem.
+fn routine(i: usize) -> Routine {
+    match ROUTINES[i] {
+        "simple-cyclic-cmma" => Routine::SimpleCyclicCmma(Default::default()),
+        "simple-cyclic-mma" => Routine::SimpleCyclicMma(Default::default()),
+        "simple-strided-cmma" => Routine::SimpleStridedCmma(Default::default()),
+        "simple-strided-mma" => Routine::SimpleStridedMma(Default::default()),
+        "simple-tilewise-cmma" => Routine::SimpleTilewiseCmma(Default::default()),
+        "simple-tilewise-mma" => Routine::SimpleTilewiseMma(Default::default()),
+        "simple-async-cyclic-cmma" => Routine::SimpleAsyncCyclicCmma(Default::default()),
+        "simple-async-cyclic-mma" => Routine::SimpleAsyncCyclicMma(Default::default()),
+        "simple-async-strided-cmma" => Routine::SimpleAsyncStridedCmma(Default::default()),
+        "simple-async-strided-mma" => Routine::SimpleAsyncStridedMma(Default::default()),
+        "simple-tma-cmma" => Routine::SimpleTmaCmma(Default::default()),
+        "simple-tma-mma" => Routine::SimpleTmaMma(Default::default()),
+        "double-cyclic-cmma" => Routine::DoubleCyclicCmma(Default::default()),
+        "double-cyclic-mma" => Routine::DoubleCyclicMma(Default::default()),
+        "double-tilewise-cmma" => Routine::DoubleTilewiseCmma(Default::default()),
+        "double-tilewise-mma" => Routine::DoubleTilewiseMma(Default::default()),
+        "double-hybrid-cmma" => Routine::DoubleHybridCmma(Default::default()),
+        "double-hybrid-mma" => Routine::DoubleHybridMma(Default::default()),
+        "double-async-cyclic-mma" => Routine::DoubleAsyncCyclicMma(Default::default()),
+        "double-async-strided-mma" => Routine::DoubleAsyncStridedMma(Default::default()),
+        "double-tma-mma" => Routine::DoubleTmaMma(Default::default()),
+        "specialized-cyclic-mma" => Routine::SpecializedCyclicMma(Default::default()),
+        "specialized-strided-mma" => Routine::SpecializedStridedMma(Default::default()),
+        "ordered-double-mma" => Routine::OrderedDoubleMma(Default::default()),
+        other => unreachable!("{other} is in ROUTINES"),
+    }
+}
+
+/// Burn's own routine: the default until another is measured faster on the step.
+pub const DEFAULT: usize = 0;
+
+static CHOSEN: AtomicUsize = AtomicUsize::new(DEFAULT);
+
+/// Products the chosen routine declined since the process started (Burn's ran them instead).
+static DECLINED: AtomicUsize = AtomicUsize::new(0);
+
+/// How many products the chosen routines declined so far (each then ran Burn's routine), for
+/// the comparisons that must know which routine they timed.
+pub fn declined() -> usize {
+    DECLINED.load(Ordering::Relaxed)
+}
+
+/// Runs every later weight-gradient matmul of this process with routine `name` (one of
+/// [`ROUTINES`]).
+pub fn choose(name: &str) -> Result<(), String> {
+    let i = ROUTINES
+        .iter()
+        .position(|r| *r == name)
+        .ok_or_else(|| format!("unknown matmul routine {name:?}: expected one of {ROUTINES:?}"))?;
+    CHOSEN.store(i, Ordering::Relaxed);
+    Ok(())
+}
+
+/// The routine in use, by name.
+pub fn chosen() -> &'static str {
+    ROUTINES[CHOSEN.load(Ordering::Relaxed)]
+}
+
+/// `lhs · rhs` (`[.., m, k]` by `[.., k, n]`, any strides, the same batch dimensions) in
+/// `lhs`'s dtype, by the chosen routine. Where that routine declines the problem (a shape or
+/// layout it does not take), Burn's own matmul runs it instead: the same choice for the same
+/// problem every time, so still deterministic.
+pub fn matmul(lhs: CubeTensor, rhs: CubeTensor) -> CubeTensor {
+    let dtype = lhs.dtype;
+    let i = CHOSEN.load(Ordering::Relaxed);
+    if i != DEFAULT {
+        match launch(&Strategy::MultiLevel(routine(i)), &lhs, &rhs, dtype) {
+            Ok(out) => return out,
+            Err(_) => {
+                DECLINED.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+    burn_cubecl::kernel::matmul::matmul(lhs, rhs, None, MatmulStrategy::default(), dtype)
+        .expect("Burn's matmul")
+}
+
+/// One launch of `strategy` into a new output, as burn-cubecl launches its own matmuls.
+fn launch(
+    strategy: &Strategy,
+    lhs: &CubeTensor,
+    rhs: &CubeTensor,
+    dtype: DType,
+) -> Result<CubeTensor, MatmulSetupError> {
+    let s = burn::backend::cubecl::dtype_to_storage_type;
+    let out = init_matmul_output(lhs, rhs, dtype);
+    let mut dtypes = MatmulElems::from_globals(&MatmulGlobalElems {
+        lhs: s(lhs.dtype),
+        rhs: s(rhs.dtype),
+        out: s(dtype),
+    });
+    cubek::matmul::launch::launch_ref(
+        strategy,
+        &out.client,
+        InputBinding::new(lhs.clone().binding(), s(lhs.dtype)),
+        InputBinding::new(rhs.clone().binding(), s(rhs.dtype)),
+        out.clone().binding(),
+        &mut dtypes,
+    )?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every name maps to a routine, and the default is Burn's.
+    #[test]
+    fn every_routine_has_a_strategy() {
+        for (i, name) in ROUTINES.iter().enumerate() {
+            let shown = routine(i).to_string();
+            let want = format!("matmul_{}", name.replace('-', "_"));
+            assert!(shown.starts_with(&want), "{name} shows as {shown}");
+        }
+        assert_eq!(ROUTINES[DEFAULT], "simple-cyclic-cmma");
+        assert!(choose("no-such-routine").is_err());
+    }
+}

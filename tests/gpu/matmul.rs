@@ -1,0 +1,98 @@
+//! The weight gradients' matmul routines (`model::ops::matmul`) on CUDA: every routine gives
+//! the FP32 weight gradient of the CPU within TF32's bound, the same bits twice, and says when
+//! it declined a product (Burn's routine ran it then).
+
+use super::{cuda, values};
+use burn::backend::ops::ConvOptions;
+use burn::prelude::*;
+use burn::tensor::Distribution;
+use burnpose::model::ops::matmul;
+use burnpose::model::ops::trace::{ConvCall, Pass};
+
+/// Largest absolute difference relative to the largest reference value.
+fn rel(a: &[f32], reference: &[f32]) -> f32 {
+    let scale = reference
+        .iter()
+        .fold(0f32, |m, v| m.max(v.abs()))
+        .max(1e-12);
+    let diff = a
+        .iter()
+        .zip(reference)
+        .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+    if a.iter().any(|v| !v.is_finite()) {
+        f32::NAN
+    } else {
+        diff / scale
+    }
+}
+
+/// The weight gradient of `call` for `x` and the output gradient `grad` on `device`.
+fn weight_grad(call: &ConvCall, x: &[f32], grad: &[f32], device: &Device) -> Vec<f32> {
+    let t = |v: &[f32], dims: [usize; 4]| Tensor::<1>::from_floats(v, device).reshape(dims);
+    let w = Tensor::<4>::zeros(call.weight, device);
+    let dw = call.launch(
+        Pass::WeightGrad,
+        &t(x, call.input),
+        &w,
+        &t(grad, call.output()),
+    );
+    values(dw)
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn every_matmul_routine_gives_the_weight_gradient_on_cuda() {
+    let d = cuda();
+    let cpu = Device::flex();
+    let mut failures = vec![];
+    // (c_in, c_out, kernel, stride, size): the head's odd 85 channels, a strided 3×3 with
+    // several chunks of 1,024 positions, a 1×1 (its columns are its input), the first layer.
+    for (ci, co, k, s, hw) in [
+        (85, 85, 3, 1, 37),
+        (64, 64, 3, 2, 80),
+        (48, 32, 1, 1, 23),
+        (3, 16, 3, 2, 64),
+    ] {
+        let p = k / 2;
+        let options = ConvOptions::new([s, s], [p, p], [1, 1], 1);
+        let call = ConvCall {
+            input: [3, ci, hw, hw],
+            weight: [co, ci, k, k],
+            stride: options.stride,
+            padding: options.padding,
+            dilation: options.dilation,
+            groups: 1,
+            reduced: None,
+            input_grad: false,
+            weight_grad: true,
+        };
+        let random = |dims: [usize; 4]| {
+            values(Tensor::<4>::random(
+                dims,
+                Distribution::Normal(0.0, 1.0),
+                &cpu,
+            ))
+        };
+        let (x, grad) = (random(call.input), random(call.output()));
+        // The CPU's weight gradient: FP32 throughout, one matmul over every position.
+        let reference = weight_grad(&call, &x, &grad, &cpu);
+        for name in matmul::ROUTINES {
+            matmul::choose(name).unwrap();
+            let declined = matmul::declined();
+            let a = weight_grad(&call, &x, &grad, &d);
+            let b = weight_grad(&call, &x, &grad, &d);
+            let declined = matmul::declined() - declined;
+            let err = rel(&a, &reference);
+            println!("{name} {ci}->{co} k{k} s{s} {hw}px: error {err:.2e}, declined {declined}");
+            // TF32 keeps 10 mantissa bits: ~1e-3 of each product, less in the sums.
+            if err.is_nan() || err >= 1e-2 {
+                failures.push(format!("{name} {ci}->{co} k{k} s{s}: error {err}"));
+            }
+            if a != b {
+                failures.push(format!("{name} {ci}->{co} k{k} s{s}: two runs differ"));
+            }
+        }
+    }
+    matmul::choose(matmul::ROUTINES[matmul::DEFAULT]).unwrap();
+    assert!(failures.is_empty(), "{failures:#?}");
+}
