@@ -74,8 +74,11 @@ pub fn fit(
         .iter()
         .map(|r| (r.fitness(), r.epoch + 1))
         .fold((f64::MIN, 0), |a, b| if b.0 > a.0 { b } else { a });
+    // Drawn on threads of their own while training goes on; waited for before the fit returns
+    // (and when it fails, by the drop).
+    let mut drawing = pictures::Drawing::default();
     if trainer.epoch == 0 {
-        picture(pictures::training(trainer, run_dir), events);
+        pictures::training(trainer, run_dir, &mut drawing);
     }
     let first_timed_ni = trainer.ni;
     let mut stopped_early = false;
@@ -112,7 +115,7 @@ pub fn fit(
             events.warning(&format!("could not write {}: {e}", path.display()));
         }
         if trainer.finished() || stop {
-            picture(pictures::validation(trainer, run_dir), events);
+            picture(pictures::validation(trainer, run_dir, &mut drawing), events);
         }
         if stop {
             events.notice(&format!(
@@ -123,6 +126,9 @@ pub fn fit(
             stopped_early = true;
             break;
         }
+    }
+    for e in drawing.finish() {
+        events.warning(&e.to_string());
     }
     Ok(FitSummary {
         epochs: trainer.epoch,
