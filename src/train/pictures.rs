@@ -151,3 +151,56 @@ pub fn validation(
     });
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    fn slow(flag: &Arc<AtomicBool>) -> impl FnOnce() -> Result<(), PictureError> + Send + 'static {
+        let flag = flag.clone();
+        move || {
+            std::thread::sleep(Duration::from_millis(50));
+            flag.store(true, Ordering::SeqCst);
+            Ok(())
+        }
+    }
+
+    /// `finish` waits for every picture and returns the failures, a panic among them; a dropped
+    /// `Drawing` waits too.
+    #[test]
+    fn drawing_waits_for_every_picture_and_reports_failures() {
+        let done = Arc::new(AtomicBool::new(false));
+        let mut drawing = Drawing::default();
+        drawing.spawn("a.jpg".into(), slow(&done));
+        drawing.spawn("b.jpg".into(), || {
+            Err(PictureError::Write {
+                path: "b.jpg".into(),
+                message: "disk full".into(),
+            })
+        });
+        drawing.spawn("c.jpg".into(), || panic!("a drawing bug"));
+        let errors: Vec<String> = drawing.finish().iter().map(|e| e.to_string()).collect();
+        assert!(
+            done.load(Ordering::SeqCst),
+            "finish returned before a picture was done"
+        );
+        assert_eq!(
+            errors,
+            [
+                "cannot write b.jpg: disk full",
+                "cannot write c.jpg: drawing it panicked"
+            ]
+        );
+
+        let done = Arc::new(AtomicBool::new(false));
+        let mut drawing = Drawing::default();
+        drawing.spawn("d.jpg".into(), slow(&done));
+        drop(drawing);
+        assert!(
+            done.load(Ordering::SeqCst),
+            "the drop returned before a picture was done"
+        );
+    }
+}
