@@ -45,11 +45,12 @@ fn every_matmul_routine_gives_the_weight_gradient_on_cuda() {
     let d = cuda();
     let cpu = Device::flex();
     let mut failures = vec![];
-    // (c_in, c_out, kernel, stride, size): the head's odd 85 channels, a strided 3×3 with
-    // several chunks of 1,024 positions, a 1×1 (its columns are its input), the first layer.
+    // (c_in, c_out, kernel, stride, size): the head's odd 85 channels, four chunks of 1,024
+    // positions, a strided 3×3, a 1×1 (its columns are its input), the first layer.
     for (ci, co, k, s, hw) in [
         (85, 85, 3, 1, 37),
-        (64, 64, 3, 2, 80),
+        (64, 64, 3, 1, 64),
+        (32, 64, 3, 2, 80),
         (48, 32, 1, 1, 23),
         (3, 16, 3, 2, 64),
     ] {
