@@ -492,7 +492,7 @@ impl Config {
                     .into(),
             );
         }
-        if self.replay.one_graph == Some(true) && self.replay.scope != Some(Scope::Step) {
+        if self.replay.one_graph == Some(true) && self.replay_scope() != Scope::Step {
             return bad(
                 "replay.one_graph",
                 "one graph holds the forward, the loss and the backward: set replay.scope = \

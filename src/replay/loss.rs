@@ -14,7 +14,7 @@
 //! into one small buffer, read back once per step: which outputs the loss reached is decided on
 //! the host from those counts, outside the graph, as the native device path decides it.
 
-use super::recorder::{Graph, PoolUse, RecordError, copy_of, gather_into, pool_use, replay, write};
+use super::recorder::{Graph, PoolUse, RecordError, copy_of, pool_use, replay, write};
 use super::sources::Sources;
 use super::stage::outputs_of;
 use crate::data::Instance;
@@ -180,11 +180,12 @@ impl LossInputs {
         let mut complete = true;
         if let Some(f) = &self.flow {
             let all = GradientsParams::from_grads(grads, f);
-            let parts: Option<Vec<Tensor<1>>> =
+            let parts: Vec<Option<Tensor<1>>> =
                 self.flow_params.iter().map(|p| get_flat(&all, p)).collect();
-            match parts {
-                Some(parts) => gather_into(&self.flow_layout, parts, &self.flow_grads),
-                None => complete = false,
+            if parts.iter().all(Option::is_some) {
+                self.flow_layout.gather_into(&parts, &self.flow_grads);
+            } else {
+                complete = false;
             }
         }
         (seeds, complete)

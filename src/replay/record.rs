@@ -9,7 +9,7 @@
 
 use super::loss::LossInputs;
 use super::recorder::{
-    Graphs, PoolUse, RecordError, Recorded, copy_of, gather_into, is_running_stat, pool_use, write,
+    Graphs, PoolUse, RecordError, Recorded, copy_of, is_running_stat, pool_use, write,
 };
 use super::sources::{Pinned, SharedParams, Sources, private_copies};
 use super::tape::{leaf, seeded_root};
@@ -55,11 +55,11 @@ fn gather_stats(stats: &[(String, Tensor<1>)], device: &Device) -> (Layout, Tens
 
 /// The stage's parameter gradients in `all` (table order) written into `flat`.
 fn gather_grads(all: &GradientsParams, params: &[ParamInfo], layout: &Layout, flat: &Tensor<1>) {
-    let parts = params
+    let parts: Vec<_> = params
         .iter()
-        .map(|p| get_flat(all, p).expect("a parameter with a gradient"))
+        .map(|p| Some(get_flat(all, p).expect("a parameter with a gradient")))
         .collect();
-    gather_into(layout, parts, flat);
+    layout.gather_into(&parts, flat);
 }
 
 fn backward_of(net: &Yolo, f: &[Tensor<4>], seeds: &[Tensor<4>]) -> GradientsParams {

@@ -35,7 +35,7 @@ use crate::model::ops::from_cube;
 use crate::model::precision::compute_dtype;
 use crate::optim::grads::FlatGrads;
 use crate::optim::groups::ParamInfo;
-use crate::optim::layout::{Layout, f32_of};
+use crate::optim::layout::Layout;
 use crate::optim::tensors::{float_tensors, replace_float_tensors};
 use burn::backend::{Backend, BackendTensor, Dispatch, DispatchTensorKind};
 use burn::prelude::*;
@@ -165,14 +165,6 @@ pub(super) fn pool_use(device: &Device) -> PoolUse {
             slices: u.number_allocs,
             reserved: u.bytes_reserved,
         })
-}
-
-/// `parts` (FP32 or not) written into their segments of `dst` (a `[layout.len]` buffer) by
-/// our copy kernel, which allocates nothing: the padding between segments keeps what it held.
-pub(super) fn gather_into(layout: &Layout, parts: Vec<Tensor<1>>, dst: &Tensor<1>) {
-    for (i, part) in parts.into_iter().enumerate() {
-        write(f32_of(part), &layout.view(dst, i));
-    }
 }
 
 pub(super) fn is_running_stat(path: &str) -> bool {

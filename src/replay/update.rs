@@ -6,12 +6,13 @@
 //! unscale and skip, the global clip, the rule, the masks) on fixed input buffers, writes the
 //! new values in place and averages them into the EMA's buffer where they lie, run by run (the
 //! parameters' run reads the optimizer's values; the running statistics' runs read a compact
-//! buffer the host fills). What changes per step is a device value the host rewrites before each replay: the
-//! per-step table (learning rates, weight decay, bias corrections, presence), the momentum pair,
-//! FP16's loss-scale inverse, the EMA's decay pair, the gradients (gathered into a fixed buffer,
-//! a copy per run) and the running statistics the EMA averages (their trainer tensors are new
-//! every step). Decided on the host, as natively: which parameters are present, the step counts
-//! (`Optimizer::settle`, after the replay), the loss scale's next value.
+//! buffer the host fills). What changes per step is a device value the host rewrites before
+//! each replay: the per-step table (learning rates, weight decay, bias corrections, presence),
+//! the momentum pair, FP16's loss-scale inverse, the EMA's decay pair, the gradients (gathered
+//! into a fixed buffer, a copy per run) and the running statistics the EMA averages (their
+//! trainer tensors are new every step). Decided on the host, as natively: which parameters are
+//! present, the step counts (`Optimizer::settle`, after the replay), the loss scale's next
+//! value.
 
 use super::control::Control;
 use super::recorder::{Graph, RecordError, copy_of, replay};
@@ -66,11 +67,10 @@ fn ema_parts(model: &Yolo, paths: &[String]) -> Vec<Option<Tensor<1>>> {
     in_order(&mut current, paths)
 }
 
-/// The tensors of `current` the host writes (`host_written`), in order: the parts of the
+/// The items of `all` the host writes (`host_written`), in order: the parts (or sizes) of the
 /// compact layout of [`UpdateBuffers::rest`].
-fn written_by_host(current: &[Option<Tensor<1>>], host_written: &[bool]) -> Vec<Option<Tensor<1>>> {
-    current
-        .iter()
+fn written_by_host<T: Clone>(all: &[T], host_written: &[bool]) -> Vec<T> {
+    all.iter()
         .zip(host_written)
         .filter(|(_, h)| **h)
         .map(|(t, _)| t.clone())
@@ -127,24 +127,24 @@ struct UpdateBuffers {
     rest_layout: Layout,
 }
 
-/// Per EMA tensor, where the graph reads its current value: the parameter itself (a view of
-/// the optimizer's values) where `in_graph`, else its segment of `rest`.
+/// Per EMA tensor, where the graph reads its current value: its segment of `rest` where
+/// `host_written`, else the parameter itself (a view of the optimizer's values).
 fn sources(
     current: &[Option<Tensor<1>>],
-    in_graph: &[bool],
+    host_written: &[bool],
     rest: &Tensor<1>,
     rest_layout: &Layout,
 ) -> Vec<Option<Tensor<1>>> {
     let mut k = 0;
     current
         .iter()
-        .zip(in_graph)
-        .map(|(t, &g)| {
-            if g {
-                t.clone()
-            } else {
+        .zip(host_written)
+        .map(|(t, &h)| {
+            if h {
                 k += 1;
                 Some(rest_layout.view(rest, k - 1))
+            } else {
+                t.clone()
             }
         })
         .collect()
@@ -172,23 +172,15 @@ impl UpdateGraph {
         let dispatch = device.as_dispatch();
         flat.prepare_muon(optimizer_constants.rule, table);
         let zeros = |n: usize| copy_of(Tensor::<1>::zeros([n], (&device, DType::F32)));
-        // The EMA's tensors that are views of the optimizer's values: the graph averages them
-        // where they lie, after writing the update.
+        // The EMA's tensors that are not views of the optimizer's values (the running
+        // statistics): the host writes them into `rest` before each replay; the others the
+        // graph averages where they lie, after writing the update.
         let values = storage(&flat.p).map(|(id, _)| id);
-        let in_graph: Vec<bool> = current
+        let host_written: Vec<bool> = current
             .iter()
-            .map(|t| t.as_ref().and_then(storage).map(|(id, _)| id) == values)
+            .map(|t| t.as_ref().and_then(storage).map(|(id, _)| id) != values)
             .collect();
-        let host_written: Vec<bool> = in_graph.iter().map(|g| !g).collect();
-        let rest_layout = Layout::new(
-            ema_layout
-                .sizes
-                .iter()
-                .zip(&host_written)
-                .filter(|(_, h)| **h)
-                .map(|(n, _)| *n)
-                .collect(),
-        );
+        let rest_layout = Layout::new(written_by_host(&ema_layout.sizes, &host_written));
         let u = UpdateBuffers {
             rows: copy_of(host.rows_tensor(&device)),
             mu: copy_of(host.mu_tensor(&device)),
@@ -201,7 +193,7 @@ impl UpdateGraph {
         flat.layout.gather_into(grads, &u.g);
         u.rest_layout
             .gather_into(&written_by_host(current, &host_written), &u.rest);
-        let sources = sources(current, &in_graph, &u.rest, &u.rest_layout);
+        let sources = sources(current, &host_written, &u.rest, &u.rest_layout);
 
         Dispatch::graph_prepare(dispatch).map_err(|e| err("prepare update", &e))?;
         for _ in 0..WARMUPS {
