@@ -19,7 +19,10 @@ use cubek::std::InputBinding;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// The routines, by name; the first is the one Burn runs (`Strategy::Auto` on an accelerator).
-pub const ROUTINES: [&str; 24] = [
+/// cubek's three TMA routines are left out: on the H200 they returned wrong weight gradients
+/// (errors of 0.87–1.15 of the largest value) for stride-2 convolutions without declining them
+/// (docs/perf_log.md AW1).
+pub const ROUTINES: [&str; 21] = [
     "simple-cyclic-cmma",
     "simple-cyclic-mma",
     "simple-strided-cmma",
@@ -30,8 +33,6 @@ pub const ROUTINES: [&str; 24] = [
     "simple-async-cyclic-mma",
     "simple-async-strided-cmma",
     "simple-async-strided-mma",
-    "simple-tma-cmma",
-    "simple-tma-mma",
     "double-cyclic-cmma",
     "double-cyclic-mma",
     "double-tilewise-cmma",
@@ -40,7 +41,6 @@ pub const ROUTINES: [&str; 24] = [
     "double-hybrid-mma",
     "double-async-cyclic-mma",
     "double-async-strided-mma",
-    "double-tma-mma",
     "specialized-cyclic-mma",
     "specialized-strided-mma",
     "ordered-double-mma",
@@ -59,8 +59,6 @@ fn routine(i: usize) -> Routine {
         "simple-async-cyclic-mma" => Routine::SimpleAsyncCyclicMma(Default::default()),
         "simple-async-strided-cmma" => Routine::SimpleAsyncStridedCmma(Default::default()),
         "simple-async-strided-mma" => Routine::SimpleAsyncStridedMma(Default::default()),
-        "simple-tma-cmma" => Routine::SimpleTmaCmma(Default::default()),
-        "simple-tma-mma" => Routine::SimpleTmaMma(Default::default()),
         "double-cyclic-cmma" => Routine::DoubleCyclicCmma(Default::default()),
         "double-cyclic-mma" => Routine::DoubleCyclicMma(Default::default()),
         "double-tilewise-cmma" => Routine::DoubleTilewiseCmma(Default::default()),
@@ -69,7 +67,6 @@ fn routine(i: usize) -> Routine {
         "double-hybrid-mma" => Routine::DoubleHybridMma(Default::default()),
         "double-async-cyclic-mma" => Routine::DoubleAsyncCyclicMma(Default::default()),
         "double-async-strided-mma" => Routine::DoubleAsyncStridedMma(Default::default()),
-        "double-tma-mma" => Routine::DoubleTmaMma(Default::default()),
         "specialized-cyclic-mma" => Routine::SpecializedCyclicMma(Default::default()),
         "specialized-strided-mma" => Routine::SpecializedStridedMma(Default::default()),
         "ordered-double-mma" => Routine::OrderedDoubleMma(Default::default()),
@@ -77,8 +74,12 @@ fn routine(i: usize) -> Routine {
     }
 }
 
-/// Burn's own routine: the default until another is measured faster on the step.
-pub const DEFAULT: usize = 0;
+/// Burn's own routine (`ROUTINES[BURN]`), which also runs what a chosen routine declines.
+const BURN: usize = 0;
+
+/// `specialized-cyclic-mma`: on the H200 it took the recorded seed step's GPU time from 31.9 to
+/// 28.6 ms against Burn's routine (docs/perf_log.md AW1).
+pub const DEFAULT: usize = 18;
 
 static CHOSEN: AtomicUsize = AtomicUsize::new(DEFAULT);
 
@@ -114,7 +115,7 @@ pub fn chosen() -> &'static str {
 pub fn matmul(lhs: CubeTensor, rhs: CubeTensor) -> CubeTensor {
     let dtype = lhs.dtype;
     let i = CHOSEN.load(Ordering::Relaxed);
-    if i != DEFAULT {
+    if i != BURN {
         match launch(&Strategy::MultiLevel(routine(i)), &lhs, &rhs, dtype) {
             Ok(out) => return out,
             Err(_) => {
@@ -155,7 +156,7 @@ fn launch(
 mod tests {
     use super::*;
 
-    /// Every name maps to a routine, and the default is Burn's.
+    /// Every name maps to a routine; the first is Burn's, and the default is the one measured.
     #[test]
     fn every_routine_has_a_strategy() {
         for (i, name) in ROUTINES.iter().enumerate() {
@@ -163,7 +164,8 @@ mod tests {
             let want = format!("matmul_{}", name.replace('-', "_"));
             assert!(shown.starts_with(&want), "{name} shows as {shown}");
         }
-        assert_eq!(ROUTINES[DEFAULT], "simple-cyclic-cmma");
+        assert_eq!(ROUTINES[BURN], "simple-cyclic-cmma");
+        assert_eq!(ROUTINES[DEFAULT], "specialized-cyclic-mma");
         assert!(choose("no-such-routine").is_err());
     }
 }
