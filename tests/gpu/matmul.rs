@@ -97,3 +97,62 @@ fn every_matmul_routine_gives_the_weight_gradient_on_cuda() {
     matmul::choose(matmul::ROUTINES[matmul::DEFAULT]).unwrap();
     assert!(failures.is_empty(), "{failures:#?}");
 }
+
+/// Every weight gradient of the seed's training step (batch 4, 640 px), at its own shape, by
+/// the default routine against Burn's on the same GPU: within TF32's bound of each other, and
+/// the default's bits the same twice. The shape-by-shape check the five shapes above cannot be:
+/// a routine can be right at one shape and wrong at another (the TMA routines were).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_default_routine_gives_burns_weight_gradients_at_every_seed_shape() {
+    let d = cuda();
+    let cfg = burnpose::config::Config::load(std::path::Path::new("configs/bench_seed.toml"))
+        .expect("configs/bench_seed.toml");
+    let calls: Vec<ConvCall> = burnpose::train::precompile::step_convolutions(&cfg)
+        .into_iter()
+        .map(|(c, _)| c)
+        .filter(|c| c.groups == 1 && c.weight_grad)
+        .collect();
+    assert!(
+        calls.len() > 40,
+        "only {} weight gradients traced",
+        calls.len()
+    );
+    let default = matmul::ROUTINES[matmul::DEFAULT];
+    let burns = matmul::ROUTINES[0];
+    assert_ne!(default, burns, "the default is Burn's: nothing to compare");
+    let mut failures = vec![];
+    for call in &calls {
+        let random =
+            |dims: [usize; 4]| Tensor::<4>::random(dims, Distribution::Normal(0.0, 1.0), &d);
+        let (x, w, grad) = (
+            random(call.input),
+            Tensor::<4>::zeros(call.weight, &d),
+            random(call.output()),
+        );
+        let run = |name: &str| {
+            matmul::choose(name).unwrap();
+            values(call.launch(Pass::WeightGrad, &x, &w, &grad))
+        };
+        let reference = run(burns);
+        let declined = matmul::declined();
+        let (a, b) = (run(default), run(default));
+        let declined = matmul::declined() - declined;
+        let err = rel(&a, &reference);
+        println!(
+            "{:?} {:?} s{}: error {err:.2e}, declined {declined}",
+            call.input, call.weight, call.stride[0]
+        );
+        if err.is_nan() || err >= 1e-2 {
+            failures.push(format!("{:?} {:?}: error {err}", call.input, call.weight));
+        }
+        if a != b {
+            failures.push(format!(
+                "{:?} {:?}: two runs differ",
+                call.input, call.weight
+            ));
+        }
+    }
+    matmul::choose(default).unwrap();
+    assert!(failures.is_empty(), "{failures:#?}");
+}
