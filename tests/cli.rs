@@ -49,6 +49,47 @@ fn census_and_launch_bench_refuse_a_cpu_device_up_front() {
     assert!(!ok && text.contains("--launches"), "{text}");
 }
 
+/// `bench-step --unsynced N` runs N more steps after the timed ones and prints their pace.
+#[test]
+fn bench_step_times_unsynced_steps() {
+    let dir = std::env::temp_dir().join(format!("burnpose-cli-unsynced-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("tiny.toml");
+    std::fs::write(
+        &cfg,
+        "[data]\nimgsz = 64\ntrain_images = 4\nval_images = 2\n[train]\nbatch = 2\nnbs = 2\n",
+    )
+    .unwrap();
+    let args = ["--device", "cpu", "--skip", "1", "--steps", "2"];
+    let (ok, text) = burnpose(
+        &[
+            &["bench-step", cfg.to_str().unwrap()][..],
+            &args,
+            &["--unsynced", "3"],
+        ]
+        .concat(),
+    );
+    assert!(ok, "{text}");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("unsynced: "))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        line.ends_with("ms per step over 3 steps (no device sync between them)"),
+        "{line}"
+    );
+    let ms: f64 = line["unsynced: ".len()..]
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(ms > 0.0, "{line}");
+    let (ok, text) = burnpose(&[&["bench-step", cfg.to_str().unwrap()][..], &args].concat());
+    assert!(ok && !text.contains("unsynced"), "{text}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 #[test]
 fn fit_trains_and_writes_run_folder() {
     let dir = std::env::temp_dir().join(format!("burnpose-cli-fit-{}", std::process::id()));

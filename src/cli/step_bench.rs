@@ -8,6 +8,7 @@ use crate::config::Precision;
 use crate::train::timing::{IN_STEP_SAMPLES, PHASES, mib};
 use crate::train::{Trainer, median};
 use std::path::Path;
+use std::time::Instant;
 
 #[derive(clap::Args, Debug)]
 pub struct Options {
@@ -90,6 +91,11 @@ pub struct Options {
     /// Write the census per (phase, kernel) here as CSV: runs and GPU ms per step.
     #[arg(long, requires = "census")]
     pub census_csv: Option<std::path::PathBuf>,
+    /// After the timed steps, run this many more without a device sync between them and print
+    /// their mean: the pace of a fit without `--report`, where the host may run ahead of the
+    /// GPU (the timed steps sync before and after each step).
+    #[arg(long, default_value_t = 0)]
+    pub unsynced: usize,
     /// How batches reach the device: bytes widened there (u8) or on the host (i32).
     #[arg(long, value_enum, default_value = "u8")]
     pub upload: crate::data::batch::Upload,
@@ -207,8 +213,20 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
             path.with_extension("folded").display()
         );
     }
+    let unsynced = if o.unsynced > 0 {
+        Some(run_unsynced(
+            &mut t,
+            &order,
+            nb,
+            o.skip + o.steps,
+            o.unsynced,
+        )?)
+    } else {
+        None
+    };
+    let first_census = o.skip + o.steps + o.unsynced;
     let census = if o.census > 0 {
-        Some(run_census(&mut t, &order, nb, o.skip + o.steps, o.census)?)
+        Some(run_census(&mut t, &order, nb, first_census, o.census)?)
     } else {
         None
     };
@@ -306,6 +324,12 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
             cpu * 1e3 / o.steps as f64
         );
     }
+    if let Some(ms) = unsynced {
+        println!(
+            "unsynced: {ms:.2} ms per step over {} steps (no device sync between them)",
+            o.unsynced
+        );
+    }
     if let Some(report) = census {
         // Host ms per phase from the timed steps (CUPTI's callbacks slow the census steps).
         // "Between steps" has no phase of its own: NaN.
@@ -352,6 +376,41 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
 }
 
 /// `n` more steps with phase syncs under the launch census (batches made before it starts).
+/// Mean ms per step of `n` steps from batch `first` on, with the device synced only before the
+/// first and after the last (timing off for them: nothing else syncs).
+fn run_unsynced(
+    t: &mut Trainer,
+    order: &[usize],
+    nb: usize,
+    first: usize,
+    n: usize,
+) -> anyhow::Result<f64> {
+    let batches = (first..first + n)
+        .map(|i| t.batch(order, i % nb))
+        .collect::<Result<Vec<_>, _>>()?;
+    let sync = |t: &Trainer| {
+        t.device
+            .sync()
+            .map_err(|e| anyhow::anyhow!("device sync around the unsynced steps: {e:?}"))
+    };
+    let timing = t.timing.take();
+    sync(t)?;
+    let start = Instant::now();
+    let mut result = Ok(());
+    for batch in &batches {
+        if let Err(e) = t.timed_step(batch) {
+            result = Err(e);
+            break;
+        }
+    }
+    let synced = sync(t);
+    let ms = start.elapsed().as_secs_f64() * 1e3 / n as f64;
+    t.timing = timing;
+    result?;
+    synced?;
+    Ok(ms)
+}
+
 fn run_census(
     t: &mut Trainer,
     order: &[usize],
