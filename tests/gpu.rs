@@ -17,6 +17,8 @@ mod batch_norm;
 mod depthwise;
 #[path = "gpu/kernels.rs"]
 mod kernels;
+#[path = "gpu/late.rs"]
+mod late;
 #[path = "gpu/loss_on.rs"]
 mod loss_on;
 #[path = "gpu/matmul.rs"]

@@ -35,6 +35,10 @@ pub struct Options {
     /// Override `replay.record_update`.
     #[arg(long)]
     pub record_update: Option<bool>,
+    /// Override `replay.defer_readback` (it applies to the `--unsynced` steps: the timed ones
+    /// read at once).
+    #[arg(long)]
+    pub defer_readback: Option<bool>,
     /// Override `optim.optimizer` (e.g. `musgd`, which `auto` picks for fits of more than
     /// 10,000 iterations).
     #[arg(long, value_enum)]
@@ -128,6 +132,9 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
     }
     if let Some(u) = o.record_update {
         cfg.replay.record_update = Some(u);
+    }
+    if let Some(d) = o.defer_readback {
+        cfg.replay.defer_readback = d;
     }
     if let Some(k) = o.optimizer {
         cfg.optim.optimizer = k;
@@ -326,8 +333,9 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
     }
     if let Some(ms) = unsynced {
         println!(
-            "unsynced: {ms:.2} ms per step over {} steps (no device sync between them)",
-            o.unsynced
+            "unsynced: {ms:.2} ms per step over {} steps (no device sync between them; {} read \
+             late)",
+            o.unsynced, t.read_late
         );
     }
     if let Some(report) = census {
@@ -377,7 +385,8 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
 
 /// `n` more steps with phase syncs under the launch census (batches made before it starts).
 /// Mean ms per step of `n` steps from batch `first` on, with the device synced only before the
-/// first and after the last (timing off for them: nothing else syncs).
+/// first and after the last (timing off for them: nothing else syncs; with
+/// `replay.defer_readback` they are queued as a fit queues them).
 fn run_unsynced(
     t: &mut Trainer,
     order: &[usize],
@@ -396,17 +405,13 @@ fn run_unsynced(
     let timing = t.timing.take();
     sync(t)?;
     let start = Instant::now();
-    let mut result = Ok(());
     for batch in &batches {
-        if let Err(e) = t.timed_step(batch) {
-            result = Err(e);
-            break;
-        }
+        t.queue_step(batch);
     }
+    t.finish_queued();
     let synced = sync(t);
     let ms = start.elapsed().as_secs_f64() * 1e3 / n as f64;
     t.timing = timing;
-    result?;
     synced?;
     Ok(ms)
 }

@@ -262,6 +262,13 @@ pub struct ReplaySection {
     /// more in use (docs/perf_log.md AU3). Unset: on with `optim.flat_update`, whose update it
     /// records ([`Config::record_update`]); `true` without it is refused.
     pub record_update: Option<bool>,
+    /// With `scope = "step"`: a step that ends without an optimizer step is left queued, and
+    /// its loss results (items and the counts that decide which gradients are present) are read
+    /// once the next step's replay is queued too, so the GPU runs that one while the host reads
+    /// and accumulates this one (docs/replay.md, "Reading a step late"). The same decisions on
+    /// the same values as reading at once: byte-identical by design, not yet run on a GPU
+    /// (default false). Steps timed by `--report` or `--phases` read at once.
+    pub defer_readback: bool,
 }
 
 /// What the stage of a step computes before the tape is cut (`replay.scope`).
@@ -489,6 +496,14 @@ impl Config {
             return bad(
                 "replay.scope",
                 "\"step\" records the loss on the device: set train.loss_on = \"device\" too"
+                    .into(),
+            );
+        }
+        if self.replay.defer_readback && self.replay_scope() != Scope::Step {
+            return bad(
+                "replay.defer_readback",
+                "only the recorded loss is read back a step late: set replay.scope = \"step\" \
+                 (with train.loss_on = \"device\") or leave replay.defer_readback off"
                     .into(),
             );
         }

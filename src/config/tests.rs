@@ -36,6 +36,24 @@ fn shared_parameters_need_the_flat_update() {
     );
 }
 
+/// `replay.defer_readback` reads the recorded loss late: refused without the step scope, with
+/// the key and what to set.
+#[test]
+fn defer_readback_needs_the_step_scope() {
+    let ok =
+        parse("[replay]\nscope = \"step\"\ndefer_readback = true\n[train]\nloss_on = \"device\"\n")
+            .unwrap();
+    assert!(ok.replay.defer_readback);
+    assert!(!parse("").unwrap().replay.defer_readback);
+    let e = parse("[replay]\ndefer_readback = true\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("replay.defer_readback") && e.contains("replay.scope = \"step\""),
+        "{e}"
+    );
+}
+
 /// `replay.record_update` records the flat optimizer's update: refused without it, with the key
 /// and what to set.
 #[test]

@@ -66,17 +66,24 @@ impl FlatGrads {
     /// These gradients on a buffer of their own (a copy of a recorder's buffer), registered in
     /// `into` as views of it.
     pub fn owned(self, into: &mut GradientsParams) -> Self {
+        if self.copy.is_none() {
+            return self;
+        }
+        let owned = self.detached();
+        owned.put_views(into);
+        owned
+    }
+
+    /// These gradients on a buffer of their own: a copy of a recorder's buffer, queued now (the
+    /// same bits), or themselves when they have one already.
+    pub fn detached(self) -> Self {
         match self.copy {
             None => self,
-            Some(copy) => {
-                let owned = Self {
-                    buf: copy(self.buf),
-                    copy: None,
-                    ..self
-                };
-                owned.put_views(into);
-                owned
-            }
+            Some(copy) => Self {
+                buf: copy(self.buf),
+                copy: None,
+                ..self
+            },
         }
     }
 

@@ -40,6 +40,11 @@ pub enum Control {
     /// at recording only, as if they were frozen into the graph.
     #[cfg(feature = "controls")]
     FrozenUpdateScalars,
+    /// A step left queued (`replay.defer_readback`) keeps the recorder's own buffers instead
+    /// of copies: the next step's replay rewrites them before the step is read, so it logs and
+    /// accumulates the next step's loss and gradients.
+    #[cfg(feature = "controls")]
+    ReadLateInPlace,
 }
 
 /// Which control is on, as the recorder asks it.
@@ -72,6 +77,10 @@ impl Control {
     pub fn freezes_update_scalars(self) -> bool {
         self == Control::FrozenUpdateScalars
     }
+
+    pub fn reads_late_in_place(self) -> bool {
+        self == Control::ReadLateInPlace
+    }
 }
 
 /// Without the `controls` feature no control exists.
@@ -102,6 +111,10 @@ impl Control {
     }
 
     pub fn freezes_update_scalars(self) -> bool {
+        false
+    }
+
+    pub fn reads_late_in_place(self) -> bool {
         false
     }
 }

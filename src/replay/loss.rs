@@ -47,6 +47,16 @@ pub struct PendingLoss {
 }
 
 impl PendingLoss {
+    /// The same results and flow gradients on buffers of their own (copies queued now, the
+    /// same bits), so that the next replay may rewrite the graph's before these are read
+    /// (`replay.defer_readback`).
+    pub fn detached(self) -> Self {
+        Self {
+            results: copy_of(self.results),
+            flow: self.flow.map(FlatGrads::detached),
+        }
+    }
+
     /// Waits for the replay's loss items and counts.
     pub fn read(self) -> RecordedLoss {
         let v: Vec<f32> = self

@@ -248,15 +248,35 @@ impl Stage {
         r.loss(model, loss, labels, scale)
     }
 
-    /// The network's backward from the seeds [`Stage::recorded_loss`] wrote, then the loss's
-    /// items and reach read back (the backward already queued behind the loss on the GPU): the
-    /// network's parameter gradients (those feeding only outputs the loss did not reach
-    /// dropped, as [`Stage::backward`] drops them), the buffer they are views of, and the
-    /// loss.
+    /// The network's backward from the seeds [`Stage::recorded_loss`] wrote (a replay of its
+    /// own with three graphs, already inside the step's with one): the buffer its parameter
+    /// gradients are in.
+    /// The recorder's control (`Control::None` for a native stage).
+    #[cfg(feature = "cuda")]
+    pub fn control(&self) -> super::control::Control {
+        match self {
+            Stage::Replay(r) => r.control(),
+            Stage::Native(_) => super::control::Control::None,
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    pub fn recorded_grads(&mut self) -> FlatGrads {
+        let Stage::Replay(r) = self else {
+            panic!("the recorded loss needs a replayed stage");
+        };
+        r.backward_in_place()
+    }
+
+    /// The loss's items and reach read back (the backward already queued behind the loss on
+    /// the GPU), and with them the network's parameter gradients in `flat` (from
+    /// [`Stage::recorded_grads`]; those feeding only outputs the loss did not reach dropped, as
+    /// [`Stage::backward`] drops them), the buffer they are views of, and the loss.
     #[cfg(feature = "cuda")]
     pub fn recorded_backward(
         &mut self,
         model: &Yolo,
+        flat: FlatGrads,
         pending: super::loss::PendingLoss,
     ) -> (
         GradientsParams,
@@ -267,7 +287,7 @@ impl Stage {
             panic!("the recorded loss needs a replayed stage");
         };
         let per = r.outputs_per_copy();
-        let mut flat = Some(r.backward_in_place());
+        let mut flat = Some(flat);
         let recorded = pending.read();
         let mut out = GradientsParams::new();
         if let Some(f) = &flat {

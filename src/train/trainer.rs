@@ -120,6 +120,12 @@ pub struct Trainer {
     pub replay_off: Option<String>,
     /// When set, every training step is timed between two device syncs (benchmarks).
     pub timing: Option<StepTiming>,
+    /// Steps whose loss was read back after the next step's replay was queued
+    /// (`replay.defer_readback`).
+    pub read_late: usize,
+    /// The step [`Trainer::queue_step`] left to finish (`replay.defer_readback`).
+    #[cfg(feature = "cuda")]
+    queued: Option<step::Launched>,
 }
 
 /// The optimizer 'auto' resolves to, with its lr0 and momentum (yolo_spec §4.2).
@@ -227,6 +233,9 @@ impl Trainer {
             last_opt_step: -1,
             pending: None,
             pending_flat: Vec::new(),
+            read_late: 0,
+            #[cfg(feature = "cuda")]
+            queued: None,
             history: Vec::new(),
             loader: Loader {
                 source: Arc::new(train),
@@ -442,25 +451,36 @@ impl Trainer {
         let mut batches =
             self.loader
                 .prefetch(self.epoch, order, first, nb, self.mosaic(self.epoch));
-        while let Some(batch) = batches.next() {
-            let (b, batch) = (batches.position() - 1, batch?);
-            let items = self.timed_step(&batch)?;
-            // FP16's loss scaler skips non-finite steps itself; in FP32 and BF16 such a step has
-            // already spread NaN into the weights, so nothing after it may be saved.
-            if self.scaler.is_none()
-                && let Some(&value) = items.iter().find(|v| !v.is_finite())
-            {
-                return Err(TrainError::NonFinite {
-                    epoch: self.epoch + 1,
-                    iteration: b + 1,
-                    of: nb,
-                    value,
-                });
+        // Batch index of the next step to finish (`queue_step` may finish one a call later).
+        let mut b = first;
+        loop {
+            let done = match batches.next() {
+                Some(batch) if self.timing.is_none() => self.queue_step(&batch?),
+                Some(batch) => vec![self.timed_step(&batch?)?],
+                None => match self.finish_queued() {
+                    Some(items) => vec![items],
+                    None => break,
+                },
+            };
+            for items in done {
+                // FP16's loss scaler skips non-finite steps itself; in FP32 and BF16 such a
+                // step has already spread NaN into the weights, so nothing after it may be saved.
+                if self.scaler.is_none()
+                    && let Some(&value) = items.iter().find(|v| !v.is_finite())
+                {
+                    return Err(TrainError::NonFinite {
+                        epoch: self.epoch + 1,
+                        iteration: b + 1,
+                        of: nb,
+                        value,
+                    });
+                }
+                for (s, v) in sums.iter_mut().zip(items) {
+                    *s += v as f64;
+                }
+                on_step(b, nb, &items);
+                b += 1;
             }
-            for (s, v) in sums.iter_mut().zip(items) {
-                *s += v as f64;
-            }
-            on_step(b, nb, &items);
         }
         let lr = self.schedule.hyper(self.epoch, self.ni).lr[0];
         self.loss.update(self.epoch + 1, self.cfg.train.epochs);

@@ -50,16 +50,18 @@ impl Trainer {
         (grads, flat.into_iter().collect(), items)
     }
 
-    /// [`Trainer::loss_and_backward`] from the recorded loss (`replay.scope = "step"`): its
-    /// items are read back with the counts that decide which gradients are present, after the
-    /// network's backward is queued.
+    /// The recorded loss and backward of `labels` (`replay.scope = "step"`) replayed: their
+    /// results still on the device. `detach`: on buffers of their own (copies queued behind
+    /// the replay), so the step can be finished after the next one's replay
+    /// (`replay.defer_readback`).
     #[cfg(feature = "cuda")]
-    fn recorded_loss(
+    fn launch_recorded(
         &mut self,
         features: StageOutputs,
         labels: &[Vec<Instance>],
         clock: &mut PhaseClock,
-    ) -> (GradientsParams, Vec<FlatGrads>, Items) {
+        detach: bool,
+    ) -> Launched {
         clock.mark(Phase::Assign);
         let scale = self.scaler.as_ref().map(|s| s.scale);
         let pending =
@@ -67,7 +69,29 @@ impl Trainer {
                 .recorded_loss(&mut self.model, features, &self.loss, labels, scale);
         clock.mark(Phase::Loss);
         clock.mark(Phase::HeadBackward);
-        let (stage_grads, flat, recorded) = self.stage.recorded_backward(&self.model, pending);
+        let grads = self.stage.recorded_grads();
+        if detach && !self.stage.control().reads_late_in_place() {
+            Launched {
+                grads: grads.detached(),
+                pending: pending.detached(),
+            }
+        } else {
+            Launched { grads, pending }
+        }
+    }
+
+    /// [`Trainer::loss_and_backward`] from a [`Trainer::launch_recorded`] replay: its items are
+    /// read back with the counts that decide which gradients are present (after the network's
+    /// backward is queued).
+    #[cfg(feature = "cuda")]
+    fn finish_recorded(
+        &mut self,
+        launched: Launched,
+        clock: &mut PhaseClock,
+    ) -> (GradientsParams, Vec<FlatGrads>, Items) {
+        let (stage_grads, flat, recorded) =
+            self.stage
+                .recorded_backward(&self.model, launched.grads, launched.pending);
         let mut grads = GradientsParams::new();
         if let Some(f) = &recorded.flow {
             f.put_views(&mut grads);
@@ -86,14 +110,19 @@ impl Trainer {
         (grads, flats, Items::Read(recorded.items))
     }
 
-    #[cfg(not(feature = "cuda"))]
-    fn recorded_loss(
-        &mut self,
-        _: StageOutputs,
-        _: &[Vec<Instance>],
-        _: &mut PhaseClock,
-    ) -> (GradientsParams, Vec<FlatGrads>, Items) {
-        unreachable!("only a replayed stage records the loss")
+    /// The step [`Trainer::queue_step`] left queued, if any, finished: its loss read back, its
+    /// gradients accumulated (it ended without an optimizer step), its items logged and given.
+    pub fn finish_queued(&mut self) -> Option<[f32; 6]> {
+        #[cfg(feature = "cuda")]
+        if let Some(launched) = self.queued.take() {
+            let mut clock = PhaseClock::new(None, &self.device);
+            let (grads, flats, items) = self.finish_recorded(launched, &mut clock);
+            self.accumulate(grads, flats, true);
+            let items = items.read();
+            self.step_losses.push(items);
+            return Some(items);
+        }
+        None
     }
 
     /// `replay.shared_parameters`, before the recording: the optimizer's flat buffers gathered
@@ -110,9 +139,28 @@ impl Trainer {
     /// One micro-batch: forward, assignment, loss, backward, and — when enough micro-batches
     /// are accumulated — clip, optimizer step and EMA update. Returns the logged loss items.
     pub fn train_step(&mut self, batch: &Batch) -> [f32; 6] {
+        let mut done = self.step(batch, false);
+        done.pop()
+            .expect("a step that is not left queued is finished")
+    }
+
+    /// [`Trainer::train_step`], except that with `replay.defer_readback` (and no timing, no
+    /// data-parallel group) a replayed step that ends without an optimizer step is left
+    /// queued: its loss is read back and its gradients accumulated by the next call, once that
+    /// call's replay is queued behind it, or by [`Trainer::finish_queued`]. Returns the logged
+    /// items of every step this call finished, oldest first.
+    pub fn queue_step(&mut self, batch: &Batch) -> Vec<[f32; 6]> {
+        let defer =
+            self.cfg.replay.defer_readback && self.timing.is_none() && self.collective.is_none();
+        self.step(batch, defer)
+    }
+
+    fn step(&mut self, batch: &Batch, defer: bool) -> Vec<[f32; 6]> {
         let labels: Vec<Vec<Instance>> =
             batch.samples.iter().map(|s| s.instances.clone()).collect();
         let mut clock = PhaseClock::new(self.timing.as_ref(), &self.device);
+        // A recording step reads at once.
+        let defer = defer && self.stage.records_loss() && !self.stage.records_next();
         if self.cfg.replay.shared_parameters && self.stage.records_next() {
             self.share_parameters();
         }
@@ -128,17 +176,40 @@ impl Trainer {
             clock.mark(Phase::Features);
             features
         };
+        let stepped =
+            self.ni as i64 - self.last_opt_step >= self.schedule.accumulate(self.ni) as i64;
+        let mut done = Vec::new();
         // The recorded loss reads the outputs' buffers itself: no head view of them.
         let (mut grads, mut flats, items) = if self.stage.records_loss() {
             clock.mark(Phase::Head);
-            self.recorded_loss(features, &labels, &mut clock)
+            #[cfg(feature = "cuda")]
+            {
+                let launched =
+                    self.launch_recorded(features, &labels, &mut clock, defer && !stepped);
+                // The step queued before this one accumulates first, while this one runs.
+                done.extend(self.finish_queued());
+                if defer && !stepped {
+                    self.queued = Some(launched);
+                    self.read_late += 1;
+                    self.ni += 1;
+                    return done;
+                }
+                self.finish_recorded(launched, &mut clock)
+            }
+            #[cfg(not(feature = "cuda"))]
+            {
+                let _ = defer;
+                unreachable!("only a replayed stage records the loss")
+            }
         } else {
             let out = {
                 let _reduced = autocast(dtype);
                 features.head(&self.model.head)
             };
             clock.mark(Phase::Head);
-            self.loss_and_backward(&out, features, &labels, &mut clock)
+            let r = self.loss_and_backward(&out, features, &labels, &mut clock);
+            done.extend(self.finish_queued());
+            r
         };
         if let Some(c) = &self.collective {
             grads = all_reduce_grads(c.as_ref(), grads, &self.optimizer.table, &self.device);
@@ -146,8 +217,6 @@ impl Trainer {
             // Before the optimizer step, so the EMA copies rank 0's statistics too.
             self.model = broadcast_buffers(c.as_ref(), self.model.clone(), &self.device);
         }
-        let stepped =
-            self.ni as i64 - self.last_opt_step >= self.schedule.accumulate(self.ni) as i64;
         self.accumulate(grads, flats, !stepped);
         let queued = if stepped {
             self.last_opt_step = self.ni as i64;
@@ -174,8 +243,18 @@ impl Trainer {
             }
         }
         self.step_losses.push(items);
-        items
+        done.push(items);
+        done
     }
+}
+
+/// A replay of the recorded loss and backward whose results are still on the device
+/// ([`Trainer::launch_recorded`]).
+#[cfg(feature = "cuda")]
+pub(crate) struct Launched {
+    /// The network's parameter gradients (the recorder's buffer, or a copy of it).
+    grads: FlatGrads,
+    pending: crate::replay::loss::PendingLoss,
 }
 
 /// A step's logged loss items: read back already, or still on the device.
