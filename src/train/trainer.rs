@@ -314,46 +314,6 @@ impl Trainer {
             .batch(self.epoch, order, b, self.mosaic(self.epoch))
     }
 
-    /// [`Trainer::train_step`], timed between device syncs when [`Trainer::timing`] is set.
-    pub fn timed_step(&mut self, batch: &Batch) -> Result<[f32; 6], TrainError> {
-        if self.timing.is_none() {
-            return Ok(self.train_step(batch));
-        }
-        let sync = |d: &Device| {
-            d.sync()
-                .map_err(|e| TrainError::Setup(format!("device sync failed: {e:?}")))
-        };
-        sync(&self.device)?;
-        let start = std::time::Instant::now();
-        let events = self.timing.as_ref().is_some_and(|t| t.events) && !self.stage.records_next();
-        let (items, window) = if events {
-            let device = self.device.clone();
-            let (items, window) = device
-                .profile(|| self.train_step(batch))
-                .map_err(|e| TrainError::Setup(format!("device profiling failed: {e:?}")))?;
-            (items, Some(window))
-        } else {
-            (self.train_step(batch), None)
-        };
-        sync(&self.device)?;
-        let ms = start.elapsed().as_secs_f64() * 1e3;
-        let event_ms = window.map(|w| {
-            burn::tensor::read_sync(w.resolve())
-                .map_or(f64::NAN, |ticks| ticks.duration().as_secs_f64() * 1e3)
-        });
-        let usage = self.device.memory_pool_usage();
-        let t = self.timing.as_mut().expect("checked above");
-        t.step_ms.push(ms);
-        if t.events {
-            t.event_ms.push(event_ms.unwrap_or(f64::NAN));
-        }
-        if let Some(u) = usage {
-            t.in_use.push(u.bytes_in_use);
-            t.reserved.push(u.bytes_reserved);
-        }
-        Ok(items)
-    }
-
     /// An optimizer step (clip, update, EMA) now, whatever the accumulation count says; for
     /// `burnpose warmup`, which only needs the kernels it runs.
     pub fn force_optimizer_step(&mut self) {
