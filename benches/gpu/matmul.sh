@@ -6,7 +6,8 @@
 # rounds of default / best). STAGE=conv or STAGE=census runs one half (BEST names the routine).
 # Here: `bash benches/gpu/pack.sh`. There, carrying ".gpu":
 #   source .gpu/setup.sh && bash benches/gpu/matmul.sh
-# Writes $OUT/matmul_routines.md and $OUT/matmul_census.md (the census tables of every run).
+# Writes $OUT/matmul_routines.md, $OUT/matmul_census.md (the census tables of every run) and
+# the first round's census archives ($OUT/census_<arm>.tgz: logs and per-kernel CSVs).
 set -u
 CONFIG=${CONFIG:-configs/bench_seed_step.toml}
 here=$(dirname "$0")
@@ -43,6 +44,8 @@ for round in $(seq "${ROUNDS:-2}"); do
     OUT=$OUT/m WARMUP=0 LAUNCH=0 SKIP=${SKIP:-8} STEPS=${STEPS:-12} CENSUS=${CENSUS:-2} ARMS=replay \
       CONFIG=$CONFIG EXTRA="$extra" bash "$here/census.sh" > "$OUT/m.log" 2>&1
     { echo "## round $round: $arm"; grep -E "rc=|^\| |^bench-step|rror|panick" "$OUT/m.log" | grep -v "^| phase"; } | tee -a "$md"
+    # The per-kernel CSVs, for the next cut (at most 8 files come back).
+    [ "$round" = 1 ] && mv "$OUT/m/census.tgz" "$OUT/census_${arm}.tgz" 2>/dev/null
   done
 done
 rm -rf "$OUT/m" "$OUT/m.log"
