@@ -120,3 +120,22 @@ fn the_device_path_trains_in_fp16_at_the_step_cut() {
     );
     assert!(s.growth_tracker + s.skipped > 0, "no optimizer step: {s:?}");
 }
+
+/// `replay.defer_readback` where nothing is recorded (the CPU's native stage): no step is read
+/// late, and a fit through `run_epoch` (which queues its untimed steps) gives the same state and
+/// per-step losses as without it.
+#[test]
+fn defer_readback_changes_nothing_without_a_recorded_loss() {
+    let run = |defer: bool| {
+        let mut t = trainer_in("device", "pose", Some("step"));
+        t.cfg.replay.defer_readback = defer;
+        while !t.finished() {
+            t.run_epoch(&mut |_, _, _| {}).unwrap();
+        }
+        assert_eq!(t.read_late, 0);
+        (t.state_hashes(), t.step_losses.clone())
+    };
+    let (on, off) = (run(true), run(false));
+    assert_eq!(on.1.len(), 8, "two epochs of four steps");
+    assert_eq!(on, off);
+}
