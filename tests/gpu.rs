@@ -53,6 +53,21 @@ fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
     t.into_data().convert::<f32>().try_into_vec().unwrap()
 }
 
+/// Largest absolute difference relative to the largest reference value; NaN where `a` holds a
+/// value that is not finite (a NaN would pass unseen through `f32::max`).
+fn rel_values(a: &[f32], reference: &[f32]) -> f32 {
+    assert_eq!(a.len(), reference.len());
+    if a.iter().any(|v| !v.is_finite()) {
+        return f32::NAN;
+    }
+    let scale = reference.iter().fold(1e-12f32, |m, v| m.max(v.abs()));
+    let diff = a
+        .iter()
+        .zip(reference)
+        .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+    diff / scale
+}
+
 /// The CUDA tensor inside `t`, for calling our kernels directly.
 fn cube<const D: usize>(t: Tensor<D>) -> burn_cubecl::tensor::CubeTensor {
     use burn::backend::{BackendTensor, DispatchTensorKind};

@@ -383,7 +383,6 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `n` more steps with phase syncs under the launch census (batches made before it starts).
 /// Mean ms per step of `n` steps from batch `first` on, with the device synced only before the
 /// first and after the last (timing off for them: nothing else syncs; with
 /// `replay.defer_readback` they are queued as a fit queues them).
@@ -416,6 +415,7 @@ fn run_unsynced(
     Ok(ms)
 }
 
+/// `n` more steps with phase syncs under the launch census (batches made before it starts).
 fn run_census(
     t: &mut Trainer,
     order: &[usize],

@@ -248,9 +248,6 @@ impl Stage {
         r.loss(model, loss, labels, scale)
     }
 
-    /// The network's backward from the seeds [`Stage::recorded_loss`] wrote (a replay of its
-    /// own with three graphs, already inside the step's with one): the buffer its parameter
-    /// gradients are in.
     /// The recorder's control (`Control::None` for a native stage).
     #[cfg(feature = "cuda")]
     pub fn control(&self) -> super::control::Control {
@@ -260,6 +257,9 @@ impl Stage {
         }
     }
 
+    /// The network's backward from the seeds [`Stage::recorded_loss`] wrote (a replay of its
+    /// own with three graphs, already inside the step's with one): the buffer its parameter
+    /// gradients are in.
     #[cfg(feature = "cuda")]
     pub fn recorded_grads(&mut self) -> FlatGrads {
         let Stage::Replay(r) = self else {

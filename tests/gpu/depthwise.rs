@@ -4,24 +4,13 @@
 //! stride 2, dilation, padding other than k/2, a 5×5 kernel, NHWC-strided and BF16 inputs, and
 //! positions enough for several partial sums per channel; two runs give the same bits.
 
-use super::{cube, cube_values as values, cuda};
+use super::{cube, cube_values as values, cuda, rel_values};
 use burn::backend::ops::{ConvOptions, FloatTensorOps};
 use burn::prelude::*;
 use burn::tensor::{DType, Distribution, FloatDType};
 use burn_cubecl::CubeBackend;
 use burn_cubecl::kernel::conv::{self, ConvStrategy};
 use burnpose::model::ops::{depthwise, wgrad};
-
-/// Largest absolute difference relative to the largest reference value.
-fn rel(a: &[f32], reference: &[f32]) -> f32 {
-    assert_eq!(a.len(), reference.len());
-    let scale = reference.iter().fold(1e-12f32, |m, v| m.max(v.abs()));
-    let diff = a
-        .iter()
-        .zip(reference)
-        .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
-    diff / scale
-}
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
@@ -85,7 +74,7 @@ fn depthwise_gradients_match_the_operations_they_replace_on_cuda() {
             a.iter().filter(|v| **v != 0.0).count() > a.len() / 2,
             "{what}: dx mostly zero"
         );
-        let e = rel(&a, &reference);
+        let e = rel_values(&a, &reference);
         assert!(e < 1e-5, "{what}: dx differs from Burn's by {e}");
 
         // Weight gradient: the tensor-operation columns, product and reductions as the reference,
@@ -113,7 +102,7 @@ fn depthwise_gradients_match_the_operations_they_replace_on_cuda() {
                 a.iter().any(|v| *v != 0.0),
                 "{what} {layout}: weight gradient all zero"
             );
-            let e = rel(&a, &reference);
+            let e = rel_values(&a, &reference);
             assert!(
                 e < 1e-5,
                 "{what} {layout}: dw differs from the tensor operations by {e}"

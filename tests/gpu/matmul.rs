@@ -2,29 +2,12 @@
 //! the FP32 weight gradient of the CPU within TF32's bound, the same bits twice, and says when
 //! it declined a product (Burn's routine ran it then).
 
-use super::{cuda, values};
+use super::{cuda, rel_values, values};
 use burn::backend::ops::ConvOptions;
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use burnpose::model::ops::matmul;
 use burnpose::model::ops::trace::{ConvCall, Pass};
-
-/// Largest absolute difference relative to the largest reference value.
-fn rel(a: &[f32], reference: &[f32]) -> f32 {
-    let scale = reference
-        .iter()
-        .fold(0f32, |m, v| m.max(v.abs()))
-        .max(1e-12);
-    let diff = a
-        .iter()
-        .zip(reference)
-        .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
-    if a.iter().any(|v| !v.is_finite()) {
-        f32::NAN
-    } else {
-        diff / scale
-    }
-}
 
 /// The weight gradient of `call` for `x` and the output gradient `grad` on `device`.
 fn weight_grad(call: &ConvCall, x: &[f32], grad: &[f32], device: &Device) -> Vec<f32> {
@@ -83,7 +66,7 @@ fn every_matmul_routine_gives_the_weight_gradient_on_cuda() {
             let a = weight_grad(&call, &x, &grad, &d);
             let b = weight_grad(&call, &x, &grad, &d);
             let declined = matmul::declined() - declined;
-            let err = rel(&a, &reference);
+            let err = rel_values(&a, &reference);
             println!("{name} {ci}->{co} k{k} s{s} {hw}px: error {err:.2e}, declined {declined}");
             // TF32 keeps 10 mantissa bits: ~1e-3 of each product, less in the sums.
             if err.is_nan() || err >= 1e-2 {
@@ -138,7 +121,7 @@ fn the_default_routine_gives_burns_weight_gradients_at_every_seed_shape() {
         let declined = matmul::declined();
         let (a, b) = (run(default), run(default));
         let declined = matmul::declined() - declined;
-        let err = rel(&a, &reference);
+        let err = rel_values(&a, &reference);
         println!(
             "{:?} {:?} s{}: error {err:.2e}, declined {declined}",
             call.input, call.weight, call.stride[0]

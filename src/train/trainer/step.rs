@@ -190,8 +190,12 @@ impl Trainer {
     /// call's replay is queued behind it, or by [`Trainer::finish_queued`]. Returns the logged
     /// items of every step this call finished, oldest first.
     pub fn queue_step(&mut self, batch: &Batch) -> Vec<[f32; 6]> {
-        let defer =
-            self.cfg.replay.defer_readback && self.timing.is_none() && self.collective.is_none();
+        // Only a recorded loss is read late, and never on the step that records it.
+        let defer = self.cfg.replay.defer_readback
+            && self.timing.is_none()
+            && self.collective.is_none()
+            && self.stage.records_loss()
+            && !self.stage.records_next();
         self.step(batch, defer)
     }
 
@@ -199,8 +203,6 @@ impl Trainer {
         let labels: Vec<Vec<Instance>> =
             batch.samples.iter().map(|s| s.instances.clone()).collect();
         let mut clock = PhaseClock::new(self.timing.as_ref(), &self.device);
-        // A recording step reads at once.
-        let defer = defer && self.stage.records_loss() && !self.stage.records_next();
         if self.cfg.replay.shared_parameters && self.stage.records_next() {
             self.share_parameters();
         }
@@ -218,17 +220,19 @@ impl Trainer {
         };
         let stepped =
             self.ni as i64 - self.last_opt_step >= self.schedule.accumulate(self.ni) as i64;
+        // Left queued: a step without an optimizer step, whose update would have to precede
+        // the next forward.
+        let queue = defer && !stepped;
         let mut done = Vec::new();
         // The recorded loss reads the outputs' buffers itself: no head view of them.
         let (mut grads, mut flats, items) = if self.stage.records_loss() {
             clock.mark(Phase::Head);
             #[cfg(feature = "cuda")]
             {
-                let launched =
-                    self.launch_recorded(features, &labels, &mut clock, defer && !stepped);
+                let launched = self.launch_recorded(features, &labels, &mut clock, queue);
                 // The step queued before this one accumulates first, while this one runs.
                 done.extend(self.finish_queued());
-                if defer && !stepped {
+                if queue {
                     self.queued = Some(launched);
                     self.read_late += 1;
                     self.ni += 1;
@@ -238,7 +242,7 @@ impl Trainer {
             }
             #[cfg(not(feature = "cuda"))]
             {
-                let _ = defer;
+                let _ = queue;
                 unreachable!("only a replayed stage records the loss")
             }
         } else {
