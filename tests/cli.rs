@@ -310,6 +310,72 @@ fn bench_runs_pairs_and_writes_tables() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `bench --unsynced`: the fits time their steps without syncs, so the table gives their mean
+/// as the pace and no synced step median or in-step memory; each report says how it was timed.
+#[test]
+fn bench_unsynced_gives_the_pace_instead_of_the_step_median() {
+    let dir = std::env::temp_dir().join(format!("burnpose-cli-unsynced-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("tiny.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[data]\nimgsz = 64\ntrain_images = 6\nval_images = 2\n[train]\nepochs = 1\nbatch = 2\nnbs = 2\n[output]\ndir = {:?}\n",
+            dir.join("runs").to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let out = dir.join("bench");
+    let (ok, text) = burnpose(&[
+        "bench",
+        cfg.to_str().unwrap(),
+        "--pairs",
+        "1",
+        "--skip",
+        "1",
+        "--device",
+        "cpu",
+        "--unsynced",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(ok, "{text}");
+    let report: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out.join("reports/bench-native-0.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(report["unsynced"], true, "{report}");
+    let steps: Vec<f64> = report["step_ms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    assert_eq!(steps.len(), 3, "one time per step: {report}");
+    assert!(report["peak_in_step_mib"].is_null(), "{report}");
+    let md = std::fs::read_to_string(out.join("bench.md")).unwrap();
+    let row = |name: &str| {
+        md.lines()
+            .find(|l| l.starts_with(&format!("| {name} |")))
+            .unwrap_or_else(|| panic!("no row {name}: {md}"))
+            .to_string()
+    };
+    // The pace is the mean of the last two steps of the native fit, as its column shows.
+    let pace = (steps[1] + steps[2]) / 2.0;
+    let native: f64 = row("post-warm-up pace, unsynced mean (ms)")
+        .split('|')
+        .nth(2)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((native - pace).abs() < 0.051, "{native} vs {pace}: {md}");
+    assert!(row("post-warm-up step (ms)").contains("n/a"), "{md}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// A wrong `--peer` file fails at once, named, before any fit runs.
 #[test]
 fn bench_checks_the_peer_report_first() {

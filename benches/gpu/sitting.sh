@@ -26,6 +26,8 @@ mkdir -p "$seed"
 if [ -n "${RESUME:-}" ]; then cp -r "$RESUME"/. "$seed"/; args+=(--resume); fi
 peer_json=${PEER_JSON:-$work/peer/ultralytics.json}
 [ -f "$peer_json" ] && args+=(--peer "$peer_json")
+# UNSYNCED=1: the fits time their steps without device syncs (`bench --unsynced`: the pace).
+[ "${UNSYNCED:-0}" = 1 ] && args+=(--unsynced)
 # Leave ~40 s for packing; a cut bench keeps its completed fits (reports) for --resume.
 timeout $(($(left) - 40)) burnpose bench "$CONFIG" --pairs "$PAIRS" --out "$seed" "${args[@]}" > "$work/bench.log" 2>&1
 echo "bench rc=$? at $(($(date +%s) - T0)) s"

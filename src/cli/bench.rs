@@ -30,8 +30,12 @@ pub struct FitReport {
     /// Of the epochs: validating the EMA.
     #[serde(default)]
     pub validation_s: Option<f64>,
-    /// Every training step, device-synchronised at both ends.
+    /// Every training step, device-synchronised at both ends (or, with `unsynced`, by the
+    /// host's clock alone).
     pub step_ms: Vec<f64>,
+    /// The steps were timed without device syncs (`fit --unsynced`): their mean is the pace.
+    #[serde(default)]
+    pub unsynced: bool,
     /// Every training step by the device's clock (`fit --events`; NaN for the recording step).
     #[serde(default)]
     pub event_ms: Vec<f64>,
@@ -63,6 +67,7 @@ impl FitReport {
             peak_in_use_mib: mib(timing.peak_in_use()),
             peak_in_step_mib: timing.peak_in_step().map(mib),
             peak_reserved_mib: mib(timing.peak_reserved()),
+            unsynced: timing.unsynced,
             step_ms: timing.step_ms,
             event_ms: timing.event_ms,
             hashes,
@@ -125,6 +130,10 @@ pub struct Plan {
     /// A peer's report (benches/peer/ultralytics_pose.py JSON), shown beside the two arms.
     #[arg(long)]
     pub peer: Option<PathBuf>,
+    /// Time the fits' steps without device syncs (`fit --unsynced`): the step row becomes the
+    /// pace (a mean) and the in-step memory row is left empty.
+    #[arg(long)]
+    pub unsynced: bool,
     /// Keep the fits an earlier `bench` with the same `--out` completed, run only the rest (to
     /// split a benchmark over several device sessions).
     #[arg(long)]
@@ -141,6 +150,7 @@ pub fn run(config: &Path, plan: Plan) -> anyhow::Result<()> {
         peer,
         resume,
         events,
+        unsynced,
     } = plan;
     let out = out.as_path();
     anyhow::ensure!(pairs > 0, "--pairs must be at least 1");
@@ -160,6 +170,7 @@ pub fn run(config: &Path, plan: Plan) -> anyhow::Result<()> {
         out,
         cache,
         events,
+        unsynced,
     };
     let plan: Vec<(usize, &'static str)> = (0..pairs)
         .flat_map(|pair| [(pair, "native"), (pair, "replay")])
@@ -221,6 +232,7 @@ struct Child<'a> {
     out: &'a Path,
     cache: CacheState,
     events: bool,
+    unsynced: bool,
 }
 
 impl Child<'_> {
@@ -264,6 +276,7 @@ impl Child<'_> {
             .arg("--report")
             .arg(&report_path)
             .args(self.events.then_some("--events"))
+            .args(self.unsynced.then_some("--unsynced"))
             .args(&self.device_args)
             .stdout(log.try_clone()?)
             .stderr(log);
@@ -354,6 +367,12 @@ fn step_median(step_ms: &[f64], skip: usize) -> Option<f64> {
     (!timed.is_empty()).then(|| crate::train::median(&timed))
 }
 
+/// Mean of the steps after the first `skip`, if there are any: an unsynced fit's pace.
+fn step_mean(step_ms: &[f64], skip: usize) -> Option<f64> {
+    let v = step_ms.get(skip..).filter(|v| !v.is_empty())?;
+    Some(crate::train::timing::mean(v))
+}
+
 /// Seconds in all timed steps (NaN entries, steps not timed, left out).
 fn steps_total_s(step_ms: &[f64]) -> f64 {
     step_ms.iter().filter(|v| !v.is_nan()).sum::<f64>() / 1e3
@@ -366,7 +385,7 @@ type Metric = (
     fn(&PeerReport, usize) -> Option<f64>,
 );
 
-const METRICS: [Metric; 11] = [
+const METRICS: [Metric; 12] = [
     (
         "complete fit (s)",
         |r, _| Some(r.report.fit_s),
@@ -379,13 +398,20 @@ const METRICS: [Metric; 11] = [
     ),
     (
         "post-warm-up step (ms)",
-        |r, skip| step_median(&r.report.step_ms, skip),
+        |r, skip| step_median(&r.report.step_ms, skip).filter(|_| !r.report.unsynced),
         |p, skip| step_median(&p.step_ms, skip),
     ),
     // Only with `bench --events`; the peer's script times with synchronised wall clock.
     (
         "post-warm-up step, device clock (ms)",
         |r, skip| step_median(&r.report.event_ms, skip),
+        |_, _| None,
+    ),
+    // Only with `bench --unsynced`: no sync around a step, so one step's time is not its cost,
+    // but their mean is the fit's pace.
+    (
+        "post-warm-up pace, unsynced mean (ms)",
+        |r, skip| step_mean(&r.report.step_ms, skip).filter(|_| r.report.unsynced),
         |_, _| None,
     ),
     // The peer's is PyTorch's peak (`max_memory_allocated`); ours the largest of the pool reads

@@ -28,6 +28,8 @@ pub struct FitOptions {
     pub phases: bool,
     /// Also time every step with the device's clock (`StepTiming::events`).
     pub events: bool,
+    /// Time the steps without device syncs (`StepTiming::unsynced`).
+    pub unsynced: bool,
     /// Write into an existing run folder of the same name instead of a new `<name>2`, `<name>3`…
     pub exist_ok: bool,
 }
@@ -43,6 +45,7 @@ pub fn run(config_path: &Path, o: FitOptions) -> anyhow::Result<()> {
         report: report_path,
         phases,
         events,
+        unsynced,
         exist_ok,
     } = o;
     let process_start = std::time::Instant::now();
@@ -115,12 +118,14 @@ pub fn run(config_path: &Path, o: FitOptions) -> anyhow::Result<()> {
     let mut trainer = Trainer::new(cfg, config_path, device.clone())?;
     trainer.cfg.model.weights = start_weights;
     let setup_s = fit_start.elapsed().as_secs_f64();
-    if report_path.is_some() || phases || events {
+    if report_path.is_some() || phases || events || unsynced {
         trainer.timing = Some(crate::train::StepTiming {
             phases,
             events,
-            // A benchmark's report compares memory with the peer's in-step peak.
-            in_step_memory: report_path.is_some(),
+            unsynced,
+            // A benchmark's report compares memory with the peer's in-step peak (a read inside
+            // the step, which waits for the device thread: not in an unsynced fit).
+            in_step_memory: report_path.is_some() && !unsynced,
             ..Default::default()
         });
     }
@@ -296,11 +301,19 @@ impl FitEvents for Progress {
         );
         // Per epoch: the step can drift as training goes on (docs/perf_log.md).
         if let Some(t) = &trainer.timing {
-            let mut line = format!(
-                "  step median {:.1} ms ({})",
-                crate::train::median(&t.step_ms[timed_from..]),
-                t.optimizer_split(timed_from)
-            );
+            let mut line = if t.unsynced {
+                format!(
+                    "  pace {:.1} ms per step (unsynced mean; {} read late so far)",
+                    t.mean_from(timed_from),
+                    trainer.read_late
+                )
+            } else {
+                format!(
+                    "  step median {:.1} ms ({})",
+                    crate::train::median(&t.step_ms[timed_from..]),
+                    t.optimizer_split(timed_from)
+                )
+            };
             if self.phases {
                 line += &format!("; phases (median ms, synced): {}", t.phase_line(timed_from));
             }

@@ -75,6 +75,11 @@ pub enum Command {
         /// GPU, so off by default) into the report's `event_ms` and `steps.csv`.
         #[arg(long)]
         events: bool,
+        /// Time every step by the host's clock alone, with no device sync around it (the pace
+        /// of a fit without timing: the report's steps are then averaged, not a median; no
+        /// reads of memory inside a step).
+        #[arg(long, conflicts_with_all = ["phases", "events"])]
+        unsynced: bool,
         /// Write into the run folder even if it holds an earlier run (default: a fresh
         /// `<name>2`, `<name>3`, … so nothing is overwritten).
         #[arg(long)]
@@ -281,6 +286,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             report,
             phases,
             events,
+            unsynced,
             exist_ok,
         } => fit::run(
             &config,
@@ -294,6 +300,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 report,
                 phases,
                 events,
+                unsynced,
                 exist_ok,
             },
         ),

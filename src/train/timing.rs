@@ -27,6 +27,12 @@ pub struct StepTiming {
     pub event_ms: Vec<f64>,
     /// How batches reach the device (compared by `bench-step --upload`).
     pub upload: Upload,
+    /// Time each step by the host's clock alone, with no device sync around it (not with
+    /// `phases`, `events` or `in_step_memory`, which sync): a step's time is how long its call
+    /// took, the device's queue overlapping the host's work as in a fit without timing, so over
+    /// many steps their mean is the fit's pace. Steps may then be read late
+    /// (`replay.defer_readback`).
+    pub unsynced: bool,
     /// Also read the pool's bytes in use inside every step, at the ends of [`IN_STEP_SAMPLES`],
     /// into `in_step` (each read waits for the device thread to reach it: a small cost per step).
     pub in_step_memory: bool,
@@ -100,6 +106,12 @@ impl StepTiming {
         )
     }
 
+    /// The mean ms of the steps from `from` on (NaN when there are none): with
+    /// [`StepTiming::unsynced`], the pace.
+    pub fn mean_from(&self, from: usize) -> f64 {
+        mean(self.step_ms.get(from..).unwrap_or_default())
+    }
+
     /// The median ms of each of [`PHASES`] over the steps from `from` on.
     pub fn phase_medians(&self, from: usize) -> [f64; PHASES.len()] {
         std::array::from_fn(|i| {
@@ -147,6 +159,11 @@ pub fn median(v: &[f64]) -> f64 {
     }
     v.sort_by(f64::total_cmp);
     v[((v.len() - 1) as f64 * 0.5).round() as usize]
+}
+
+/// The arithmetic mean of `v`; NaN when empty.
+pub fn mean(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len() as f64
 }
 
 /// Per column, the largest value over `rows` (`None` without rows).

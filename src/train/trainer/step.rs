@@ -192,11 +192,27 @@ impl Trainer {
     pub fn queue_step(&mut self, batch: &Batch) -> Vec<[f32; 6]> {
         // Only a recorded loss is read late, and never on the step that records it.
         let defer = self.cfg.replay.defer_readback
-            && self.timing.is_none()
+            && self.timing.as_ref().is_none_or(|t| t.unsynced)
             && self.collective.is_none()
             && self.stage.records_loss()
             && !self.stage.records_next();
         self.step(batch, defer)
+    }
+
+    /// [`Trainer::queue_step`], its call timed by the host's clock alone when
+    /// [`StepTiming::unsynced`](super::StepTiming::unsynced) (with the pool's bytes after it).
+    pub fn paced_step(&mut self, batch: &Batch) -> Vec<[f32; 6]> {
+        let start = std::time::Instant::now();
+        let done = self.queue_step(batch);
+        let ms = start.elapsed().as_secs_f64() * 1e3;
+        if let Some(t) = self.timing.as_mut().filter(|t| t.unsynced) {
+            t.step_ms.push(ms);
+            if let Some(u) = self.device.memory_pool_usage() {
+                t.in_use.push(u.bytes_in_use);
+                t.reserved.push(u.bytes_reserved);
+            }
+        }
+        done
     }
 
     fn step(&mut self, batch: &Batch, defer: bool) -> Vec<[f32; 6]> {
@@ -235,6 +251,9 @@ impl Trainer {
                 if queue {
                     self.queued = Some(launched);
                     self.read_late += 1;
+                    if let Some(t) = self.timing.as_mut() {
+                        t.optimizer_step.push(false);
+                    }
                     self.ni += 1;
                     return done;
                 }
