@@ -82,6 +82,9 @@ pub struct PhaseRow {
     pub kernels_run: f64,
     pub copies_run: f64,
     pub gpu_busy_ms: f64,
+    /// The GPU's idle time between the kernels and copies of one driver call: for a replayed
+    /// graph, the gaps between its nodes, which busy time leaves out.
+    pub graph_gaps_ms: f64,
 }
 
 /// A kernel's share of one phase, per step.
@@ -134,12 +137,19 @@ impl CensusReport {
                 *calls.entry(name).or_default() += n;
             }
         }
+        let row_of = |correlation: u32| {
+            raw.phase_of
+                .get(correlation as usize)
+                .map_or(BETWEEN, |&p| (p as usize).min(BETWEEN))
+        };
         let mut kernels: HashMap<(usize, &str), (u64, u64)> = HashMap::new();
+        let mut by_call: HashMap<u32, Vec<(u64, u64)>> = HashMap::new();
         for r in &raw.gpu {
-            let row = raw
-                .phase_of
-                .get(r.correlation as usize)
-                .map_or(BETWEEN, |&p| (p as usize).min(BETWEEN));
+            let row = row_of(r.correlation);
+            by_call
+                .entry(r.correlation)
+                .or_default()
+                .push((r.start_ns, r.end_ns));
             let ns = r.end_ns.saturating_sub(r.start_ns);
             let p = &mut phases[row];
             match r.kind {
@@ -150,6 +160,10 @@ impl CensusReport {
             let k = kernels.entry((row, r.name.as_str())).or_default();
             k.0 += 1;
             k.1 += ns;
+        }
+        for (correlation, spans) in by_call {
+            let idle = idle_between(spans);
+            phases[row_of(correlation)].graph_gaps_ms += idle as f64 * 1e-6 * per;
         }
         let mut kernels: Vec<KernelRow> = kernels
             .into_iter()
@@ -178,7 +192,7 @@ impl CensusReport {
     /// from steps timed without CUPTI) adds host ms and µs per driver call.
     pub fn table(&self, host_ms: Option<&[f64]>) -> String {
         let mut s = String::from(
-            "| phase | driver calls | kernel launches | graph launches | copy calls | kernels run | copies run | GPU busy ms | host ms | host µs per call |\n|---|---|---|---|---|---|---|---|---|---|\n",
+            "| phase | driver calls | kernel launches | graph launches | copy calls | kernels run | copies run | GPU busy ms | host ms | host µs per call | GPU gaps in graphs ms |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
         );
         let mut total = PhaseRow {
             phase: "**step**",
@@ -199,6 +213,7 @@ impl CensusReport {
             total.kernels_run += p.kernels_run;
             total.copies_run += p.copies_run;
             total.gpu_busy_ms += p.gpu_busy_ms;
+            total.graph_gaps_ms += p.graph_gaps_ms;
         }
         s += &row(&total, host_ms.map(|_| total_host));
         s
@@ -231,7 +246,7 @@ fn row(p: &PhaseRow, host_ms: Option<f64>) -> String {
         None => ("—".into(), "—".into()),
     };
     format!(
-        "| {} | {:.0} | {:.0} | {:.1} | {:.0} | {:.0} | {:.0} | {:.2} | {host} | {per_call} |\n",
+        "| {} | {:.0} | {:.0} | {:.1} | {:.0} | {:.0} | {:.0} | {:.2} | {host} | {per_call} | {:.2} |\n",
         p.phase,
         p.driver_calls,
         p.launches,
@@ -239,8 +254,23 @@ fn row(p: &PhaseRow, host_ms: Option<f64>) -> String {
         p.copy_calls,
         p.kernels_run,
         p.copies_run,
-        p.gpu_busy_ms
+        p.gpu_busy_ms,
+        p.graph_gaps_ms
     )
+}
+
+/// The time within the `(start, end)` spans' whole extent that none of them covers (ns).
+fn idle_between(mut spans: Vec<(u64, u64)>) -> u64 {
+    spans.sort_unstable();
+    let Some(&(_, first_end)) = spans.first() else {
+        return 0;
+    };
+    let (mut reach, mut idle) = (first_end, 0);
+    for &(start, end) in &spans[1..] {
+        idle += start.saturating_sub(reach);
+        reach = reach.max(end);
+    }
+    idle
 }
 
 #[cfg(feature = "cuda")]
@@ -484,114 +514,4 @@ mod cupti {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn record(kind: GpuKind, correlation: u32, ns: u64, name: &str) -> GpuRecord {
-        GpuRecord {
-            kind,
-            correlation,
-            start_ns: 1_000,
-            end_ns: 1_000 + ns,
-            name: name.into(),
-        }
-    }
-
-    #[test]
-    fn calls_and_gpu_time_land_in_the_phase_that_issued_them() {
-        let mut raw = Raw {
-            calls: vec![HashMap::new(); BETWEEN + 1],
-            ..Default::default()
-        };
-        let head = PHASES.iter().position(|p| *p == "head").unwrap();
-        raw.calls[head].insert("cuLaunchKernel".into(), 6);
-        raw.calls[head].insert("cuMemcpyHtoDAsync_v2".into(), 2);
-        raw.calls[head].insert("cuFuncSetAttribute".into(), 6);
-        raw.calls[2].insert("cuGraphLaunch".into(), 2);
-        // Correlation 1 and 2: head launches; 3: the stage's graph launch.
-        raw.phase_of = vec![BETWEEN as u8, head as u8, head as u8, 2];
-        raw.gpu = vec![
-            record(GpuKind::Kernel, 1, 2_000_000, "conv"),
-            record(GpuKind::Kernel, 2, 1_000_000, "conv"),
-            record(GpuKind::Copy, 2, 500_000, "memcpy"),
-            record(GpuKind::Copy, 1, 500_000, "memcpy"),
-            record(GpuKind::Kernel, 3, 4_000_000, "graph kernel"),
-            record(GpuKind::Kernel, 3, 4_000_000, "graph kernel"),
-            // Never seen in a call: counted between steps, not lost.
-            record(GpuKind::Kernel, 99, 1_000_000, "stray"),
-            record(GpuKind::Kernel, 0, 1_000_000, "stray"),
-        ];
-        let r = CensusReport::from_raw(&raw, 2);
-        let h = &r.phases[head];
-        assert_eq!(
-            (
-                h.driver_calls,
-                h.launches,
-                h.copy_calls,
-                h.kernels_run,
-                h.copies_run
-            ),
-            (7.0, 3.0, 1.0, 1.0, 1.0)
-        );
-        assert!((h.gpu_busy_ms - 2.0).abs() < 1e-9, "{}", h.gpu_busy_ms);
-        let f = &r.phases[2];
-        assert_eq!(
-            (f.graph_launches, f.launches, f.kernels_run),
-            (1.0, 0.0, 1.0)
-        );
-        assert!((f.gpu_busy_ms - 4.0).abs() < 1e-9);
-        assert_eq!(r.phases[BETWEEN].kernels_run, 1.0);
-        assert_eq!(r.kernels[0].name, "graph kernel");
-        assert_eq!(
-            r.kernels[1],
-            KernelRow {
-                phase: "head",
-                name: "conv".into(),
-                runs: 1.0,
-                gpu_ms: 1.5
-            }
-        );
-        // Ties in count go by name.
-        assert_eq!(r.calls[0], ("cuFuncSetAttribute".to_string(), 3.0));
-        assert_eq!(r.calls[1], ("cuLaunchKernel".to_string(), 3.0));
-        let mut host = [1.0; BETWEEN + 1];
-        host[BETWEEN] = f64::NAN;
-        let t = r.table(Some(&host));
-        // 7 driver calls per step over 1 ms of host time: 142.9 µs each.
-        assert!(
-            t.contains("| head | 7 | 3 | 0.0 | 1 | 1 | 1 | 2.00 | 1.0 | 142.9 |"),
-            "{t}"
-        );
-        assert!(
-            t.lines()
-                .last()
-                .unwrap()
-                .starts_with("| **step** | 8 | 3 | 1.0 | 1 | 3 | 1 | 7.00 | 11.0 |"),
-            "{t}"
-        );
-        assert!(
-            r.kernels_csv()
-                .lines()
-                .nth(1)
-                .unwrap()
-                .starts_with("features,\"graph kernel\",1.00,4.0000")
-        );
-    }
-
-    #[test]
-    fn call_kinds() {
-        assert_eq!(CallKind::of("cuLaunchKernel"), CallKind::Launch);
-        assert_eq!(CallKind::of("cuLaunchKernelEx"), CallKind::Launch);
-        assert_eq!(CallKind::of("cuGraphLaunch"), CallKind::Graph);
-        assert_eq!(CallKind::of("cuMemcpyDtoHAsync_v2"), CallKind::Copy);
-        assert_eq!(CallKind::of("cuMemsetD8Async"), CallKind::Copy);
-        assert_eq!(CallKind::of("cuFuncSetAttribute"), CallKind::Other);
-    }
-
-    #[cfg(not(feature = "cuda"))]
-    #[test]
-    fn the_cpu_build_says_why_it_cannot_count() {
-        let e = Census::start().err().expect("no CUPTI without CUDA");
-        assert!(e.contains("--features cuda"), "{e}");
-    }
-}
+mod tests;
