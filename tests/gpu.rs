@@ -15,6 +15,8 @@ use std::path::Path;
 mod batch_norm;
 #[path = "gpu/depthwise.rs"]
 mod depthwise;
+#[path = "gpu/in_place.rs"]
+mod in_place;
 #[path = "gpu/kernels.rs"]
 mod kernels;
 #[path = "gpu/late.rs"]

@@ -69,6 +69,12 @@ pub struct Options {
     /// Burn's direct kernel in FP32 (`false`; CUDA only).
     #[arg(long)]
     pub strided_by_gemm: Option<bool>,
+    /// Sum every weight gradient's chunks by our kernel, native and replay alike, and write
+    /// the recorded step's weight gradients straight into the flat gradient buffer (`true`;
+    /// `model::ops::grads_into`, CUDA only) or by Burn's `sum_dim` with a copy after (`false`,
+    /// the default).
+    #[arg(long)]
+    pub grads_in_place: Option<bool>,
     /// Also read the memory pool inside every step (at the ends of loss, backward and optimizer)
     /// and print the largest bytes in use.
     #[arg(long)]
@@ -166,6 +172,12 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
         crate::model::ops::conv::routine::choose_strided_by_gemm(gemm);
         #[cfg(not(feature = "cuda"))]
         anyhow::bail!("--strided-by-gemm {gemm}: CubeCL's routines run on CUDA only");
+    }
+    if let Some(ours) = o.grads_in_place {
+        #[cfg(feature = "cuda")]
+        crate::model::ops::grads_into::choose(ours);
+        #[cfg(not(feature = "cuda"))]
+        anyhow::bail!("--grads-in-place {ours}: the recorded step runs on CUDA only");
     }
     if let Some(k) = o.conv_bn_ops {
         cfg.device.conv_bn_ops = k;

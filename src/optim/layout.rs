@@ -64,9 +64,15 @@ impl Layout {
     /// The present `parts` written into their segments of `dst` (a `[len]` buffer), runs as one
     /// copy each as in [`Layout::gather`], by our copy kernel: nothing is allocated and the
     /// absent parts' segments keep what they held. CUDA only (a recording's fixed buffers).
+    /// A run already in its place (written there by its producer, `model::ops::grads_into`) is
+    /// left as it is.
     pub fn gather_into(&self, parts: &[Option<Tensor<1>>], dst: &Tensor<1>) {
         self.each_run(parts, |at, whole| {
-            let done = super::tensors::write_in_place(&whole, &at.view_of(dst));
+            let view = at.view_of(dst);
+            if storage(&whole).is_some_and(|s| Some(s) == storage(&view)) {
+                return;
+            }
+            let done = super::tensors::write_in_place(&whole, &view);
             assert!(done, "a fixed buffer is written in place on CUDA only");
         });
     }

@@ -18,7 +18,7 @@ use crate::data::Instance;
 use crate::loss::E2eLoss;
 use crate::model::Yolo;
 use crate::model::flow::RealNvp;
-use crate::model::ops::segment;
+use crate::model::ops::{grads_into, segment};
 use crate::model::precision::autocast;
 use crate::optim::grads::get_flat;
 use crate::optim::groups::{ParamInfo, param_table};
@@ -231,6 +231,27 @@ fn statistics_in_window(
     (updated, layout, flat)
 }
 
+/// `(parameter, its segment of flat)` for each of `params` among `sources`: where
+/// [`grads_into::into`] writes their gradients.
+fn in_place_pairs(
+    sources: &[(String, Tensor<1>)],
+    params: &[ParamInfo],
+    layout: &Layout,
+    flat: &Tensor<1>,
+) -> Vec<(Tensor<1>, Tensor<1>)> {
+    let by_path: HashMap<&str, &Tensor<1>> = sources.iter().map(|(p, t)| (p.as_str(), t)).collect();
+    params
+        .iter()
+        .enumerate()
+        .filter_map(|(i, p)| {
+            Some((
+                (*by_path.get(p.path.as_str())?).clone(),
+                layout.view(flat, i),
+            ))
+        })
+        .collect()
+}
+
 /// Whether the recorded backward reached exactly the warm-ups' parameters.
 fn same_params(a: &[ParamInfo], b: &[ParamInfo]) -> bool {
     a.iter().map(|p| p.id).eq(b.iter().map(|p| p.id))
@@ -408,6 +429,9 @@ pub(super) fn record_step(
     }
     let sources = s.tensors(&s.net, |_| true);
     let grad_flat = segment(pool.clone(), 0, grad_layout.len, grad_layout.len);
+    // The seeds are the window's temporaries, not views of the pool: the gradients may be
+    // written into `grad_flat` as the backward makes them.
+    let in_place = in_place_pairs(&sources, &grad_params, &grad_layout, &grad_flat);
     inner.sync().map_err(|e| err("sync", &e))?;
     s.mark("warm-ups");
 
@@ -420,7 +444,7 @@ pub(super) fn record_step(
     // recording).
     let mut captured = Vec::new();
     if let (Some(seeds), true) = (&seeds, complete) {
-        let all = backward_of(&s.net, &taped, seeds);
+        let all = grads_into::into(&in_place, || backward_of(&s.net, &taped, seeds));
         captured = s.with_grad(&all);
         if same_params(&captured, &grad_params) {
             gather_grads(&all, &grad_params, &grad_layout, &grad_flat);

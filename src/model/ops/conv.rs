@@ -219,13 +219,15 @@ pub mod gemm {
             let dw = depthwise::weight_grad(x, grad, [k[2], k[3]], &options);
             return burn_cubecl::kernel::cast(dw, weight.dtype);
         }
-        if let Some(dw) = super::super::wgrad::weight_backward::<burn_cubecl::CubeBackend>(
+        let w = weight.clone();
+        if let Some(dw) = super::super::wgrad::weight_backward_with::<burn_cubecl::CubeBackend>(
             x.clone(),
             weight.clone(),
             grad.clone(),
             &options,
             super::super::im2col::columns,
             super::super::matmul::matmul,
+            |prod| super::super::grads_into::sum(prod, &w),
         ) {
             return dw;
         }

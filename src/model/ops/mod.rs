@@ -41,10 +41,15 @@ mod fused_bn_sums;
 #[cfg(feature = "cuda")]
 #[path = "../../../kernels/batch_norm_tiles.rs"]
 mod fused_bn_tiles;
+#[cfg(feature = "cuda")]
+pub mod grads_into;
 mod host;
 #[cfg(feature = "cuda")]
 #[path = "../../../kernels/im2col.rs"]
 pub mod im2col;
+#[cfg(feature = "cuda")]
+#[path = "../../../kernels/leading_sum.rs"]
+mod leading_sum;
 #[cfg(feature = "cuda")]
 pub mod matmul;
 #[cfg(feature = "cuda")]

@@ -138,6 +138,24 @@ pub fn weight_backward<B: Backend>(
     im2col: Im2col<B>,
     matmul: Matmul<B>,
 ) -> Option<FloatTensor<B>> {
+    weight_backward_with::<B>(x, weight, grad, options, im2col, matmul, |prod| {
+        B::float_sum_dim(prod, 0)
+    })
+}
+
+/// [`weight_backward`] with the chunks' products (`[N·S, co, ci·k·k]`, FP32) summed over their
+/// first axis by `sum` (any shape of `co·ci·k·k` values in order; the backend's `sum_dim` in
+/// [`weight_backward`]). On CUDA `sum` may write into a buffer given ahead
+/// (`super::grads_into`). Depthwise convolutions do not call it.
+pub fn weight_backward_with<B: Backend>(
+    x: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    grad: FloatTensor<B>,
+    options: &ConvOptions<2>,
+    im2col: Im2col<B>,
+    matmul: Matmul<B>,
+    sum: impl FnOnce(FloatTensor<B>) -> FloatTensor<B>,
+) -> Option<FloatTensor<B>> {
     let ws = weight.shape();
     let (co, ci_g, kh, kw) = (ws[0], ws[1], ws[2], ws[3]);
     let gs = grad.shape();
@@ -178,7 +196,7 @@ pub fn weight_backward<B: Backend>(
         let g = chunked::<B>(grad, n, co, s);
         let prod = matmul(g, B::float_swap_dims(cols, 2, 3)); // [N, S, co, ci·kk]
         let prod = B::float_reshape(prod, Shape::new([n * s, co, ci * kk]));
-        B::float_reshape(B::float_sum_dim(prod, 0), Shape::new([co, ci, kh, kw]))
+        B::float_reshape(sum(prod), Shape::new([co, ci, kh, kw]))
     };
     Some(if dtype == FloatDType::F32 {
         dw

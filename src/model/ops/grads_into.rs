@@ -1,0 +1,73 @@
+//! Weight gradients written where the recorder gathers them (CUDA). A recorded backward keeps
+//! every buffer it writes, so a gradient computed into a buffer of its own and then copied into
+//! the flat gradient buffer costs its size twice and a copy launch (docs/perf_log.md AX5). With
+//! [`choose`] on, every weight gradient's last sum is our kernel (`kernels/leading_sum.rs`), in
+//! native and replay alike, so both give the same bits; while [`into`] runs, the sum of a
+//! registered parameter's gradient is written straight into its segment, and the gather then
+//! finds it in place (`optim::layout::Layout::gather_into`). Off by default until a GPU run has
+//! compared it (`bench-step --grads-in-place`).
+
+use super::cuda::storage;
+use super::leading_sum::leading_sum;
+use burn::prelude::*;
+use burn_cubecl::tensor::CubeTensor;
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+static CHOSEN: AtomicBool = AtomicBool::new(false);
+
+/// Sums every later weight gradient of this process with our kernel (`true`) or Burn's
+/// `sum_dim` (`false`, the default); the two add in orders that may differ in the last bits.
+pub fn choose(ours: bool) {
+    CHOSEN.store(ours, Ordering::Relaxed);
+}
+
+/// Whether the weight gradients are summed by our kernel ([`choose`]).
+pub fn chosen() -> bool {
+    CHOSEN.load(Ordering::Relaxed)
+}
+
+thread_local! {
+    /// `(storage of a parameter, where its gradient goes)` while [`into`] runs.
+    static INTO: RefCell<Vec<((usize, u64), CubeTensor)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` with the gradient of each parameter `pairs[i].0` (a contiguous FP32 view of the
+/// parameter's buffer) written into `pairs[i].1` (a contiguous FP32 buffer of its size) by
+/// [`sum`]; parameters whose gradient takes another path are left to the gather. Nothing is
+/// registered unless [`chosen`].
+pub fn into<R>(pairs: &[(Tensor<1>, Tensor<1>)], f: impl FnOnce() -> R) -> R {
+    let entries: Vec<_> = pairs
+        .iter()
+        .filter(|_| chosen())
+        .filter_map(|(param, dst)| Some((storage(param)?, super::cuda_f32(dst)?)))
+        .collect();
+    INTO.with(|into| *into.borrow_mut() = entries);
+    let r = f();
+    INTO.with(|into| into.borrow_mut().clear());
+    r
+}
+
+/// The sum over the first axis of `prod`, the chunks' products of `weight`'s gradient: by
+/// Burn's `sum_dim` unless [`chosen`]; else by our kernel, into the registered buffer of
+/// `weight` when [`into`] runs with one.
+pub fn sum(prod: CubeTensor, weight: &CubeTensor) -> CubeTensor {
+    if !chosen() {
+        return <burn_cubecl::CubeBackend as burn::backend::ops::FloatTensorOps<_>>::float_sum_dim(
+            prod, 0,
+        );
+    }
+    let key = (
+        weight.handle.memory.descriptor().id.value,
+        weight.handle.offset_start.unwrap_or(0),
+    );
+    let dst = INTO.with(|into| {
+        into.borrow()
+            .iter()
+            .find(|(k, d)| {
+                *k == key && d.meta.shape().num_elements() == weight.meta.shape().num_elements()
+            })
+            .map(|(_, d)| d.clone())
+    });
+    leading_sum(prod, dst)
+}
