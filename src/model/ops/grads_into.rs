@@ -50,7 +50,7 @@ pub fn into<R>(pairs: &[(Tensor<1>, Tensor<1>)], f: impl FnOnce() -> R) -> R {
 
 /// The sum over the first axis of `prod`, the chunks' products of `weight`'s gradient: by
 /// Burn's `sum_dim` unless [`chosen`]; else by our kernel, into the registered buffer of
-/// `weight` when [`into`] runs with one.
+/// `weight` the first time [`into`] sees it.
 pub fn sum(prod: CubeTensor, weight: &CubeTensor) -> CubeTensor {
     if !chosen() {
         return <burn_cubecl::CubeBackend as burn::backend::ops::FloatTensorOps<_>>::float_sum_dim(
@@ -61,13 +61,15 @@ pub fn sum(prod: CubeTensor, weight: &CubeTensor) -> CubeTensor {
         weight.handle.memory.descriptor().id.value,
         weight.handle.offset_start.unwrap_or(0),
     );
+    // Taken, not looked up: a weight used twice gets its second gradient in a buffer of its
+    // own, which autodiff adds to the first (in the buffer) as natively, and the gather copies.
     let dst = INTO.with(|into| {
-        into.borrow()
+        let mut into = into.borrow_mut();
+        let n = weight.meta.shape().num_elements();
+        let at = into
             .iter()
-            .find(|(k, d)| {
-                *k == key && d.meta.shape().num_elements() == weight.meta.shape().num_elements()
-            })
-            .map(|(_, d)| d.clone())
+            .position(|(k, d)| *k == key && d.meta.shape().num_elements() == n)?;
+        Some(into.swap_remove(at).1)
     });
     leading_sum(prod, dst)
 }
