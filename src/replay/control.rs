@@ -45,6 +45,11 @@ pub enum Control {
     /// accumulates the next step's loss and gradients.
     #[cfg(feature = "controls")]
     ReadLateInPlace,
+    /// The one-graph step window gathers no gradient, as if every part were already in place
+    /// (`model::ops::grads_into`): the parts that are not (BatchNorm's γ/β, biases, depthwise
+    /// weights) keep what the warm-ups gathered.
+    #[cfg(feature = "controls")]
+    GatherNothing,
 }
 
 /// Which control is on, as the recorder asks it.
@@ -81,6 +86,10 @@ impl Control {
     pub fn reads_late_in_place(self) -> bool {
         self == Control::ReadLateInPlace
     }
+
+    pub fn gathers_nothing(self) -> bool {
+        self == Control::GatherNothing
+    }
 }
 
 /// Without the `controls` feature no control exists.
@@ -115,6 +124,10 @@ impl Control {
     }
 
     pub fn reads_late_in_place(self) -> bool {
+        false
+    }
+
+    pub fn gathers_nothing(self) -> bool {
         false
     }
 }

@@ -446,7 +446,7 @@ pub(super) fn record_step(
     if let (Some(seeds), true) = (&seeds, complete) {
         let all = grads_into::into(&in_place, || backward_of(&s.net, &taped, seeds));
         captured = s.with_grad(&all);
-        if same_params(&captured, &grad_params) {
+        if same_params(&captured, &grad_params) && !control.gathers_nothing() {
             gather_grads(&all, &grad_params, &grad_layout, &grad_flat);
         }
     }

@@ -4,7 +4,7 @@
 //! same bits as native, and less kept by the step graph. Off by default; these tests turn it on
 //! and off again.
 
-use super::replay::{assert_parity_of, config_for, trainer};
+use super::replay::{assert_parity_of, config_for, fit, trainer};
 use super::{cube, cube_values_of, cuda, rel_values, values};
 use burn::backend::ops::FloatTensorOps;
 use burn::prelude::*;
@@ -122,5 +122,20 @@ fn gradients_written_in_place_keep_less() {
     assert!(
         before - after >= gradients / 2,
         "in place kept {after} B against {before} B (gradients {gradients} B)"
+    );
+}
+
+/// Negative control: the window gathers nothing, as if every gradient were in place; the ones
+/// that are not (BatchNorm's γ/β, biases, depthwise weights) keep the warm-ups' values, and
+/// parity must break.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gathering_nothing_breaks_parity_in_place() {
+    let _on = InPlace::on();
+    let (native, _, _) = fit(&config_for(TASK, "bf16", false), Control::None);
+    let (broken, _, _) = fit(&config_for(TASK, "bf16", true), Control::GatherNothing);
+    assert_ne!(
+        native.model, broken.model,
+        "the control did not break parity"
     );
 }
