@@ -483,7 +483,11 @@ pub fn grad_sums(
     let (n, c, h, w) = (s[0], s[1], s[2], s[3]);
     let (lanes, rows, tiles, parts) = split(n * h * w, c);
     let partial = empty(x, Shape::new([c * parts * 2]));
-    let (d_gamma, d_beta) = (empty(x, Shape::new([c])), empty(x, Shape::new([c])));
+    // Where a recorded step registered them, straight into the flat gradient buffer.
+    let into = |param: &CubeTensor| {
+        super::grads_into::take(param).unwrap_or_else(|| empty(x, Shape::new([c])))
+    };
+    let (d_gamma, d_beta) = (into(gamma), into(beta));
     let (count, dim) = merge_cubes(c);
     let grad_dense = dense_channels_last(grad);
     let client = x.client.clone();

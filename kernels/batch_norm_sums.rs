@@ -290,7 +290,11 @@ pub fn grad_sums(
     let [n, c, h, w] = nchw(x);
     let p = parts(n * h * w);
     let partial = empty(x, Shape::new([c * p * 2]));
-    let (d_gamma, d_beta) = (empty(x, Shape::new([c])), empty(x, Shape::new([c])));
+    // Where a recorded step registered them, straight into the flat gradient buffer.
+    let into = |param: &CubeTensor| {
+        super::grads_into::take(param).unwrap_or_else(|| empty(x, Shape::new([c])))
+    };
+    let (d_gamma, d_beta) = (into(gamma), into(beta));
     let (count, dim) = elementwise(x, c);
     let client = x.client.clone();
     // SAFETY: every kernel bounds its units by the shapes it reads and indexes every tensor by

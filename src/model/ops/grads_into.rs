@@ -4,8 +4,9 @@
 //! [`choose`] on, every weight gradient's last sum is our kernel (`kernels/leading_sum.rs`), in
 //! native and replay alike, so both give the same bits; while [`into`] runs, the sum of a
 //! registered parameter's gradient is written straight into its segment, and the gather then
-//! finds it in place (`optim::layout::Layout::gather_into`). Off by default until a GPU run has
-//! compared it (`bench-step --grads-in-place`).
+//! finds it in place (`optim::layout::Layout::gather_into`). BatchNorm's γ and β gradients
+//! (the fused kernels' `grad_final`, same bits wherever they are written) go into theirs too.
+//! Off by default until a GPU run has compared it (`bench-step --grads-in-place`).
 
 use super::cuda::storage;
 use super::leading_sum::leading_sum;
@@ -57,19 +58,23 @@ pub fn sum(prod: CubeTensor, weight: &CubeTensor) -> CubeTensor {
             prod, 0,
         );
     }
+    leading_sum(prod, take(weight))
+}
+
+/// The buffer registered for `param`'s gradient while [`into`] runs (one of `param`'s size),
+/// taken: a parameter used twice gets its second gradient in a buffer of its own, which
+/// autodiff adds to the first (in the registered buffer) as natively, and the gather copies.
+pub(crate) fn take(param: &CubeTensor) -> Option<CubeTensor> {
     let key = (
-        weight.handle.memory.descriptor().id.value,
-        weight.handle.offset_start.unwrap_or(0),
+        param.handle.memory.descriptor().id.value,
+        param.handle.offset_start.unwrap_or(0),
     );
-    // Taken, not looked up: a weight used twice gets its second gradient in a buffer of its
-    // own, which autodiff adds to the first (in the buffer) as natively, and the gather copies.
-    let dst = INTO.with(|into| {
+    let n = param.meta.shape().num_elements();
+    INTO.with(|into| {
         let mut into = into.borrow_mut();
-        let n = weight.meta.shape().num_elements();
         let at = into
             .iter()
             .position(|(k, d)| *k == key && d.meta.shape().num_elements() == n)?;
         Some(into.swap_remove(at).1)
-    });
-    leading_sum(prod, dst)
+    })
 }
