@@ -18,7 +18,7 @@ use crate::data::Instance;
 use crate::loss::E2eLoss;
 use crate::model::Yolo;
 use crate::model::flow::RealNvp;
-use crate::model::ops::{grads_into, segment};
+use crate::model::ops::{grads_into, segment, storage};
 use crate::model::precision::autocast;
 use crate::optim::grads::get_flat;
 use crate::optim::groups::{ParamInfo, param_table};
@@ -244,10 +244,12 @@ fn in_place_pairs(
         .iter()
         .enumerate()
         .filter_map(|(i, p)| {
-            Some((
-                (*by_path.get(p.path.as_str())?).clone(),
-                layout.view(flat, i),
-            ))
+            let dst = layout.view(flat, i);
+            let param = (*by_path.get(p.path.as_str())?).clone();
+            // Only views of `flat` itself: a segment that came out as a copy would lose what
+            // is written into it.
+            let in_flat = storage(&dst).map(|(id, _)| id) == storage(flat).map(|(id, _)| id);
+            in_flat.then_some((param, dst))
         })
         .collect()
 }
