@@ -373,6 +373,17 @@ fn bench_unsynced_gives_the_pace_instead_of_the_step_median() {
         .unwrap();
     assert!((native - pace).abs() < 0.051, "{native} vs {pace}: {md}");
     assert!(row("post-warm-up step (ms)").contains("n/a"), "{md}");
+    // The device clock times synced steps: refused together, before any fit.
+    let (ok, text) = burnpose(&[
+        "bench",
+        cfg.to_str().unwrap(),
+        "--unsynced",
+        "--events",
+        "--device",
+        "cpu",
+    ]);
+    assert!(!ok && text.contains("--events"), "{text}");
+    assert!(!text.contains("fit ..."), "a fit started: {text}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

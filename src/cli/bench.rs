@@ -132,7 +132,7 @@ pub struct Plan {
     pub peer: Option<PathBuf>,
     /// Time the fits' steps without device syncs (`fit --unsynced`): the step row becomes the
     /// pace (a mean) and the in-step memory row is left empty.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "events")]
     pub unsynced: bool,
     /// Keep the fits an earlier `bench` with the same `--out` completed, run only the rest (to
     /// split a benchmark over several device sessions).
