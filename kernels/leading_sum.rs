@@ -16,11 +16,12 @@ use cubecl::{CubeDim, calculate_cube_count_elemwise};
 #[cube(launch_unchecked)]
 fn leading_sum_kernel(x: &Tensor<f32>, out: &mut Tensor<f32>, rows: u32, m: u32) {
     let m = m as usize;
+    let rows = rows as usize;
     if ABSOLUTE_POS >= m {
         terminate!();
     }
     let mut acc = 0.0f32;
-    for i in 0..rows as usize {
+    for i in 0..rows {
         acc += x[i * m + ABSOLUTE_POS];
     }
     out[ABSOLUTE_POS] = acc;
