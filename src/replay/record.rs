@@ -240,6 +240,7 @@ fn in_place_pairs(
     flat: &Tensor<1>,
 ) -> Vec<(Tensor<1>, Tensor<1>)> {
     let by_path: HashMap<&str, &Tensor<1>> = sources.iter().map(|(p, t)| (p.as_str(), t)).collect();
+    let buffer = storage(flat).map(|(id, _)| id);
     params
         .iter()
         .enumerate()
@@ -248,7 +249,7 @@ fn in_place_pairs(
             let param = (*by_path.get(p.path.as_str())?).clone();
             // Only views of `flat` itself: a segment that came out as a copy would lose what
             // is written into it.
-            let in_flat = storage(&dst).map(|(id, _)| id) == storage(flat).map(|(id, _)| id);
+            let in_flat = storage(&dst).map(|(id, _)| id) == buffer;
             in_flat.then_some((param, dst))
         })
         .collect()

@@ -106,6 +106,16 @@ impl StepTiming {
         )
     }
 
+    /// One more step: its ms, and the pool's bytes in use and reserved after it where the
+    /// device has a pool (`usage`, read after the step).
+    pub(super) fn push_step(&mut self, ms: f64, usage: Option<(u64, u64)>) {
+        self.step_ms.push(ms);
+        if let Some((in_use, reserved)) = usage {
+            self.in_use.push(in_use);
+            self.reserved.push(reserved);
+        }
+    }
+
     /// The mean ms of the steps from `from` on (NaN when there are none): with
     /// [`StepTiming::unsynced`], the pace.
     pub fn mean_from(&self, from: usize) -> f64 {

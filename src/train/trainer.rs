@@ -415,9 +415,7 @@ impl Trainer {
         let mut b = first;
         loop {
             let done = match batches.next() {
-                Some(batch) if self.timing.as_ref().is_none_or(|t| t.unsynced) => {
-                    self.paced_step(&batch?)
-                }
+                Some(batch) if !self.steps_synced() => self.paced_step(&batch?),
                 Some(batch) => vec![self.timed_step(&batch?)?],
                 None => match self.finish_queued() {
                     Some(items) => vec![items],

@@ -226,11 +226,15 @@ fn contiguous_f32(x: &Tensor<1>) -> Option<CubeTensor> {
 
 /// See [`super::storage`].
 pub fn storage(x: &Tensor<1>) -> Option<(usize, u64)> {
-    let c = contiguous_f32(x)?;
-    Some((
+    Some(storage_of(&contiguous_f32(x)?))
+}
+
+/// The allocation `c` lies in and its byte offset there.
+pub(super) fn storage_of(c: &CubeTensor) -> (usize, u64) {
+    (
         c.handle.memory.descriptor().id.value,
         c.handle.offset_start.unwrap_or(0),
-    ))
+    )
 }
 
 /// See [`super::run`].

@@ -8,7 +8,7 @@
 //! (the fused kernels' `grad_final`, same bits wherever they are written) go into theirs too.
 //! Off by default until a GPU run has compared it (`bench-step --grads-in-place`).
 
-use super::cuda::storage;
+use super::cuda::{storage, storage_of};
 use super::leading_sum::leading_sum;
 use burn::prelude::*;
 use burn_cubecl::tensor::CubeTensor;
@@ -38,9 +38,11 @@ thread_local! {
 /// [`sum`]; parameters whose gradient takes another path are left to the gather. Nothing is
 /// registered unless [`chosen`].
 pub fn into<R>(pairs: &[(Tensor<1>, Tensor<1>)], f: impl FnOnce() -> R) -> R {
+    if !chosen() {
+        return f();
+    }
     let entries: Vec<_> = pairs
         .iter()
-        .filter(|_| chosen())
         .filter_map(|(param, dst)| Some((storage(param)?, super::cuda_f32(dst)?)))
         .collect();
     INTO.with(|into| *into.borrow_mut() = entries);
@@ -65,10 +67,7 @@ pub fn sum(prod: CubeTensor, weight: &CubeTensor) -> CubeTensor {
 /// taken: a parameter used twice gets its second gradient in a buffer of its own, which
 /// autodiff adds to the first (in the registered buffer) as natively, and the gather copies.
 pub(crate) fn take(param: &CubeTensor) -> Option<CubeTensor> {
-    let key = (
-        param.handle.memory.descriptor().id.value,
-        param.handle.offset_start.unwrap_or(0),
-    );
+    let key = storage_of(param);
     let n = param.meta.shape().num_elements();
     INTO.with(|into| {
         let mut into = into.borrow_mut();

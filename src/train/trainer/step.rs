@@ -163,15 +163,11 @@ impl Trainer {
             burn::tensor::read_sync(w.resolve())
                 .map_or(f64::NAN, |ticks| ticks.duration().as_secs_f64() * 1e3)
         });
-        let usage = self.device.memory_pool_usage();
+        let usage = self.pool_usage();
         let t = self.timing.as_mut().expect("checked above");
-        t.step_ms.push(ms);
+        t.push_step(ms, usage);
         if t.events {
             t.event_ms.push(event_ms.unwrap_or(f64::NAN));
-        }
-        if let Some(u) = usage {
-            t.in_use.push(u.bytes_in_use);
-            t.reserved.push(u.bytes_reserved);
         }
         Ok(items)
     }
@@ -192,7 +188,7 @@ impl Trainer {
     pub fn queue_step(&mut self, batch: &Batch) -> Vec<[f32; 6]> {
         // Only a recorded loss is read late, and never on the step that records it.
         let defer = self.cfg.replay.defer_readback
-            && self.timing.as_ref().is_none_or(|t| t.unsynced)
+            && !self.steps_synced()
             && self.collective.is_none()
             && self.stage.records_loss()
             && !self.stage.records_next();
@@ -205,14 +201,25 @@ impl Trainer {
         let start = std::time::Instant::now();
         let done = self.queue_step(batch);
         let ms = start.elapsed().as_secs_f64() * 1e3;
-        if let Some(t) = self.timing.as_mut().filter(|t| t.unsynced) {
-            t.step_ms.push(ms);
-            if let Some(u) = self.device.memory_pool_usage() {
-                t.in_use.push(u.bytes_in_use);
-                t.reserved.push(u.bytes_reserved);
-            }
+        if self.timing.as_ref().is_some_and(|t| t.unsynced) {
+            let usage = self.pool_usage();
+            let t = self.timing.as_mut().expect("checked above");
+            t.push_step(ms, usage);
         }
         done
+    }
+
+    /// Whether every step is timed between device syncs ([`Trainer::timing`] set, and not
+    /// [`StepTiming::unsynced`](super::StepTiming::unsynced)): such steps read at once.
+    pub(super) fn steps_synced(&self) -> bool {
+        self.timing.as_ref().is_some_and(|t| !t.unsynced)
+    }
+
+    /// The memory pool's bytes in use and reserved now (`None` without a pool).
+    fn pool_usage(&self) -> Option<(u64, u64)> {
+        self.device
+            .memory_pool_usage()
+            .map(|u| (u.bytes_in_use, u.bytes_reserved))
     }
 
     fn step(&mut self, batch: &Batch, defer: bool) -> Vec<[f32; 6]> {
