@@ -1,8 +1,9 @@
 //! The columns of a convolution's weight gradient (`model::ops::wgrad`) in one launch: for each
 //! kernel tap, the input value it multiplies at every output position, zero in the padding, in
-//! FP32. The tensor-operation version (a zero-padded copy, one strided slice per tap, a
-//! concatenation, casts) took ~20 launches per 3×3 convolution; the values are copies, so both
-//! give the same bits.
+//! FP32 (or BF16 for reduced operands, `model::ops::wgrad::choose_reduced`). The
+//! tensor-operation version (a zero-padded copy, one strided slice per tap, a concatenation,
+//! casts) took ~20 launches per 3×3 convolution; the values are copies, so both give the same
+//! bits.
 
 // `#[cube]` expands to `cubecl::…` paths.
 use burn::backend::ops::ConvOptions;
@@ -22,9 +23,10 @@ use cubecl::{CubeDim, calculate_cube_count_elemwise};
 /// the memory `[n, p, c, tap]` that makes the weight gradient's matmul operand contiguous, were
 /// slower: H200, 2026-12-04, docs/perf_log.md AJ1.)
 #[cube(launch_unchecked)]
-fn columns_kernel(
+#[allow(clippy::too_many_arguments)]
+fn columns_kernel<O: Float>(
     x: &Tensor<f32>,
-    out: &mut Tensor<f32>,
+    out: &mut Tensor<O>,
     kernel_h: u32,
     kernel_w: u32,
     out_w: u32,
@@ -35,6 +37,7 @@ fn columns_kernel(
     dilation_w: u32,
     top: u32,
     left: u32,
+    #[define(O)] _dtype: ElemType,
 ) {
     let chunk = chunk as usize;
     let positions = out.shape(1) * chunk;
@@ -69,7 +72,7 @@ fn columns_kernel(
                     v = x[base + y * x.stride(2) + z * x.stride(3)];
                 }
             }
-            out[dst] = v;
+            out[dst] = O::cast_from(v);
             dst += out.stride(2);
         }
     }
@@ -85,6 +88,28 @@ pub fn columns(
     chunks: usize,
     options: &ConvOptions<2>,
 ) -> CubeTensor {
+    columns_in(x, kernel, out, chunks, options, DType::F32)
+}
+
+/// [`columns`] in BF16 (each value rounded once, from FP32).
+pub fn columns_bf16(
+    x: CubeTensor,
+    kernel: [usize; 2],
+    out: [usize; 2],
+    chunks: usize,
+    options: &ConvOptions<2>,
+) -> CubeTensor {
+    columns_in(x, kernel, out, chunks, options, DType::BF16)
+}
+
+fn columns_in(
+    x: CubeTensor,
+    kernel: [usize; 2],
+    out: [usize; 2],
+    chunks: usize,
+    options: &ConvOptions<2>,
+    dtype: DType,
+) -> CubeTensor {
     let x = if x.dtype == DType::F32 {
         x
     } else {
@@ -98,7 +123,7 @@ pub fn columns(
         x.client.clone(),
         x.device.clone(),
         Shape::new([n, chunks, c * taps, positions / chunks]),
-        DType::F32,
+        dtype,
     );
     let total = n * c * positions;
     let dim = CubeDim::new(&x.client, total);
@@ -124,6 +149,7 @@ pub fn columns(
             u(options.dilation[1]),
             u(options.padding[0].0),
             u(options.padding[1].0),
+            burn::backend::cubecl::dtype_to_storage_type(dtype),
         );
     }
     cols

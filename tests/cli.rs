@@ -30,8 +30,8 @@ fn info_rejects_bad_flags() {
     assert!(!ok && text.contains("--imgsz"), "{text}");
 }
 
-/// The launch census and the launch benchmark refuse what they cannot count with one error,
-/// before any training step runs.
+/// The launch census and the launch benchmark refuse what they cannot count, and a build
+/// without CUDA its kernels' choices, with one error before any training step runs.
 #[test]
 fn census_and_launch_bench_refuse_a_cpu_device_up_front() {
     let (ok, text) = burnpose(&[
@@ -47,6 +47,21 @@ fn census_and_launch_bench_refuse_a_cpu_device_up_front() {
     assert!(!text.contains("panicked"), "{text}");
     let (ok, text) = burnpose(&["bench-launch", "--launches", "0"]);
     assert!(!ok && text.contains("--launches"), "{text}");
+    // The kernels' CUDA-only choices are refused by a build without CUDA, named.
+    if !cfg!(feature = "cuda") {
+        for (flag, value) in [("--reduced-wgrad", "true"), ("--grads-in-place", "false")] {
+            let (ok, text) = burnpose(&[
+                "bench-step",
+                "configs/pose_nano.toml",
+                "--device",
+                "cpu",
+                flag,
+                value,
+            ]);
+            assert!(!ok && text.contains(flag), "{flag}: {text}");
+            assert!(!text.contains("bench-step cpu"), "steps ran first: {text}");
+        }
+    }
 }
 
 /// `bench-step --unsynced N` runs N more steps after the timed ones and prints their pace.

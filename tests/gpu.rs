@@ -29,6 +29,8 @@ mod matmul;
 mod one_graph;
 #[path = "gpu/optim.rs"]
 mod optim;
+#[path = "gpu/reduced_wgrad.rs"]
+mod reduced_wgrad;
 #[path = "gpu/repeat.rs"]
 mod repeat;
 #[path = "gpu/replay.rs"]

@@ -70,11 +70,16 @@ pub struct Options {
     #[arg(long)]
     pub strided_by_gemm: Option<bool>,
     /// Sum every weight gradient's chunks by our kernel, native and replay alike, and write
-    /// the recorded step's weight gradients straight into the flat gradient buffer (`true`;
-    /// `model::ops::grads_into`, CUDA only) or by Burn's `sum_dim` with a copy after (`false`,
-    /// the default).
+    /// the recorded step's weight gradients straight into the flat gradient buffer (`true`, the
+    /// default; `model::ops::grads_into`, CUDA only) or by Burn's `sum_dim` with a copy after
+    /// (`false`).
     #[arg(long)]
     pub grads_in_place: Option<bool>,
+    /// Weight gradients of the convolutions computed in BF16 from BF16 operands, accumulated in
+    /// FP32 (`true`; `model::ops::wgrad::choose_reduced`, CUDA only), or from FP32 operands
+    /// (`false`, the default).
+    #[arg(long)]
+    pub reduced_wgrad: Option<bool>,
     /// Also read the memory pool inside every step (at the ends of loss, backward and optimizer)
     /// and print the largest bytes in use.
     #[arg(long)]
@@ -178,6 +183,12 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
         crate::model::ops::grads_into::choose(ours);
         #[cfg(not(feature = "cuda"))]
         anyhow::bail!("--grads-in-place {ours}: the recorded step runs on CUDA only");
+    }
+    if let Some(reduced) = o.reduced_wgrad {
+        #[cfg(feature = "cuda")]
+        crate::model::ops::wgrad::choose_reduced(reduced);
+        #[cfg(not(feature = "cuda"))]
+        anyhow::bail!("--reduced-wgrad {reduced}: reduced operands run on CUDA only");
     }
     if let Some(k) = o.conv_bn_ops {
         cfg.device.conv_bn_ops = k;
@@ -377,6 +388,12 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
             .map(|(what, b)| format!("{what} {:.1}", mib(*b)))
             .collect();
         println!("replay buffers (MiB): {}", parts.join(", "));
+    }
+    if let Some((copied, runs)) = t.stage.gradient_copies() {
+        println!(
+            "recorded gradient gather: {copied} of {runs} runs copied, {} written in place",
+            runs - copied
+        );
     }
     let growth = t.stage.recording();
     if !growth.is_empty() {

@@ -65,16 +65,20 @@ impl Layout {
     /// copy each as in [`Layout::gather`], by our copy kernel: nothing is allocated and the
     /// absent parts' segments keep what they held. CUDA only (a recording's fixed buffers).
     /// A run already in its place (written there by its producer, `model::ops::grads_into`) is
-    /// left as it is.
-    pub fn gather_into(&self, parts: &[Option<Tensor<1>>], dst: &Tensor<1>) {
+    /// left as it is. Returns `(runs copied, runs in all)`.
+    pub fn gather_into(&self, parts: &[Option<Tensor<1>>], dst: &Tensor<1>) -> (usize, usize) {
+        let (mut copied, mut runs) = (0, 0);
         self.each_run(parts, |at, whole| {
+            runs += 1;
             let view = at.view_of(dst);
             if storage(&whole).is_some_and(|s| Some(s) == storage(&view)) {
                 return;
             }
             let done = super::tensors::write_in_place(&whole, &view);
             assert!(done, "a fixed buffer is written in place on CUDA only");
+            copied += 1;
         });
+        (copied, runs)
     }
 
     /// Calls `f` once per run of the present `parts` (consecutive views of one buffer at this

@@ -53,13 +53,19 @@ fn gather_stats(stats: &[(String, Tensor<1>)], device: &Device) -> (Layout, Tens
     (layout, flat)
 }
 
-/// The stage's parameter gradients in `all` (table order) written into `flat`.
-fn gather_grads(all: &GradientsParams, params: &[ParamInfo], layout: &Layout, flat: &Tensor<1>) {
+/// The stage's parameter gradients in `all` (table order) written into `flat`; returns `(runs
+/// copied, runs in all)` ([`Layout::gather_into`]).
+fn gather_grads(
+    all: &GradientsParams,
+    params: &[ParamInfo],
+    layout: &Layout,
+    flat: &Tensor<1>,
+) -> (usize, usize) {
     let parts: Vec<_> = params
         .iter()
         .map(|p| Some(get_flat(all, p).expect("a parameter with a gradient")))
         .collect();
-    layout.gather_into(&parts, flat);
+    layout.gather_into(&parts, flat)
 }
 
 fn backward_of(net: &Yolo, f: &[Tensor<4>], seeds: &[Tensor<4>]) -> GradientsParams {
@@ -175,8 +181,8 @@ impl Start {
 
     /// What the recorder keeps of a recording: `graphs`, the outputs per head copy, the static
     /// buffers, the statistics the forward writes (`(index in sources, buffer)`, their layout
-    /// and flat buffer), the gradients' pool and the gradients (parameters, layout, flat view);
-    /// the private copy only for the `SkipRollback` control.
+    /// and flat buffer), the gradients' pool and the gradients (parameters, layout, flat view,
+    /// what the recorded gather copied); the private copy only for the `SkipRollback` control.
     fn finish(
         self,
         graphs: Graphs,
@@ -184,10 +190,10 @@ impl Start {
         sources: Sources,
         stats: (Vec<(usize, Tensor<1>)>, Layout, Tensor<1>),
         pool: Tensor<1>,
-        grads: (Vec<ParamInfo>, Layout, Tensor<1>),
+        grads: (Vec<ParamInfo>, Layout, Tensor<1>, (usize, usize)),
     ) -> Recorded {
         let (updated, stats_layout, stats_flat) = stats;
-        let (grad_params, grad_layout, grad_flat) = grads;
+        let (grad_params, grad_layout, grad_flat, gathered) = grads;
         Recorded {
             graphs,
             per_copy,
@@ -202,6 +208,7 @@ impl Start {
             grad_params,
             grad_layout,
             grad_flat,
+            gathered,
         }
     }
 }
@@ -344,8 +351,9 @@ pub(super) fn record(
     let captured = s.with_grad(&all);
     // Other parameters than the warm-ups' are refused below, once the window is closed (an
     // error inside it would leave the stream recording).
+    let mut gathered = (0, 0);
     if same_params(&captured, &grad_params) {
-        gather_grads(&all, &grad_params, &grad_layout, &grad_flat);
+        gathered = gather_grads(&all, &grad_params, &grad_layout, &grad_flat);
     }
     // Dropped inside the window: the graph holds every buffer it wrote that is still alive when
     // it closes, so the per-parameter gradients would stay allocated beside `grad_flat`.
@@ -369,7 +377,7 @@ pub(super) fn record(
         loss: None,
     };
     let stats = (updated, stats_layout, stats_flat);
-    let grads = (grad_params, grad_layout, grad_flat);
+    let grads = (grad_params, grad_layout, grad_flat, gathered);
     Ok(s.finish(graphs, dims.len() / 2, sources, stats, pool, grads))
 }
 
@@ -446,11 +454,12 @@ pub(super) fn record_step(
     // A refusal waits until the window is closed (an error inside it would leave the stream
     // recording).
     let mut captured = Vec::new();
+    let mut gathered = (0, 0);
     if let (Some(seeds), true) = (&seeds, complete) {
         let all = grads_into::into(&in_place, || backward_of(&s.net, &taped, seeds));
         captured = s.with_grad(&all);
         if same_params(&captured, &grad_params) && !control.gathers_nothing() {
-            gather_grads(&all, &grad_params, &grad_layout, &grad_flat);
+            gathered = gather_grads(&all, &grad_params, &grad_layout, &grad_flat);
         }
     }
     // Dropped inside the window: the graph keeps every buffer it wrote that is still alive when
@@ -474,6 +483,6 @@ pub(super) fn record_step(
         loss: Box::new(inputs),
     };
     let stats = (updated, stats_layout, stats_flat);
-    let grads = (grad_params, grad_layout, grad_flat);
+    let grads = (grad_params, grad_layout, grad_flat, gathered);
     Ok(s.finish(graphs, per_copy, sources, stats, pool, grads))
 }

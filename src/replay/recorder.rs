@@ -126,6 +126,9 @@ pub(super) struct Recorded {
     pub(super) grad_layout: Layout,
     /// A view of `pool`'s first `grad_layout.len` values.
     pub(super) grad_flat: Tensor<1>,
+    /// `(runs copied, runs in all)` by the recorded backward's gather into `grad_flat`: the runs
+    /// not copied were written in place (`model::ops::grads_into`).
+    pub(super) gathered: (usize, usize),
 }
 
 /// The CUDA float tensor inside `t` (panics on any other device: callers hold CUDA tensors).
@@ -514,6 +517,12 @@ impl Recorder {
     /// How many optimizer steps went through the recorded update ([`Recorder::update`]).
     pub fn update_replays(&self) -> usize {
         self.update_replays
+    }
+
+    /// `(runs copied, runs in all)` by the recorded gather of the parameters' gradients;
+    /// `None` before recording.
+    pub fn gradient_copies(&self) -> Option<(usize, usize)> {
+        self.state.as_ref().map(|r| r.gathered)
     }
 
     /// How many times the loss was recorded ([`Recorder::loss`]; with one graph, the step).

@@ -100,7 +100,11 @@ impl<B: Backend + FastOps> Backward<B, 2> for ConvOp {
             grads.register::<B>(node.id, dx);
         }
         if let Some(node) = node_weight {
-            grads.register::<B>(node.id, B::conv_weight_backward(x, weight, grad, options));
+            let dw = match dtype {
+                Some(dtype) => B::conv_in_weight_backward(x, weight, grad, options, dtype),
+                None => B::conv_weight_backward(x, weight, grad, options),
+            };
+            grads.register::<B>(node.id, dw);
         }
     }
 }
@@ -331,6 +335,15 @@ impl<B: Backend + FastOps, C: CheckpointStrategy> FastOps for Autodiff<B, C> {
         _dtype: FloatDType,
     ) -> FloatTensor<Self> {
         panic!("conv_in_x_backward is first-order only")
+    }
+    fn conv_in_weight_backward(
+        _x: FloatTensor<Self>,
+        _weight: FloatTensor<Self>,
+        _grad: FloatTensor<Self>,
+        _options: ConvOptions<2>,
+        _dtype: FloatDType,
+    ) -> FloatTensor<Self> {
+        panic!("conv_in_weight_backward is first-order only")
     }
     fn conv_x_backward(
         _x: FloatTensor<Self>,

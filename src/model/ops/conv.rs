@@ -234,6 +234,33 @@ pub mod gemm {
         conv::conv_weight_backward::<2>(x, grad, weight.shape(), options, ConvStrategy::Direct)
             .expect("direct convolution weight gradient")
     }
+
+    /// The weight gradient of [`super::super::FastOps::conv_in`]: with reduced operands chosen
+    /// (`wgrad::choose_reduced`) and `dtype` BF16, the columns and the output gradient in BF16
+    /// and the products accumulated in FP32; otherwise [`weight_backward`]'s FP32 operands.
+    pub fn weight_backward_in(
+        x: CubeTensor,
+        weight: CubeTensor,
+        grad: CubeTensor,
+        options: ConvOptions<2>,
+        dtype: FloatDType,
+    ) -> CubeTensor {
+        use super::super::{grads_into, im2col, matmul, wgrad};
+        let grouped = options.groups != 1;
+        if !wgrad::reduced() || dtype != FloatDType::BF16 || grouped {
+            return weight_backward(x, weight, grad, options);
+        }
+        let w = weight.clone();
+        wgrad::weight_backward_in::<burn_cubecl::CubeBackend>(
+            x,
+            weight,
+            grad,
+            &options,
+            (im2col::columns_bf16, matmul::matmul_f32, FloatDType::BF16),
+            |prod| grads_into::sum(prod, &w),
+        )
+        .expect("a convolution without groups has an im2col weight gradient")
+    }
 }
 
 /// Which of CubeCL's implicit-GEMM routines (cubek's convolution algorithms) runs the reduced-

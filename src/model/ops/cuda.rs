@@ -145,6 +145,15 @@ impl FastOps for burn_cubecl::CubeBackend {
     fn row_sums(x: FloatTensor<Self>) -> FloatTensor<Self> {
         cube_row_sums(x)
     }
+    fn conv_in_weight_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        options: ConvOptions<2>,
+        dtype: FloatDType,
+    ) -> FloatTensor<Self> {
+        conv::gemm::weight_backward_in(x, weight, grad, options, dtype)
+    }
     fn conv_in_x_backward(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,

@@ -114,6 +114,15 @@ pub fn chosen() -> &'static str {
 /// problem every time, so still deterministic.
 pub fn matmul(lhs: CubeTensor, rhs: CubeTensor) -> CubeTensor {
     let dtype = lhs.dtype;
+    matmul_as(lhs, rhs, dtype)
+}
+
+/// [`matmul`] of reduced-precision operands into FP32 (accumulated in FP32).
+pub fn matmul_f32(lhs: CubeTensor, rhs: CubeTensor) -> CubeTensor {
+    matmul_as(lhs, rhs, DType::F32)
+}
+
+fn matmul_as(lhs: CubeTensor, rhs: CubeTensor, dtype: DType) -> CubeTensor {
     let i = CHOSEN.load(Ordering::Relaxed);
     if i != BURN {
         match launch(&Strategy::MultiLevel(routine(i)), &lhs, &rhs, dtype) {

@@ -236,6 +236,18 @@ pub trait FastOps: Backend {
         debug_assert!(reach >= len);
         Self::float_slice(x, &[burn::tensor::Slice::from(start..start + len)])
     }
+    /// Gradient of [`FastOps::conv_in`] with respect to its (FP32) weight, in FP32: here
+    /// [`FastOps::conv_weight_backward`]'s, from the FP32 operands (CUDA may take reduced ones,
+    /// `wgrad::choose_reduced`).
+    fn conv_in_weight_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        options: ConvOptions<2>,
+        _dtype: FloatDType,
+    ) -> FloatTensor<Self> {
+        Self::conv_weight_backward(x, weight, grad, options)
+    }
     /// Gradient of [`FastOps::conv_in`] with respect to its (FP32) input, in FP32.
     fn conv_in_x_backward(
         x: FloatTensor<Self>,

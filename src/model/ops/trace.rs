@@ -161,8 +161,11 @@ impl ConvCall {
             (Pass::DataGrad, Some(dtype)) => {
                 Dispatch::conv_in_x_backward(d(x), d(weight), d(grad), options, dtype)
             }
-            (Pass::WeightGrad, _) => {
+            (Pass::WeightGrad, None) => {
                 Dispatch::conv_weight_backward(d(x), d(weight), d(grad), options)
+            }
+            (Pass::WeightGrad, Some(dtype)) => {
+                Dispatch::conv_in_weight_backward(d(x), d(weight), d(grad), options, dtype)
             }
         };
         Tensor::from_dispatch(out)

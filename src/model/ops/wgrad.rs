@@ -12,7 +12,7 @@ use super::host::{tensor, values};
 use burn::backend::ops::{ConvOptions, FloatTensorOps};
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Backend, DType, Flex, FloatDType, Shape, Slice, TensorMetadata};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// Output pixels per matmul batch, at least (fewer only when a layer has fewer in all), unless
 /// [`choose_chunk`] chose another.
@@ -143,6 +143,23 @@ pub fn weight_backward<B: Backend>(
     })
 }
 
+/// The operands' dtype of the weight gradients of convolutions computed in reduced precision
+/// (on CUDA): FP32 (the default) or that precision itself ([`choose_reduced`]).
+static REDUCED: AtomicBool = AtomicBool::new(false);
+
+/// Gives every later weight gradient of a convolution computed in BF16 BF16 operands (`true`:
+/// the columns written and the output gradient cast in BF16, products accumulated in FP32, as
+/// PyTorch's autocast computes them) or FP32 ones (`false`, the default). Half the bytes and
+/// twice the tensor-core rate, and the operands rounded to 8 bits of mantissa.
+pub fn choose_reduced(reduced: bool) {
+    REDUCED.store(reduced, Ordering::Relaxed);
+}
+
+/// Whether weight gradients take reduced operands ([`choose_reduced`]).
+pub fn reduced() -> bool {
+    REDUCED.load(Ordering::Relaxed)
+}
+
 /// [`weight_backward`] with the chunks' products (`[N·S, co, ci·k·k]`, FP32) summed over their
 /// first axis by `sum` (any shape of `co·ci·k·k` values in order; the backend's `sum_dim` in
 /// [`weight_backward`]). On CUDA `sum` may write into a buffer given ahead
@@ -156,21 +173,42 @@ pub fn weight_backward_with<B: Backend>(
     matmul: Matmul<B>,
     sum: impl FnOnce(FloatTensor<B>) -> FloatTensor<B>,
 ) -> Option<FloatTensor<B>> {
+    weight_backward_in::<B>(
+        x,
+        weight,
+        grad,
+        options,
+        (im2col, matmul, FloatDType::F32),
+        sum,
+    )
+}
+
+/// [`weight_backward_with`] with the matmul's operands in `operands` (the third of `how`):
+/// `im2col` writes its columns in that dtype, the output gradient (and a 1×1 convolution's
+/// input) is cast to it, and `matmul` multiplies them into FP32.
+pub fn weight_backward_in<B: Backend>(
+    x: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    grad: FloatTensor<B>,
+    options: &ConvOptions<2>,
+    (im2col, matmul, operands): (Im2col<B>, Matmul<B>, FloatDType),
+    sum: impl FnOnce(FloatTensor<B>) -> FloatTensor<B>,
+) -> Option<FloatTensor<B>> {
     let ws = weight.shape();
     let (co, ci_g, kh, kw) = (ws[0], ws[1], ws[2], ws[3]);
     let gs = grad.shape();
     let (n, ho, wo) = (gs[0], gs[2], gs[3]);
     let ci = x.shape()[1];
     let depthwise = options.groups == ci && ci == co && ci_g == 1;
-    if options.groups != 1 && !depthwise {
+    // A depthwise weight gradient is element-wise products and sums, in FP32 only.
+    if (options.groups != 1 && !depthwise) || (depthwise && operands != FloatDType::F32) {
         return None;
     }
     let dtype: FloatDType = weight.dtype().into();
-    let f32 = |t: FloatTensor<B>| B::float_cast(t, FloatDType::F32);
     let kk = kh * kw;
     let p = ho * wo;
     let pointwise = kk == 1 && options.stride == [1, 1] && options.padding == [(0, 0), (0, 0)];
-    let grad = f32(grad);
+    let grad = B::float_cast(grad, operands);
     let dw = if depthwise {
         // dW[c, t] = Σ_n Σ_p dY[n, c, p] · cols[n, c, t, p]
         let cols = B::float_reshape(
@@ -188,8 +226,8 @@ pub fn weight_backward_with<B: Backend>(
         // layout CubeCL's matmul copies first (a chunk's rows are `P` apart, the chunks `L`).
         let s = chunks(p);
         let cols = if pointwise {
-            // A 1×1 convolution's columns are its input: a view, no launch.
-            chunked::<B>(f32(x), n, ci, s)
+            // A 1×1 convolution's columns are its input: a view, no launch (in FP32).
+            chunked::<B>(B::float_cast(x, operands), n, ci, s)
         } else {
             im2col(x, [kh, kw], [ho, wo], s, options)
         };
