@@ -432,12 +432,18 @@ pub fn statistics(
     let (n, c, h, w) = (s[0], s[1], s[2], s[3]);
     let (lanes, rows, tiles, parts) = split(n * h * w, c);
     let partial = empty(x, Shape::new([c * parts * 3]));
-    let [mean, var, new_mean, new_var] = [(); 4].map(|_| empty(x, Shape::new([c])));
+    let [mean, var] = [(); 2].map(|_| empty(x, Shape::new([c])));
+    // Where a recording registered them, over the old values (`model::ops::stats_into`).
+    let new = |old: &CubeTensor| {
+        super::stats_into::take(old).unwrap_or_else(|| empty(x, Shape::new([c])))
+    };
+    let (new_mean, new_var) = (new(&running_mean), new(&running_var));
     let (count, dim) = merge_cubes(c);
     let client = x.client.clone();
     // SAFETY: units with a channel beyond C only take part in the trees; every read is bounded
     // by `x`'s shape and follows its strides (dense channels-last, checked by the caller); the
-    // partial buffer holds exactly C·P records.
+    // partial buffer holds exactly C·P records. A new running statistic may be the old one's
+    // buffer: the one unit that writes a channel's new value has read its old one first.
     unsafe {
         stats_partial_kernel::launch_unchecked(
             &client,

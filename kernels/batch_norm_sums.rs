@@ -241,12 +241,20 @@ pub fn statistics(
     let p = parts(m);
     let partial = empty(x, Shape::new([c * p * 3]));
     let per_channel = || empty(x, Shape::new([c]));
-    let (mean, var, new_mean, new_var) =
-        (per_channel(), per_channel(), per_channel(), per_channel());
+    // Where a recording registered them, over the old values (`model::ops::stats_into`).
+    let new = |old: &CubeTensor| super::stats_into::take(old).unwrap_or_else(per_channel);
+    let (mean, var, new_mean, new_var) = (
+        per_channel(),
+        per_channel(),
+        new(&running_mean),
+        new(&running_var),
+    );
     let (count, dim) = elementwise(x, c);
     let client = x.client.clone();
     // SAFETY: every kernel bounds its units by the shapes it reads, and indexes every tensor by
-    // its own strides; the partial buffer holds exactly C·P records.
+    // its own strides; the partial buffer holds exactly C·P records. A new running statistic may
+    // be the old one's buffer: the one unit that writes a channel's new value has read its old
+    // one first.
     unsafe {
         stats_partial_kernel::launch_unchecked(
             &client,

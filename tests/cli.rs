@@ -49,7 +49,11 @@ fn census_and_launch_bench_refuse_a_cpu_device_up_front() {
     assert!(!ok && text.contains("--launches"), "{text}");
     // The kernels' CUDA-only choices are refused by a build without CUDA, named.
     if !cfg!(feature = "cuda") {
-        for (flag, value) in [("--reduced-wgrad", "true"), ("--grads-in-place", "false")] {
+        for (flag, value) in [
+            ("--reduced-wgrad", "true"),
+            ("--grads-in-place", "false"),
+            ("--stats-in-place", "true"),
+        ] {
             let (ok, text) = burnpose(&[
                 "bench-step",
                 "configs/pose_nano.toml",

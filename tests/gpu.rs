@@ -37,6 +37,8 @@ mod repeat;
 mod replay;
 #[path = "gpu/shared.rs"]
 mod shared;
+#[path = "gpu/stats_in_place.rs"]
+mod stats_in_place;
 #[path = "gpu/step.rs"]
 mod step;
 #[path = "gpu/update.rs"]

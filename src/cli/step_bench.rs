@@ -80,6 +80,11 @@ pub struct Options {
     /// (`false`, the default).
     #[arg(long)]
     pub reduced_wgrad: Option<bool>,
+    /// Lay a recording's BatchNorm running statistics out in one buffer and update them there
+    /// in place (`true`; `model::ops::stats_into`, CUDA only), or gather and copy them after
+    /// each recorded forward (`false`, the default).
+    #[arg(long)]
+    pub stats_in_place: Option<bool>,
     /// Also read the memory pool inside every step (at the ends of loss, backward and optimizer)
     /// and print the largest bytes in use.
     #[arg(long)]
@@ -189,6 +194,12 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
         crate::model::ops::wgrad::choose_reduced(reduced);
         #[cfg(not(feature = "cuda"))]
         anyhow::bail!("--reduced-wgrad {reduced}: reduced operands run on CUDA only");
+    }
+    if let Some(in_place) = o.stats_in_place {
+        #[cfg(feature = "cuda")]
+        crate::model::ops::stats_into::choose(in_place);
+        #[cfg(not(feature = "cuda"))]
+        anyhow::bail!("--stats-in-place {in_place}: the recordings run on CUDA only");
     }
     if let Some(k) = o.conv_bn_ops {
         cfg.device.conv_bn_ops = k;
@@ -394,6 +405,9 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
             "recorded gradient gather: {copied} of {runs} runs copied, {} written in place",
             runs - copied
         );
+    }
+    if let Some((copied, of)) = t.stage.statistics_copies() {
+        println!("recorded running statistics: {copied} copies of {of} statistics or runs");
     }
     let growth = t.stage.recording();
     if !growth.is_empty() {

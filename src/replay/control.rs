@@ -50,6 +50,12 @@ pub enum Control {
     /// weights) keep what the warm-ups gathered.
     #[cfg(feature = "controls")]
     GatherNothing,
+    /// With the running statistics laid out in one buffer (`model::ops::stats_into`), the
+    /// window's forward writes them into buffers of their own and gathers none back, as if
+    /// every layer had updated its own in place: the replays keep reading, and the trainer keeps
+    /// getting, the statistics the recording started from.
+    #[cfg(feature = "controls")]
+    StatsOutOfPlace,
 }
 
 /// Which control is on, as the recorder asks it.
@@ -90,6 +96,10 @@ impl Control {
     pub fn gathers_nothing(self) -> bool {
         self == Control::GatherNothing
     }
+
+    pub fn stats_out_of_place(self) -> bool {
+        self == Control::StatsOutOfPlace
+    }
 }
 
 /// Without the `controls` feature no control exists.
@@ -128,6 +138,10 @@ impl Control {
     }
 
     pub fn gathers_nothing(self) -> bool {
+        false
+    }
+
+    pub fn stats_out_of_place(self) -> bool {
         false
     }
 }

@@ -18,7 +18,7 @@ use crate::data::Instance;
 use crate::loss::E2eLoss;
 use crate::model::Yolo;
 use crate::model::flow::RealNvp;
-use crate::model::ops::{grads_into, segment, storage};
+use crate::model::ops::{grads_into, segment, stats_into, storage};
 use crate::model::precision::autocast;
 use crate::optim::grads::get_flat;
 use crate::optim::groups::{ParamInfo, param_table};
@@ -87,6 +87,9 @@ struct Start {
     stage_params: Vec<ParamInfo>,
     inner: Device,
     growth: Vec<(&'static str, PoolUse)>,
+    /// The stage's running statistics as segments of one buffer, which the private copy reads
+    /// and a recorded forward updates in place ([`Start::lay_out_statistics`]).
+    stat_segments: Option<(Layout, Tensor<1>)>,
 }
 
 impl Start {
@@ -122,6 +125,41 @@ impl Start {
             stage_params,
             inner,
             growth,
+            stat_segments: None,
+        }
+    }
+
+    /// With `model::ops::stats_into` chosen: the stage's running statistics, as they are now,
+    /// written into one buffer, and the private copy made to read each from its segment there;
+    /// a recorded forward then updates them in place ([`Start::statistics_in_place`]). Called
+    /// after the warm-ups (which replace them) and before the window's sources are taken.
+    fn lay_out_statistics(&mut self) {
+        if !stats_into::chosen() {
+            return;
+        }
+        let stats = self.tensors(&self.net, is_running_stat);
+        let (layout, flat) = gather_stats(&stats, &self.inner);
+        let mut views: HashMap<String, Tensor<1>> = stats
+            .iter()
+            .enumerate()
+            .map(|(k, (p, _))| (p.clone(), layout.view(&flat, k)))
+            .collect();
+        self.net = replace_float_tensors(self.net.clone(), &mut views).0;
+        self.stat_segments = Some((layout, flat));
+    }
+
+    /// Runs `f` (a forward inside a window) with the laid-out running statistics registered
+    /// for in-place updates ([`stats_into::into`]); `f` alone where none are laid out or the
+    /// `StatsOutOfPlace` control is on.
+    fn statistics_in_place<R>(&self, f: impl FnOnce() -> R) -> R {
+        match &self.stat_segments {
+            Some((layout, flat)) if !self.control.stats_out_of_place() => {
+                let views: Vec<Tensor<1>> = (0..layout.sizes.len())
+                    .map(|k| layout.view(flat, k))
+                    .collect();
+                stats_into::into(&views, f)
+            }
+            _ => f(),
         }
     }
 
@@ -188,13 +226,20 @@ impl Start {
         graphs: Graphs,
         per_copy: usize,
         sources: Sources,
-        stats: (Vec<(usize, Tensor<1>)>, Layout, Tensor<1>),
+        stats: WindowStats,
         pool: Tensor<1>,
         grads: (Vec<ParamInfo>, Layout, Tensor<1>, (usize, usize)),
     ) -> Recorded {
-        let (updated, stats_layout, stats_flat) = stats;
+        let WindowStats {
+            updated,
+            layout: stats_layout,
+            flat: stats_flat,
+            copied: stats_copied,
+        } = stats;
         let (grad_params, grad_layout, grad_flat, gathered) = grads;
         Recorded {
+            stats_laid_out: self.stat_segments.is_some(),
+            stats_copied,
             graphs,
             per_copy,
             net: self.control.skips_rollback().then_some(self.net),
@@ -213,29 +258,59 @@ impl Start {
     }
 }
 
+/// What a window did with the new running statistics ([`statistics_in_window`]).
+struct WindowStats {
+    /// `(index in sources, buffer)` of each.
+    updated: Vec<(usize, Tensor<1>)>,
+    /// Where each sits in `flat`.
+    layout: Layout,
+    flat: Tensor<1>,
+    /// `(copies into the buffers the next replay reads, statistics or runs of them)`.
+    copied: (usize, usize),
+}
+
 /// Inside a window, after the stage's forward: the new running statistics merged (so these are
 /// buffers every replay rewrites), gathered into one flat buffer, and copied into the buffers
-/// the next replay reads. Returns `(index in sources, buffer)` of each, their layout and the
-/// flat buffer.
-fn statistics_in_window(
-    s: &Start,
-    sources: &[(String, Tensor<1>)],
-) -> (Vec<(usize, Tensor<1>)>, Layout, Tensor<1>) {
+/// the next replay reads. With the statistics laid out ([`Start::lay_out_statistics`]) those
+/// buffers are the flat one's segments, and only the statistics not updated in place are
+/// copied there (none under the `StatsOutOfPlace` control).
+fn statistics_in_window(s: &Start, sources: &[(String, Tensor<1>)]) -> WindowStats {
     let index: HashMap<&str, usize> = sources
         .iter()
         .enumerate()
         .map(|(i, (p, _))| (p.as_str(), i))
         .collect();
     let stats = s.tensors(&s.net, is_running_stat);
-    let (layout, flat) = gather_stats(&stats, &s.inner);
+    let parts: Vec<Option<Tensor<1>>> = stats.iter().map(|(_, t)| Some(t.clone())).collect();
     let updated: Vec<(usize, Tensor<1>)> = stats
         .into_iter()
         .map(|(p, t)| (index[p.as_str()], t))
         .collect();
+    if let Some((layout, flat)) = &s.stat_segments {
+        let copied = match s.control.stats_out_of_place() {
+            false => layout.gather_into(&parts, flat),
+            true => (0, 0),
+        };
+        let (layout, flat) = (layout.clone(), flat.clone());
+        return WindowStats {
+            updated,
+            layout,
+            flat,
+            copied,
+        };
+    }
+    let layout = Layout::new(updated.iter().map(|(_, t)| t.dims()[0]).collect());
+    let flat = layout.gather(parts, &s.inner);
     for (i, t) in &updated {
         write(t.clone(), &sources[*i].1);
     }
-    (updated, layout, flat)
+    let copied = (updated.len(), updated.len());
+    WindowStats {
+        updated,
+        layout,
+        flat,
+        copied,
+    }
 }
 
 /// `(parameter, its segment of flat)` for each of `params` among `sources`: where
@@ -319,13 +394,14 @@ pub(super) fn record(
     }
     // What the recorded forward reads. `valid()` also merges the warm-ups' pending running-stat
     // updates now, outside the window.
+    s.lay_out_statistics();
     let sources = s.tensors(&s.net, |_| true);
     inner.sync().map_err(|e| err("sync", &e))?;
     s.mark("warm-ups");
 
     Dispatch::graph_start_capture(dispatch).map_err(|e| err("start forward capture", &e))?;
-    let taped = s.run(&s.net);
-    let (updated, stats_layout, stats_flat) = statistics_in_window(&s, &sources);
+    let taped = s.statistics_in_place(|| s.run(&s.net));
+    let stats = statistics_in_window(&s, &sources);
     let forward = Dispatch::graph_stop_capture(dispatch).map_err(|e| err("forward capture", &e))?;
     let sources = Sources::with_shared(sources, s.shared.take());
     s.mark("forward graph");
@@ -376,7 +452,6 @@ pub(super) fn record(
         seeds,
         loss: None,
     };
-    let stats = (updated, stats_layout, stats_flat);
     let grads = (grad_params, grad_layout, grad_flat, gathered);
     Ok(s.finish(graphs, dims.len() / 2, sources, stats, pool, grads))
 }
@@ -438,6 +513,7 @@ pub(super) fn record_step(
         inner.sync().map_err(|e| err("warm-up sync", &e))?;
         drop((taped, stats, seeds, all));
     }
+    s.lay_out_statistics();
     let sources = s.tensors(&s.net, |_| true);
     let grad_flat = segment(pool.clone(), 0, grad_layout.len, grad_layout.len);
     // The seeds are the window's temporaries, not views of the pool: the gradients may be
@@ -447,8 +523,8 @@ pub(super) fn record_step(
     s.mark("warm-ups");
 
     Dispatch::graph_start_capture(dispatch).map_err(|e| err("start step capture", &e))?;
-    let taped = s.forward(step.dtype);
-    let (updated, stats_layout, stats_flat) = statistics_in_window(&s, &sources);
+    let taped = s.statistics_in_place(|| s.forward(step.dtype));
+    let stats = statistics_in_window(&s, &sources);
     let (seeds, flow_complete) = loss_of(&taped);
     let complete = flow_complete && seeds.is_some();
     // A refusal waits until the window is closed (an error inside it would leave the stream
@@ -482,7 +558,6 @@ pub(super) fn record_step(
         step: graph,
         loss: Box::new(inputs),
     };
-    let stats = (updated, stats_layout, stats_flat);
     let grads = (grad_params, grad_layout, grad_flat, gathered);
     Ok(s.finish(graphs, per_copy, sources, stats, pool, grads))
 }

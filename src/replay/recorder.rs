@@ -114,6 +114,12 @@ pub(super) struct Recorded {
     /// them in.
     pub(super) stats_layout: Layout,
     pub(super) stats_flat: Tensor<1>,
+    /// Whether `stats_flat` is the statistics' static buffers themselves
+    /// (`model::ops::stats_into`), which the forward updates in place.
+    pub(super) stats_laid_out: bool,
+    /// `(copies, statistics or runs)` by the recorded forward into the statistics' static
+    /// buffers: one per statistic when gathered and copied, none when updated in place.
+    pub(super) stats_copied: (usize, usize),
     /// The buffer behind `grad_flat` and (features stage) the seeds: the recorded backward
     /// reads every seed before its first gradient and gathers the gradients at its end, so one
     /// buffer serves both.
@@ -263,7 +269,10 @@ impl Recorder {
             }
             Graphs::One { .. } => out.push(("gradients", bytes_of(&r.pool))),
         }
-        out.push(("statistics out", bytes_of(&r.stats_flat)));
+        // Laid out, the statistics' buffer is their static buffers, counted above.
+        if !r.stats_laid_out {
+            out.push(("statistics out", bytes_of(&r.stats_flat)));
+        }
         out
     }
 
@@ -523,6 +532,12 @@ impl Recorder {
     /// `None` before recording.
     pub fn gradient_copies(&self) -> Option<(usize, usize)> {
         self.state.as_ref().map(|r| r.gathered)
+    }
+
+    /// `(copies, statistics or runs)` by the recorded forward into the buffers the next replay
+    /// reads the running statistics from; `None` before recording.
+    pub fn statistics_copies(&self) -> Option<(usize, usize)> {
+        self.state.as_ref().map(|r| r.stats_copied)
     }
 
     /// How many times the loss was recorded ([`Recorder::loss`]; with one graph, the step).

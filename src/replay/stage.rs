@@ -120,6 +120,15 @@ impl Stage {
         }
     }
 
+    /// [`Recorder::statistics_copies`] of a replayed stage; `None` for a native one.
+    pub fn statistics_copies(&self) -> Option<(usize, usize)> {
+        match self {
+            Stage::Native(_) => None,
+            #[cfg(feature = "cuda")]
+            Stage::Replay(r) => r.statistics_copies(),
+        }
+    }
+
     /// The trainer's parameters as the flat optimizer keeps them (`Optimizer::pinned`: its
     /// table, layout and values): a replayed stage not yet recorded reads the stage's
     /// parameters there (`replay.shared_parameters`); nothing for a native one.

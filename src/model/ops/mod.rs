@@ -55,6 +55,8 @@ pub mod matmul;
 #[cfg(feature = "cuda")]
 #[path = "../../../kernels/silu.rs"]
 mod silu_kernels;
+#[cfg(feature = "cuda")]
+pub mod stats_into;
 pub mod trace;
 #[cfg(feature = "cuda")]
 #[path = "../../../kernels/tree.rs"]
