@@ -37,7 +37,7 @@ use super::tree::UNITS;
 const PER_UNIT: usize = 32;
 const MAX_PARTS: usize = 256;
 /// Units merging one channel's chunks, and channels per merging cube.
-const MERGE_UNITS: usize = 32;
+pub(super) const MERGE_UNITS: usize = 32;
 const MERGE_CHANNELS: usize = UNITS / MERGE_UNITS;
 
 /// Whether `x` `[N, C, H, W]` lies channels-last with its pixels evenly spaced: value `(n, c, h,
@@ -55,7 +55,7 @@ pub fn dense_channels_last(x: &CubeTensor) -> bool {
 
 /// The split of a channel's `m` values: `(lanes, rows, tiles, parts)` for `c` channels, a
 /// function of the shape only.
-fn split(m: usize, c: usize) -> (usize, usize, usize, usize) {
+pub(super) fn split(m: usize, c: usize) -> (usize, usize, usize, usize) {
     let lanes = c.next_power_of_two().min(32);
     let rows = UNITS / lanes;
     let tiles = c.div_ceil(lanes);
@@ -65,7 +65,7 @@ fn split(m: usize, c: usize) -> (usize, usize, usize, usize) {
 
 /// `(count, mean, M2)` of two Welford records merged (the second's count may be zero).
 #[cube]
-fn merge_into(s: &mut Shared<[f32]>, a: usize, b: usize, #[comptime] stride: usize) {
+pub(super) fn merge_into(s: &mut Shared<[f32]>, a: usize, b: usize, #[comptime] stride: usize) {
     // `s` holds the three fields `stride` apart: count at `i`, mean at `i + stride`, M2 at
     // `i + 2·stride`.
     let na = s[a];
@@ -84,6 +84,20 @@ fn merge_into(s: &mut Shared<[f32]>, a: usize, b: usize, #[comptime] stride: usi
 /// `partial[(c·P + p)·3 ..]`.
 #[cube(launch_unchecked)]
 fn stats_partial_kernel(x: &Tensor<f32>, partial: &mut Tensor<f32>, #[comptime] units: usize) {
+    let mut s = Shared::<[f32]>::new_slice(3 * units);
+    stats_record(x, partial, &mut s, units);
+}
+
+/// [`stats_partial_kernel`]'s work, its shared memory `s` (`3·units`) given: after it, row 0's
+/// units hold their channel's record of the chunk in `s` (count, mean, M2 `units` apart), and
+/// `partial` holds it.
+#[cube]
+pub(super) fn stats_record(
+    x: &Tensor<f32>,
+    partial: &mut Tensor<f32>,
+    s: &mut Shared<[f32]>,
+    #[comptime] units: usize,
+) {
     let lanes = CUBE_DIM_X as usize;
     let rows = CUBE_DIM_Y as usize;
     let lane = UNIT_POS_X as usize;
@@ -148,7 +162,6 @@ fn stats_partial_kernel(x: &Tensor<f32>, partial: &mut Tensor<f32>, #[comptime] 
         }
     }
     // Count, mean and M2 of unit `u`: `s[u]`, `s[u + units]`, `s[u + 2·units]`.
-    let mut s = Shared::<[f32]>::new_slice(3 * units);
     let u = row * lanes + lane;
     s[u] = count;
     s[u + units] = mean;
@@ -158,7 +171,7 @@ fn stats_partial_kernel(x: &Tensor<f32>, partial: &mut Tensor<f32>, #[comptime] 
     let mut half = rows / 2;
     while half > 0 {
         if row < half {
-            merge_into(&mut s, u, u + half * lanes, units);
+            merge_into(s, u, u + half * lanes, units);
         }
         sync_cube();
         half /= 2;
@@ -271,6 +284,31 @@ fn grad_partial_kernel(
     #[comptime] act: bool,
     #[comptime] grad_dense: bool,
 ) {
+    let mut s = Shared::<[f32]>::new_slice(2 * units);
+    grad_record(
+        x, grad, mean, var, gamma, beta, partial, &mut s, epsilon, units, act, grad_dense,
+    );
+}
+
+/// [`grad_partial_kernel`]'s work, its shared memory `s` (`2·units`) given: after it, row 0's
+/// units hold their channel's `Σ g_z` and `Σ g_z · x̂` of the chunk in `s` (`units` apart), and
+/// `partial` holds them.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn grad_record(
+    x: &Tensor<f32>,
+    grad: &Tensor<f32>,
+    mean: &Tensor<f32>,
+    var: &Tensor<f32>,
+    gamma: &Tensor<f32>,
+    beta: &Tensor<f32>,
+    partial: &mut Tensor<f32>,
+    s: &mut Shared<[f32]>,
+    epsilon: f32,
+    #[comptime] units: usize,
+    #[comptime] act: bool,
+    #[comptime] grad_dense: bool,
+) {
     let lanes = CUBE_DIM_X as usize;
     let rows = CUBE_DIM_Y as usize;
     let lane = UNIT_POS_X as usize;
@@ -345,7 +383,6 @@ fn grad_partial_kernel(
             j += 4 * rows;
         }
     }
-    let mut s = Shared::<[f32]>::new_slice(2 * units);
     let u = row * lanes + lane;
     s[u] = sum_g;
     s[u + units] = sum_gx;
@@ -431,13 +468,17 @@ pub fn statistics(
     let s = x.meta.shape();
     let (n, c, h, w) = (s[0], s[1], s[2], s[3]);
     let (lanes, rows, tiles, parts) = split(n * h * w, c);
-    let partial = empty(x, Shape::new([c * parts * 3]));
     let [mean, var] = [(); 2].map(|_| empty(x, Shape::new([c])));
     // Where a recording registered them, over the old values (`model::ops::stats_into`).
     let new = |old: &CubeTensor| {
         super::stats_into::take(old).unwrap_or_else(|| empty(x, Shape::new([c])))
     };
     let (new_mean, new_var) = (new(&running_mean), new(&running_var));
+    if super::fused_bn_single::chosen() {
+        let out = [mean, var, new_mean, new_var];
+        return super::fused_bn_single::statistics(x, running_mean, running_var, out, momentum);
+    }
+    let partial = empty(x, Shape::new([c * parts * 3]));
     let (count, dim) = merge_cubes(c);
     let client = x.client.clone();
     // SAFETY: units with a channel beyond C only take part in the trees; every read is bounded
@@ -488,7 +529,6 @@ pub fn grad_sums(
     let s = x.meta.shape();
     let (n, c, h, w) = (s[0], s[1], s[2], s[3]);
     let (lanes, rows, tiles, parts) = split(n * h * w, c);
-    let partial = empty(x, Shape::new([c * parts * 2]));
     // Where a recorded step registered them, straight into the flat gradient buffer.
     let into = |param: &CubeTensor| {
         super::grads_into::take(param).unwrap_or_else(|| empty(x, Shape::new([c])))
@@ -496,6 +536,18 @@ pub fn grad_sums(
     let (d_gamma, d_beta) = (into(gamma), into(beta));
     let (count, dim) = merge_cubes(c);
     let grad_dense = dense_channels_last(grad);
+    if super::fused_bn_single::chosen() {
+        return super::fused_bn_single::grad_sums(
+            x,
+            grad,
+            [mean, var, gamma, beta],
+            [d_gamma, d_beta],
+            epsilon,
+            act,
+            grad_dense,
+        );
+    }
+    let partial = empty(x, Shape::new([c * parts * 2]));
     let client = x.client.clone();
     // SAFETY: as in `statistics`; `grad` has `x`'s shape (checked by the caller) and is read by
     // its strides.

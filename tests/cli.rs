@@ -53,6 +53,7 @@ fn census_and_launch_bench_refuse_a_cpu_device_up_front() {
             ("--reduced-wgrad", "true"),
             ("--grads-in-place", "false"),
             ("--stats-in-place", "true"),
+            ("--bn-single-pass", "true"),
         ] {
             let (ok, text) = burnpose(&[
                 "bench-step",

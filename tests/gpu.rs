@@ -13,6 +13,8 @@ use std::path::Path;
 
 #[path = "gpu/batch_norm.rs"]
 mod batch_norm;
+#[path = "gpu/bn_single.rs"]
+mod bn_single;
 #[path = "gpu/depthwise.rs"]
 mod depthwise;
 #[path = "gpu/in_place.rs"]

@@ -85,6 +85,11 @@ pub struct Options {
     /// each recorded forward (`false`, the default).
     #[arg(long)]
     pub stats_in_place: Option<bool>,
+    /// Run each channels-last BatchNorm sum (statistics, γ/β gradients) in one launch, the last
+    /// cube of a channel tile merging its partials (`true`; `kernels/batch_norm_single.rs`,
+    /// CUDA only), or in two (`false`, the default). Both give the same bits.
+    #[arg(long)]
+    pub bn_single_pass: Option<bool>,
     /// Also read the memory pool inside every step (at the ends of loss, backward and optimizer)
     /// and print the largest bytes in use.
     #[arg(long)]
@@ -200,6 +205,12 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
         crate::model::ops::stats_into::choose(in_place);
         #[cfg(not(feature = "cuda"))]
         anyhow::bail!("--stats-in-place {in_place}: the recordings run on CUDA only");
+    }
+    if let Some(single) = o.bn_single_pass {
+        #[cfg(feature = "cuda")]
+        crate::model::ops::fused_bn_single::choose(single);
+        #[cfg(not(feature = "cuda"))]
+        anyhow::bail!("--bn-single-pass {single}: our BatchNorm kernels run on CUDA only");
     }
     if let Some(k) = o.conv_bn_ops {
         cfg.device.conv_bn_ops = k;

@@ -36,6 +36,9 @@ mod fused_bn;
 #[path = "../../../kernels/batch_norm_nhwc.rs"]
 mod fused_bn_nhwc;
 #[cfg(feature = "cuda")]
+#[path = "../../../kernels/batch_norm_single.rs"]
+pub mod fused_bn_single;
+#[cfg(feature = "cuda")]
 #[path = "../../../kernels/batch_norm_sums.rs"]
 mod fused_bn_sums;
 #[cfg(feature = "cuda")]

@@ -1,0 +1,340 @@
+//! The channels-last BatchNorm sums (`batch_norm_nhwc.rs`) in one launch each instead of two:
+//! every cube computes its chunk's partial records as there, publishes them, and counts itself
+//! in on its channel tile's counter; the last cube of a tile to arrive merges the tile's
+//! partials as the separate merge kernel does and writes the results. 126 BatchNorms take 252
+//! launches fewer a step. The merge is that kernel's arithmetic in its order (per channel, 32
+//! in-order runs over the chunks `k, k + 32, …`, then a fixed tree over the 32), whichever cube
+//! arrives last, so the results have the two-launch bits. Publishing is CubeCL's
+//! `sync_storage` (a release and an acquire at device scope) around an atomic add, the pattern
+//! of CubeCL's own `test_sync_storage_across_cubes`; CUDA promises that scope.
+//! The last cube sets its counter back to zero, so the next launch (and a graph's next replay)
+//! finds the counters zeroed without a launch of their own.
+//! Off by default until a GPU run has compared it ([`choose`]; `bench-step --bn-single-pass`).
+
+// The kernels' arithmetic stays in the forms CubeCL's frontend expands (`a[i] = a[i] + x` on
+// shared memory), not clippy's rewrites.
+#![allow(clippy::assign_op_pattern)]
+
+// `#[cube]` expands to `cubecl::…` paths.
+use burn::cubecl;
+use burn::tensor::{DType, Shape};
+use burn_cubecl::ops::numeric::zeros_client;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::prelude::*;
+use cubecl::{CubeCount, CubeDim};
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use super::fused_bn::{channel, empty};
+use super::fused_bn_nhwc::{MERGE_UNITS, grad_record, merge_into, split, stats_record};
+use super::tree::UNITS;
+
+static CHOSEN: AtomicBool = AtomicBool::new(false);
+
+/// Runs every later channels-last BatchNorm sum of this process in one launch (`true`) or two
+/// (`false`, the default); both give the same bits.
+pub fn choose(single: bool) {
+    CHOSEN.store(single, Ordering::Relaxed);
+}
+
+/// Whether the sums run in one launch ([`choose`]).
+pub fn chosen() -> bool {
+    CHOSEN.load(Ordering::Relaxed)
+}
+
+/// Channel tiles one launch may have (at most 32 channels a tile: 32,768 channels).
+const COUNTERS: usize = 1024;
+/// The merge's runs per channel and its shared memory per field (32 channels of a tile × 32).
+const WIDTH: usize = MERGE_UNITS;
+const FIELD: usize = 32 * WIDTH;
+
+thread_local! {
+    /// Per device, `COUNTERS` arrival counters, zero between launches.
+    static ARRIVALS: RefCell<Vec<CubeTensor>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The arrival counters of `x`'s device, made (zeroed) at its first use: a recording's
+/// warm-ups run the same kernels before its window opens.
+fn arrivals(x: &CubeTensor) -> CubeTensor {
+    ARRIVALS.with(|all| {
+        let mut all = all.borrow_mut();
+        if let Some(c) = all.iter().find(|c| c.device == x.device) {
+            return c.clone();
+        }
+        let c = zeros_client(
+            x.client.clone(),
+            x.device.clone(),
+            Shape::new([COUNTERS]),
+            DType::U32,
+        );
+        all.push(c.clone());
+        c
+    })
+}
+
+/// Counts the cube in on tile `t`'s counter after publishing its writes; whether it is the
+/// last of the tile's `parts` cubes (the same answer in every unit), with every other cube's
+/// writes then visible to it.
+#[cube]
+fn last_to_arrive(counter: &mut Tensor<Atomic<u32>>, t: usize, parts: usize) -> bool {
+    let mut arrived = Shared::<u32>::new();
+    sync_storage();
+    if UNIT_POS == 0 {
+        *arrived = counter[t].fetch_add(1u32);
+    }
+    sync_storage();
+    *arrived as usize == parts - 1
+}
+
+/// `batch_norm_nhwc.rs`'s `stats_partial_kernel`, then, in the last cube of each channel tile,
+/// its `stats_final_kernel`: mean, biased variance and running statistics.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn stats_single_kernel(
+    x: &Tensor<f32>,
+    partial: &mut Tensor<f32>,
+    counter: &mut Tensor<Atomic<u32>>,
+    running_mean: &Tensor<f32>,
+    running_var: &Tensor<f32>,
+    mean: &mut Tensor<f32>,
+    var: &mut Tensor<f32>,
+    new_mean: &mut Tensor<f32>,
+    new_var: &mut Tensor<f32>,
+    momentum: f32,
+    #[comptime] units: usize,
+) {
+    let mut s = Shared::<[f32]>::new_slice(3 * units);
+    stats_record(x, partial, &mut s, units);
+    let lanes = CUBE_DIM_X as usize;
+    let rows = CUBE_DIM_Y as usize;
+    let lane = UNIT_POS_X as usize;
+    let row = UNIT_POS_Y as usize;
+    let parts = CUBE_COUNT_X as usize;
+    let t = CUBE_POS_Y as usize;
+    let c = t * lanes + lane;
+    let c_n = x.shape(1);
+    if last_to_arrive(counter, t, parts) {
+        // Run `k` of channel `lane`: `f[lane·WIDTH + k]`, fields `FIELD` apart.
+        let mut f = Shared::<[f32]>::new_slice(3 * FIELD);
+        let mut k = row;
+        while k < WIDTH {
+            let mut count = 0.0f32;
+            let mut mu = 0.0f32;
+            let mut m2 = 0.0f32;
+            if c < c_n {
+                let mut q = k;
+                while q < parts {
+                    let base = (c * parts + q) * 3;
+                    let nb = partial[base];
+                    if nb > 0.0f32 {
+                        let n = count + nb;
+                        let delta = partial[base + 1] - mu;
+                        mu += delta * (nb / n);
+                        m2 += partial[base + 2] + delta * delta * (count * nb / n);
+                        count = n;
+                    }
+                    q += WIDTH;
+                }
+            }
+            let v = lane * WIDTH + k;
+            f[v] = count;
+            f[v + FIELD] = mu;
+            f[v + 2 * FIELD] = m2;
+            k += rows;
+        }
+        sync_cube();
+        let mut half = WIDTH / 2;
+        while half > 0 {
+            let mut k = row;
+            while k < half {
+                merge_into(&mut f, lane * WIDTH + k, lane * WIDTH + k + half, FIELD);
+                k += rows;
+            }
+            sync_cube();
+            half /= 2;
+        }
+        if row == 0 && c < c_n {
+            let v = lane * WIDTH;
+            let mu = f[v + FIELD];
+            let var_c = f[v + 2 * FIELD] / f[v];
+            let at_mean = c * mean.stride(0);
+            let at_var = c * var.stride(0);
+            mean[at_mean] = mu;
+            var[at_var] = var_c;
+            let keep = 1.0f32 - momentum;
+            let old_mean = channel(running_mean, c);
+            let old_var = channel(running_var, c);
+            let at_new_mean = c * new_mean.stride(0);
+            let at_new_var = c * new_var.stride(0);
+            new_mean[at_new_mean] = old_mean * keep + mu * momentum;
+            new_var[at_new_var] = old_var * keep + var_c * momentum;
+        }
+        if UNIT_POS == 0 {
+            counter[t].store(0u32);
+        }
+    }
+}
+
+/// `batch_norm_nhwc.rs`'s `grad_partial_kernel`, then, in the last cube of each channel tile,
+/// its `grad_final_kernel`: `dβ = Σ g_z`, `dγ = Σ g_z · x̂`.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn grad_single_kernel(
+    x: &Tensor<f32>,
+    grad: &Tensor<f32>,
+    mean: &Tensor<f32>,
+    var: &Tensor<f32>,
+    gamma: &Tensor<f32>,
+    beta: &Tensor<f32>,
+    partial: &mut Tensor<f32>,
+    counter: &mut Tensor<Atomic<u32>>,
+    d_gamma: &mut Tensor<f32>,
+    d_beta: &mut Tensor<f32>,
+    epsilon: f32,
+    #[comptime] units: usize,
+    #[comptime] act: bool,
+    #[comptime] grad_dense: bool,
+) {
+    let mut s = Shared::<[f32]>::new_slice(2 * units);
+    grad_record(
+        x, grad, mean, var, gamma, beta, partial, &mut s, epsilon, units, act, grad_dense,
+    );
+    let lanes = CUBE_DIM_X as usize;
+    let rows = CUBE_DIM_Y as usize;
+    let lane = UNIT_POS_X as usize;
+    let row = UNIT_POS_Y as usize;
+    let parts = CUBE_COUNT_X as usize;
+    let t = CUBE_POS_Y as usize;
+    let c = t * lanes + lane;
+    let c_n = x.shape(1);
+    if last_to_arrive(counter, t, parts) {
+        let mut f = Shared::<[f32]>::new_slice(2 * FIELD);
+        let mut k = row;
+        while k < WIDTH {
+            let mut sg = 0.0f32;
+            let mut sx = 0.0f32;
+            if c < c_n {
+                let mut q = k;
+                while q < parts {
+                    let base = (c * parts + q) * 2;
+                    sg += partial[base];
+                    sx += partial[base + 1];
+                    q += WIDTH;
+                }
+            }
+            let v = lane * WIDTH + k;
+            f[v] = sg;
+            f[v + FIELD] = sx;
+            k += rows;
+        }
+        sync_cube();
+        let mut half = WIDTH / 2;
+        while half > 0 {
+            let mut k = row;
+            while k < half {
+                let v = lane * WIDTH + k;
+                f[v] = f[v] + f[v + half];
+                f[v + FIELD] = f[v + FIELD] + f[v + half + FIELD];
+                k += rows;
+            }
+            sync_cube();
+            half /= 2;
+        }
+        if row == 0 && c < c_n {
+            let v = lane * WIDTH;
+            let at_beta = c * d_beta.stride(0);
+            let at_gamma = c * d_gamma.stride(0);
+            d_beta[at_beta] = f[v];
+            d_gamma[at_gamma] = f[v + FIELD];
+        }
+        if UNIT_POS == 0 {
+            counter[t].store(0u32);
+        }
+    }
+}
+
+/// `batch_norm_nhwc::statistics` in one launch: the same arguments, outputs and bits.
+pub fn statistics(
+    x: &CubeTensor,
+    running_mean: CubeTensor,
+    running_var: CubeTensor,
+    [mean, var, new_mean, new_var]: [CubeTensor; 4],
+    momentum: f32,
+) -> [CubeTensor; 4] {
+    let s = x.meta.shape();
+    let (n, c, h, w) = (s[0], s[1], s[2], s[3]);
+    let (lanes, rows, tiles, parts) = split(n * h * w, c);
+    assert!(
+        tiles <= COUNTERS,
+        "batch norm: {c} channels exceed the counters"
+    );
+    let partial = empty(x, Shape::new([c * parts * 3]));
+    let client = x.client.clone();
+    // SAFETY: as in `batch_norm_nhwc::statistics`; the counters hold `COUNTERS ≥ tiles` values,
+    // zero at every launch's start (the last cube of each tile sets its own back), and the last
+    // cube reads the partials only after every cube of its tile published them.
+    unsafe {
+        stats_single_kernel::launch_unchecked(
+            &client,
+            CubeCount::Static(parts as u32, tiles as u32, 1),
+            CubeDim::new_2d(lanes as u32, rows as u32),
+            x.clone().into_tensor_arg(),
+            partial.into_tensor_arg(),
+            arrivals(x).into_tensor_arg(),
+            running_mean.into_tensor_arg(),
+            running_var.into_tensor_arg(),
+            mean.clone().into_tensor_arg(),
+            var.clone().into_tensor_arg(),
+            new_mean.clone().into_tensor_arg(),
+            new_var.clone().into_tensor_arg(),
+            momentum,
+            UNITS,
+        );
+    }
+    [mean, var, new_mean, new_var]
+}
+
+/// `batch_norm_nhwc::grad_sums` in one launch, into `d_gamma` and `d_beta`.
+#[allow(clippy::too_many_arguments)]
+pub fn grad_sums(
+    x: &CubeTensor,
+    grad: &CubeTensor,
+    [mean, var, gamma, beta]: [&CubeTensor; 4],
+    [d_gamma, d_beta]: [CubeTensor; 2],
+    epsilon: f32,
+    act: bool,
+    grad_dense: bool,
+) -> [CubeTensor; 2] {
+    let s = x.meta.shape();
+    let (n, c, h, w) = (s[0], s[1], s[2], s[3]);
+    let (lanes, rows, tiles, parts) = split(n * h * w, c);
+    assert!(
+        tiles <= COUNTERS,
+        "batch norm: {c} channels exceed the counters"
+    );
+    let partial = empty(x, Shape::new([c * parts * 2]));
+    let client = x.client.clone();
+    // SAFETY: as in `statistics` above and `batch_norm_nhwc::grad_sums`.
+    unsafe {
+        grad_single_kernel::launch_unchecked(
+            &client,
+            CubeCount::Static(parts as u32, tiles as u32, 1),
+            CubeDim::new_2d(lanes as u32, rows as u32),
+            x.clone().into_tensor_arg(),
+            grad.clone().into_tensor_arg(),
+            mean.clone().into_tensor_arg(),
+            var.clone().into_tensor_arg(),
+            gamma.clone().into_tensor_arg(),
+            beta.clone().into_tensor_arg(),
+            partial.into_tensor_arg(),
+            arrivals(x).into_tensor_arg(),
+            d_gamma.clone().into_tensor_arg(),
+            d_beta.clone().into_tensor_arg(),
+            epsilon,
+            UNITS,
+            act,
+            grad_dense,
+        );
+    }
+    [d_gamma, d_beta]
+}
