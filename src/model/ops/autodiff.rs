@@ -54,13 +54,18 @@ impl<B: Backend + FastOps> Backward<B, 3> for BnActOp {
     }
 }
 
-/// A convolution without bias, in FP32 or (`Some(dtype)`, [`FastOps::conv_in`]) computed in a
-/// reduced dtype.
+/// A convolution without bias, in FP32 or (`Some((dtype, operand))`, [`FastOps::conv_in_with`])
+/// computed in a reduced dtype, the weight's operand kept for the data gradient.
 #[derive(Debug)]
 struct ConvOp;
 
 impl<B: Backend + FastOps> Backward<B, 2> for ConvOp {
-    type State = (NodeId, NodeId, ConvOptions<2>, Option<FloatDType>);
+    type State = (
+        NodeId,
+        NodeId,
+        ConvOptions<2>,
+        Option<(FloatDType, FloatTensor<B>)>,
+    );
 
     fn backward(
         self,
@@ -70,7 +75,8 @@ impl<B: Backend + FastOps> Backward<B, 2> for ConvOp {
     ) {
         let [node_x, node_weight] = ops.parents;
         let grad = grads.consume::<B>(&ops.node);
-        let (x_state, weight_state, options, dtype) = ops.state;
+        let (x_state, weight_state, options, reduced) = ops.state;
+        let dtype = reduced.as_ref().map(|(d, _)| *d);
         let x = checkpointer.retrieve_node_output::<FloatTensor<B>>(x_state);
         let weight = checkpointer.retrieve_node_output::<FloatTensor<B>>(weight_state);
         if let (Some(nx), Some(nw), None) = (&node_x, &node_weight, dtype)
@@ -93,8 +99,10 @@ impl<B: Backend + FastOps> Backward<B, 2> for ConvOp {
         }
         if let Some(node) = node_x {
             let (x, w, g, o) = (x.clone(), weight.clone(), grad.clone(), options.clone());
-            let dx = match dtype {
-                Some(dtype) => B::conv_in_x_backward(x, w, g, o, dtype),
+            let dx = match &reduced {
+                Some((dtype, operand)) => {
+                    B::conv_in_x_backward_with(x, w, operand.clone(), g, o, *dtype)
+                }
                 None => B::conv_x_backward(x, w, g, o),
             };
             grads.register::<B>(node.id, dx);
@@ -189,8 +197,17 @@ fn tracked_conv<B: Backend + FastOps, C: CheckpointStrategy>(
         OpsKind::Tracked(mut prep) => {
             let x_state = prep.checkpoint(&x);
             let weight_state = prep.checkpoint(&weight);
-            let out = inner(x.into_primitive(), weight.into_primitive(), options.clone());
-            prep.finish((x_state, weight_state, options, dtype), out)
+            let (x, w) = (x.into_primitive(), weight.into_primitive());
+            let (out, reduced) = match dtype {
+                // The weight's operand made once, for the forward and the data gradient.
+                Some(d) => {
+                    let operand = B::conv_in_operand(w.clone(), options.clone(), d);
+                    let out = B::conv_in_with(x, w, operand.clone(), options.clone(), d);
+                    (out, Some((d, operand)))
+                }
+                None => (B::conv(x, w, options.clone()), None),
+            };
+            prep.finish((x_state, weight_state, options, reduced), out)
         }
         OpsKind::UnTracked(prep) => {
             prep.finish(inner(x.into_primitive(), weight.into_primitive(), options))

@@ -83,12 +83,49 @@ pub mod gemm {
         options: ConvOptions<2>,
         dtype: FloatDType,
     ) -> CubeTensor {
+        forward_with(x, weight, None, options, dtype)
+    }
+
+    /// The GEMM's weight operand of [`forward_in`] and [`x_backward_in`] for convolutions
+    /// without groups: `weight` channels-last, cast to `dtype` and padded to [`padded`]
+    /// channels; `weight` itself otherwise (they take no such operand).
+    pub fn weight_operand(
+        weight: CubeTensor,
+        options: &ConvOptions<2>,
+        dtype: FloatDType,
+    ) -> CubeTensor {
+        if options.groups != 1 {
+            return weight;
+        }
+        let (co, ci) = (weight.shape()[0], weight.shape()[1]);
+        channels_last(weight, padded(co), padded(ci), dtype.into())
+    }
+
+    /// `operand` when it is [`weight_operand`]'s for `weight` in `d`, else that made now.
+    fn operand_of(weight: &CubeTensor, operand: Option<CubeTensor>, d: DType) -> CubeTensor {
+        let s = weight.shape();
+        let (co, ci) = (s[0], s[1]);
+        let want = [padded(co), padded(ci), s[2], s[3]];
+        match operand {
+            Some(w) if w.dtype == d && w.shape() == Shape::new(want) => w,
+            _ => channels_last(weight.clone(), padded(co), padded(ci), d),
+        }
+    }
+
+    /// [`forward_in`] with the weight's GEMM operand made already ([`weight_operand`]).
+    pub fn forward_with(
+        x: CubeTensor,
+        weight: CubeTensor,
+        operand: Option<CubeTensor>,
+        options: ConvOptions<2>,
+        dtype: FloatDType,
+    ) -> CubeTensor {
         let d: DType = dtype.into();
         let cast = |t: CubeTensor, d: DType| burn_cubecl::kernel::cast(t, d);
         if options.groups == 1 {
             let (n, ci, co) = (x.shape()[0], x.shape()[1], weight.shape()[0]);
             let xp = channels_last(x.clone(), n, padded(ci), d);
-            let wp = channels_last(weight.clone(), padded(co), padded(ci), d);
+            let wp = operand_of(&weight, operand, d);
             if let Ok(y) = routine::forward(xp, wp, &options, written_as(co, d)) {
                 return in_f32(y, n, co);
             }
@@ -157,6 +194,18 @@ pub mod gemm {
         options: ConvOptions<2>,
         dtype: FloatDType,
     ) -> CubeTensor {
+        x_backward_with(x, weight, None, grad, options, dtype)
+    }
+
+    /// [`x_backward_in`] with the weight's GEMM operand made already ([`weight_operand`]).
+    pub fn x_backward_with(
+        x: CubeTensor,
+        weight: CubeTensor,
+        operand: Option<CubeTensor>,
+        grad: CubeTensor,
+        options: ConvOptions<2>,
+        dtype: FloatDType,
+    ) -> CubeTensor {
         let shape = x.shape();
         if depthwise::is_depthwise(shape[1], &weight.shape(), &options) {
             return depthwise::data_grad(grad, weight, shape, &options);
@@ -198,7 +247,7 @@ pub mod gemm {
                     options.clone(),
                 )
             };
-            let wp = channels_last(weight.clone(), padded(co), padded(ci), d);
+            let wp = operand_of(&weight, operand, d);
             let shape_p = Shape::new([n, padded(ci), shape[2], shape[3]]);
             if let Ok(dx) = routine::data_grad(gp, wp, shape_p, &unit, written_as(ci, d)) {
                 return in_f32(dx, n, ci);

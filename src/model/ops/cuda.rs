@@ -145,6 +145,32 @@ impl FastOps for burn_cubecl::CubeBackend {
     fn row_sums(x: FloatTensor<Self>) -> FloatTensor<Self> {
         cube_row_sums(x)
     }
+    fn conv_in_operand(
+        weight: FloatTensor<Self>,
+        options: ConvOptions<2>,
+        dtype: FloatDType,
+    ) -> FloatTensor<Self> {
+        conv::gemm::weight_operand(weight, &options, dtype)
+    }
+    fn conv_in_with(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        operand: FloatTensor<Self>,
+        options: ConvOptions<2>,
+        dtype: FloatDType,
+    ) -> FloatTensor<Self> {
+        conv::gemm::forward_with(x, weight, Some(operand), options, dtype)
+    }
+    fn conv_in_x_backward_with(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        operand: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        options: ConvOptions<2>,
+        dtype: FloatDType,
+    ) -> FloatTensor<Self> {
+        conv::gemm::x_backward_with(x, weight, Some(operand), grad, options, dtype)
+    }
     fn conv_in_weight_backward(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,

@@ -241,6 +241,39 @@ pub trait FastOps: Backend {
         debug_assert!(reach >= len);
         Self::float_slice(x, &[burn::tensor::Slice::from(start..start + len)])
     }
+    /// The weight as [`FastOps::conv_in_with`] and [`FastOps::conv_in_x_backward_with`] take
+    /// it, made once for both: here the weight itself (the defaults cast it each time); on CUDA
+    /// the GEMM's operand, channels-last, cast and padded, which the data gradient would make
+    /// again.
+    fn conv_in_operand(
+        weight: FloatTensor<Self>,
+        _options: ConvOptions<2>,
+        _dtype: FloatDType,
+    ) -> FloatTensor<Self> {
+        weight
+    }
+    /// [`FastOps::conv_in`] with the weight's operand of [`FastOps::conv_in_operand`].
+    fn conv_in_with(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        _operand: FloatTensor<Self>,
+        options: ConvOptions<2>,
+        dtype: FloatDType,
+    ) -> FloatTensor<Self> {
+        Self::conv_in(x, weight, options, dtype)
+    }
+    /// [`FastOps::conv_in_x_backward`] with the weight's operand of
+    /// [`FastOps::conv_in_operand`].
+    fn conv_in_x_backward_with(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        _operand: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        options: ConvOptions<2>,
+        dtype: FloatDType,
+    ) -> FloatTensor<Self> {
+        Self::conv_in_x_backward(x, weight, grad, options, dtype)
+    }
     /// Gradient of [`FastOps::conv_in`] with respect to its (FP32) weight, in FP32: here
     /// [`FastOps::conv_weight_backward`]'s, from the FP32 operands (CUDA may take reduced ones,
     /// `wgrad::choose_reduced`).
