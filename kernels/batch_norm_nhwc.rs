@@ -30,6 +30,7 @@ use cubecl::prelude::*;
 use cubecl::{CubeCount, CubeDim};
 
 use super::fused_bn::{channel, empty, grad_z, inv_std};
+use super::fused_bn_single::{add_into, grad_run, stats_run, write_statistics};
 use super::fused_bn_sums::offset;
 use super::tree::UNITS;
 
@@ -190,7 +191,7 @@ pub(super) fn stats_record(
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 fn stats_final_kernel(
-    partial: &Tensor<f32>,
+    partial: &mut Tensor<f32>,
     running_mean: &Tensor<f32>,
     running_var: &Tensor<f32>,
     mean: &mut Tensor<f32>,
@@ -205,30 +206,9 @@ fn stats_final_kernel(
     let width = CUBE_DIM_X as usize;
     let c = CUBE_POS_X as usize * CUBE_DIM_Y as usize + UNIT_POS_Y as usize;
     let c_n = mean.shape(0);
-    let parts = parts as usize;
-    let mut count = 0.0f32;
-    let mut mu = 0.0f32;
-    let mut m2 = 0.0f32;
-    if c < c_n {
-        let mut p = k;
-        while p < parts {
-            let base = (c * parts + p) * 3;
-            let nb = partial[base];
-            if nb > 0.0f32 {
-                let n = count + nb;
-                let delta = partial[base + 1] - mu;
-                mu += delta * (nb / n);
-                m2 += partial[base + 2] + delta * delta * (count * nb / n);
-                count = n;
-            }
-            p += width;
-        }
-    }
     let mut s = Shared::<[f32]>::new_slice(3 * units);
     let u = UNIT_POS_Y as usize * width + k;
-    s[u] = count;
-    s[u + units] = mu;
-    s[u + 2 * units] = m2;
+    stats_run(partial, c, c_n, k, parts as usize, width, &mut s, u, units);
     sync_cube();
     let mut half = width / 2;
     while half > 0 {
@@ -239,19 +219,19 @@ fn stats_final_kernel(
         half /= 2;
     }
     if k == 0 && c < c_n {
-        let mu = s[u + units];
-        let v = s[u + 2 * units] / s[u];
-        let at_mean = c * mean.stride(0);
-        let at_var = c * var.stride(0);
-        mean[at_mean] = mu;
-        var[at_var] = v;
-        let keep = 1.0f32 - momentum;
-        let old_mean = channel(running_mean, c);
-        let old_var = channel(running_var, c);
-        let at_new_mean = c * new_mean.stride(0);
-        let at_new_var = c * new_var.stride(0);
-        new_mean[at_new_mean] = old_mean * keep + mu * momentum;
-        new_var[at_new_var] = old_var * keep + v * momentum;
+        write_statistics(
+            &s,
+            u,
+            units,
+            c,
+            momentum,
+            running_mean,
+            running_var,
+            mean,
+            var,
+            new_mean,
+            new_var,
+        );
     }
 }
 
@@ -407,7 +387,7 @@ pub(super) fn grad_record(
 /// (unit `k` sums chunks `k, k + 32, …` in order, then a fixed tree).
 #[cube(launch_unchecked)]
 fn grad_final_kernel(
-    partial: &Tensor<f32>,
+    partial: &mut Tensor<f32>,
     d_gamma: &mut Tensor<f32>,
     d_beta: &mut Tensor<f32>,
     parts: u32,
@@ -417,28 +397,14 @@ fn grad_final_kernel(
     let width = CUBE_DIM_X as usize;
     let c = CUBE_POS_X as usize * CUBE_DIM_Y as usize + UNIT_POS_Y as usize;
     let c_n = d_gamma.shape(0);
-    let parts = parts as usize;
-    let mut sg = 0.0f32;
-    let mut sx = 0.0f32;
-    if c < c_n {
-        let mut p = k;
-        while p < parts {
-            let base = (c * parts + p) * 2;
-            sg += partial[base];
-            sx += partial[base + 1];
-            p += width;
-        }
-    }
     let mut s = Shared::<[f32]>::new_slice(2 * units);
     let u = UNIT_POS_Y as usize * width + k;
-    s[u] = sg;
-    s[u + units] = sx;
+    grad_run(partial, c, c_n, k, parts as usize, width, &mut s, u, units);
     sync_cube();
     let mut half = width / 2;
     while half > 0 {
         if k < half {
-            s[u] = s[u] + s[u + half];
-            s[u + units] = s[u + units] + s[u + half + units];
+            add_into(&mut s, u, u + half, units);
         }
         sync_cube();
         half /= 2;

@@ -2,9 +2,9 @@
 //! every cube computes its chunk's partial records as there, publishes them, and counts itself
 //! in on its channel tile's counter; the last cube of a tile to arrive merges the tile's
 //! partials as the separate merge kernel does and writes the results. 126 BatchNorms take 252
-//! launches fewer a step. The merge is that kernel's arithmetic in its order (per channel, 32
-//! in-order runs over the chunks `k, k + 32, …`, then a fixed tree over the 32), whichever cube
-//! arrives last, so the results have the two-launch bits. Publishing is CubeCL's
+//! launches fewer a step. The merge is that kernel's code (the helpers below, which both call)
+//! in its order (per channel, 32 in-order runs over the chunks `k, k + 32, …`, then a fixed
+//! tree over the 32), whichever cube arrives last, so the results have the two-launch bits. Publishing is CubeCL's
 //! `sync_storage` (a release and an acquire at device scope) around an atomic add, the pattern
 //! of CubeCL's own `test_sync_storage_across_cubes`; CUDA promises that scope.
 //! The last cube sets its counter back to zero, so the next launch (and a graph's next replay)
@@ -72,6 +72,118 @@ fn arrivals(x: &CubeTensor) -> CubeTensor {
     })
 }
 
+// The merges of the partials, shared with `batch_norm_nhwc.rs`'s two-launch merge kernels: the
+// same code, hence the same bits, in both.
+
+/// Run `k` of channel `c`'s merge: chunks `k, k + width, …` of its `parts` records in
+/// `partial` (only read; mutable as the one-launch kernels hold it) merged in order into
+/// `s[v]` (count, mean and M2 `stride` apart); zeros for a channel beyond `c_n`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn stats_run(
+    partial: &mut Tensor<f32>,
+    c: usize,
+    c_n: usize,
+    k: usize,
+    parts: usize,
+    width: usize,
+    s: &mut Shared<[f32]>,
+    v: usize,
+    #[comptime] stride: usize,
+) {
+    let mut count = 0.0f32;
+    let mut mu = 0.0f32;
+    let mut m2 = 0.0f32;
+    if c < c_n {
+        let mut p = k;
+        while p < parts {
+            let base = (c * parts + p) * 3;
+            let nb = partial[base];
+            if nb > 0.0f32 {
+                let n = count + nb;
+                let delta = partial[base + 1] - mu;
+                mu += delta * (nb / n);
+                m2 += partial[base + 2] + delta * delta * (count * nb / n);
+                count = n;
+            }
+            p += width;
+        }
+    }
+    s[v] = count;
+    s[v + stride] = mu;
+    s[v + 2 * stride] = m2;
+}
+
+/// Channel `c`'s mean and biased variance from its merged record `s[v]` (fields `stride`
+/// apart), and its running statistics `old · (1 − momentum) + stat · momentum`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn write_statistics(
+    s: &Shared<[f32]>,
+    v: usize,
+    #[comptime] stride: usize,
+    c: usize,
+    momentum: f32,
+    running_mean: &Tensor<f32>,
+    running_var: &Tensor<f32>,
+    mean: &mut Tensor<f32>,
+    var: &mut Tensor<f32>,
+    new_mean: &mut Tensor<f32>,
+    new_var: &mut Tensor<f32>,
+) {
+    let mu = s[v + stride];
+    let var_c = s[v + 2 * stride] / s[v];
+    let at_mean = c * mean.stride(0);
+    let at_var = c * var.stride(0);
+    mean[at_mean] = mu;
+    var[at_var] = var_c;
+    let keep = 1.0f32 - momentum;
+    let old_mean = channel(running_mean, c);
+    let old_var = channel(running_var, c);
+    let at_new_mean = c * new_mean.stride(0);
+    let at_new_var = c * new_var.stride(0);
+    new_mean[at_new_mean] = old_mean * keep + mu * momentum;
+    new_var[at_new_var] = old_var * keep + var_c * momentum;
+}
+
+/// Run `k` of channel `c`'s sums: chunks `k, k + width, …` of its `parts` pairs in `partial`
+/// (only read) summed in order into `s[v]` (`Σ g_z`, and `Σ g_z · x̂` `stride` after); zeros
+/// for a channel beyond `c_n`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn grad_run(
+    partial: &mut Tensor<f32>,
+    c: usize,
+    c_n: usize,
+    k: usize,
+    parts: usize,
+    width: usize,
+    s: &mut Shared<[f32]>,
+    v: usize,
+    #[comptime] stride: usize,
+) {
+    let mut sg = 0.0f32;
+    let mut sx = 0.0f32;
+    if c < c_n {
+        let mut p = k;
+        while p < parts {
+            let base = (c * parts + p) * 2;
+            sg += partial[base];
+            sx += partial[base + 1];
+            p += width;
+        }
+    }
+    s[v] = sg;
+    s[v + stride] = sx;
+}
+
+/// The pair at `s[b]` added into the pair at `s[a]` (fields `stride` apart).
+#[cube]
+pub(super) fn add_into(s: &mut Shared<[f32]>, a: usize, b: usize, #[comptime] stride: usize) {
+    s[a] = s[a] + s[b];
+    s[a + stride] = s[a + stride] + s[b + stride];
+}
+
 /// Counts the cube in on tile `t`'s counter after publishing its writes; whether it is the
 /// last of the tile's `parts` cubes (the same answer in every unit), with every other cube's
 /// writes then visible to it.
@@ -118,28 +230,17 @@ fn stats_single_kernel(
         let mut f = Shared::<[f32]>::new_slice(3 * FIELD);
         let mut k = row;
         while k < WIDTH {
-            let mut count = 0.0f32;
-            let mut mu = 0.0f32;
-            let mut m2 = 0.0f32;
-            if c < c_n {
-                let mut q = k;
-                while q < parts {
-                    let base = (c * parts + q) * 3;
-                    let nb = partial[base];
-                    if nb > 0.0f32 {
-                        let n = count + nb;
-                        let delta = partial[base + 1] - mu;
-                        mu += delta * (nb / n);
-                        m2 += partial[base + 2] + delta * delta * (count * nb / n);
-                        count = n;
-                    }
-                    q += WIDTH;
-                }
-            }
-            let v = lane * WIDTH + k;
-            f[v] = count;
-            f[v + FIELD] = mu;
-            f[v + 2 * FIELD] = m2;
+            stats_run(
+                partial,
+                c,
+                c_n,
+                k,
+                parts,
+                WIDTH,
+                &mut f,
+                lane * WIDTH + k,
+                FIELD,
+            );
             k += rows;
         }
         sync_cube();
@@ -154,20 +255,19 @@ fn stats_single_kernel(
             half /= 2;
         }
         if row == 0 && c < c_n {
-            let v = lane * WIDTH;
-            let mu = f[v + FIELD];
-            let var_c = f[v + 2 * FIELD] / f[v];
-            let at_mean = c * mean.stride(0);
-            let at_var = c * var.stride(0);
-            mean[at_mean] = mu;
-            var[at_var] = var_c;
-            let keep = 1.0f32 - momentum;
-            let old_mean = channel(running_mean, c);
-            let old_var = channel(running_var, c);
-            let at_new_mean = c * new_mean.stride(0);
-            let at_new_var = c * new_var.stride(0);
-            new_mean[at_new_mean] = old_mean * keep + mu * momentum;
-            new_var[at_new_var] = old_var * keep + var_c * momentum;
+            write_statistics(
+                &f,
+                lane * WIDTH,
+                FIELD,
+                c,
+                momentum,
+                running_mean,
+                running_var,
+                mean,
+                var,
+                new_mean,
+                new_var,
+            );
         }
         if UNIT_POS == 0 {
             counter[t].store(0u32);
@@ -211,20 +311,17 @@ fn grad_single_kernel(
         let mut f = Shared::<[f32]>::new_slice(2 * FIELD);
         let mut k = row;
         while k < WIDTH {
-            let mut sg = 0.0f32;
-            let mut sx = 0.0f32;
-            if c < c_n {
-                let mut q = k;
-                while q < parts {
-                    let base = (c * parts + q) * 2;
-                    sg += partial[base];
-                    sx += partial[base + 1];
-                    q += WIDTH;
-                }
-            }
-            let v = lane * WIDTH + k;
-            f[v] = sg;
-            f[v + FIELD] = sx;
+            grad_run(
+                partial,
+                c,
+                c_n,
+                k,
+                parts,
+                WIDTH,
+                &mut f,
+                lane * WIDTH + k,
+                FIELD,
+            );
             k += rows;
         }
         sync_cube();
@@ -232,9 +329,7 @@ fn grad_single_kernel(
         while half > 0 {
             let mut k = row;
             while k < half {
-                let v = lane * WIDTH + k;
-                f[v] = f[v] + f[v + half];
-                f[v + FIELD] = f[v + FIELD] + f[v + half + FIELD];
+                add_into(&mut f, lane * WIDTH + k, lane * WIDTH + k + half, FIELD);
                 k += rows;
             }
             sync_cube();
