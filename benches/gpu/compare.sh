@@ -2,6 +2,8 @@
 # Variants of one config's post-warm-up step, alternating in fresh processes on one machine
 # (docs/bench.md: compare variants in one sitting, never across days).
 # VARIANTS: bench-step arguments of each variant, separated by '|'; ROUNDS: runs of each, in turn.
+# CENSUS=N (N > 0) then counts N steps of each variant once (`census.sh` with the variant, less
+# its `--replay` and `--unsynced`, as EXTRA; ARMS=replay unless set; $OUT/census_<i>.tgz).
 # Here: `bash benches/gpu/pack.sh`. There, carrying ".gpu":
 #   source .gpu/setup.sh && burnpose warmup configs/bench_seed.toml &&
 #   VARIANTS="--replay true|--replay true --wgrad-f32" bash benches/gpu/compare.sh
@@ -14,6 +16,18 @@ for r in $(seq 1 "$ROUNDS"); do
     echo "== round $r: $CONFIG $v"
     # shellcheck disable=SC2086 # a variant is a list of arguments
     timeout "$LIMIT" burnpose bench-step "$CONFIG" --skip "$SKIP" --steps "$STEPS" $v 2>&1 |
-      grep -E "^bench-step|^peak in use within|^padding in use|^replay buffers|^recording, MiB|^recorded updates|accumulating only|rror|panick" | cut -c1-420
+      grep -E "^bench-step|^unsynced|^peak in use within|^padding in use|^replay buffers|^recording, MiB|^recorded |accumulating only|rror|panick" | cut -c1-420
   done
 done
+if [ "${CENSUS:-0}" -gt 0 ]; then
+  i=0
+  for v in "${variants[@]}"; do
+    i=$((i + 1)); mkdir -p "$OUT/c$i"
+    extra=$(echo "$v" | sed -E 's/--replay (true|false)//; s/--unsynced [0-9]+//')
+    echo "== census $i: $CONFIG $extra"
+    OUT=$OUT/c$i WARMUP=0 LAUNCH=0 SKIP=${CSKIP:-8} STEPS=${CSTEPS:-12} CENSUS=$CENSUS \
+      ARMS=${ARMS:-replay} CONFIG=$CONFIG EXTRA="$extra" bash "$(dirname "$0")/census.sh" |
+      grep -E "^==|\*\*step|^\| (loss|features|feature backward) " | cut -c1-300
+    [ -f "$OUT/c$i/census.tgz" ] && mv "$OUT/c$i/census.tgz" "$OUT/census_$i.tgz" && rmdir "$OUT/c$i" 2>/dev/null
+  done
+fi
