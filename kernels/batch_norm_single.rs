@@ -198,6 +198,50 @@ fn last_to_arrive(counter: &mut Tensor<Atomic<u32>>, t: usize, parts: usize) -> 
     *arrived as usize == parts - 1
 }
 
+/// In the last cube of a channel tile: channel `c`'s (the unit's lane's) partials merged as the
+/// two-launch merge kernels merge them, into `f[lane·WIDTH]` (fields `FIELD` apart). Run `k` of
+/// the channel (chunks `k, k + WIDTH, …` in order) goes to `f[lane·WIDTH + k]`, the cube's rows
+/// taking the 32 runs in turn; then the fixed tree over the runs. `stats`: Welford records
+/// (`stats_run`, `merge_into`); else `Σ g_z`, `Σ g_z · x̂` pairs (`grad_run`, `add_into`).
+#[cube]
+fn merge_tile(
+    partial: &mut Tensor<f32>,
+    f: &mut Shared<[f32]>,
+    c: usize,
+    c_n: usize,
+    parts: usize,
+    #[comptime] stats: bool,
+) {
+    let rows = CUBE_DIM_Y as usize;
+    let lane = UNIT_POS_X as usize;
+    let row = UNIT_POS_Y as usize;
+    let mut k = row;
+    while k < WIDTH {
+        if stats {
+            stats_run(partial, c, c_n, k, parts, WIDTH, f, lane * WIDTH + k, FIELD);
+        } else {
+            grad_run(partial, c, c_n, k, parts, WIDTH, f, lane * WIDTH + k, FIELD);
+        }
+        k += rows;
+    }
+    sync_cube();
+    let mut half = WIDTH / 2;
+    while half > 0 {
+        let mut k = row;
+        while k < half {
+            let (a, b) = (lane * WIDTH + k, lane * WIDTH + k + half);
+            if stats {
+                merge_into(f, a, b, FIELD);
+            } else {
+                add_into(f, a, b, FIELD);
+            }
+            k += rows;
+        }
+        sync_cube();
+        half /= 2;
+    }
+}
+
 /// `batch_norm_nhwc.rs`'s `stats_partial_kernel`, then, in the last cube of each channel tile,
 /// its `stats_final_kernel`: mean, biased variance and running statistics.
 #[cube(launch_unchecked)]
@@ -218,7 +262,6 @@ fn stats_single_kernel(
     let mut s = Shared::<[f32]>::new_slice(3 * units);
     stats_record(x, partial, &mut s, units);
     let lanes = CUBE_DIM_X as usize;
-    let rows = CUBE_DIM_Y as usize;
     let lane = UNIT_POS_X as usize;
     let row = UNIT_POS_Y as usize;
     let parts = CUBE_COUNT_X as usize;
@@ -226,34 +269,8 @@ fn stats_single_kernel(
     let c = t * lanes + lane;
     let c_n = x.shape(1);
     if last_to_arrive(counter, t, parts) {
-        // Run `k` of channel `lane`: `f[lane·WIDTH + k]`, fields `FIELD` apart.
         let mut f = Shared::<[f32]>::new_slice(3 * FIELD);
-        let mut k = row;
-        while k < WIDTH {
-            stats_run(
-                partial,
-                c,
-                c_n,
-                k,
-                parts,
-                WIDTH,
-                &mut f,
-                lane * WIDTH + k,
-                FIELD,
-            );
-            k += rows;
-        }
-        sync_cube();
-        let mut half = WIDTH / 2;
-        while half > 0 {
-            let mut k = row;
-            while k < half {
-                merge_into(&mut f, lane * WIDTH + k, lane * WIDTH + k + half, FIELD);
-                k += rows;
-            }
-            sync_cube();
-            half /= 2;
-        }
+        merge_tile(partial, &mut f, c, c_n, parts, true);
         if row == 0 && c < c_n {
             write_statistics(
                 &f,
@@ -300,7 +317,6 @@ fn grad_single_kernel(
         x, grad, mean, var, gamma, beta, partial, &mut s, epsilon, units, act, grad_dense,
     );
     let lanes = CUBE_DIM_X as usize;
-    let rows = CUBE_DIM_Y as usize;
     let lane = UNIT_POS_X as usize;
     let row = UNIT_POS_Y as usize;
     let parts = CUBE_COUNT_X as usize;
@@ -309,32 +325,7 @@ fn grad_single_kernel(
     let c_n = x.shape(1);
     if last_to_arrive(counter, t, parts) {
         let mut f = Shared::<[f32]>::new_slice(2 * FIELD);
-        let mut k = row;
-        while k < WIDTH {
-            grad_run(
-                partial,
-                c,
-                c_n,
-                k,
-                parts,
-                WIDTH,
-                &mut f,
-                lane * WIDTH + k,
-                FIELD,
-            );
-            k += rows;
-        }
-        sync_cube();
-        let mut half = WIDTH / 2;
-        while half > 0 {
-            let mut k = row;
-            while k < half {
-                add_into(&mut f, lane * WIDTH + k, lane * WIDTH + k + half, FIELD);
-                k += rows;
-            }
-            sync_cube();
-            half /= 2;
-        }
+        merge_tile(partial, &mut f, c, c_n, parts, false);
         if row == 0 && c < c_n {
             let v = lane * WIDTH;
             let at_beta = c * d_beta.stride(0);
