@@ -56,7 +56,7 @@ pub fn dense_channels_last(x: &CubeTensor) -> bool {
 
 /// The split of a channel's `m` values: `(lanes, rows, tiles, parts)` for `c` channels, a
 /// function of the shape only.
-pub(super) fn split(m: usize, c: usize) -> (usize, usize, usize, usize) {
+fn split(m: usize, c: usize) -> (usize, usize, usize, usize) {
     let lanes = c.next_power_of_two().min(32);
     let rows = UNITS / lanes;
     let tiles = c.div_ceil(lanes);
@@ -433,7 +433,9 @@ pub fn statistics(
 ) -> [CubeTensor; 4] {
     let s = x.meta.shape();
     let (n, c, h, w) = (s[0], s[1], s[2], s[3]);
-    let (lanes, rows, tiles, parts) = split(n * h * w, c);
+    let grid = split(n * h * w, c);
+    let (lanes, rows, tiles, parts) = grid;
+    let partial = empty(x, Shape::new([c * parts * 3]));
     let [mean, var] = [(); 2].map(|_| empty(x, Shape::new([c])));
     // Where a recording registered them, over the old values (`model::ops::stats_into`).
     let new = |old: &CubeTensor| {
@@ -442,9 +444,9 @@ pub fn statistics(
     let (new_mean, new_var) = (new(&running_mean), new(&running_var));
     if super::fused_bn_single::chosen() {
         let out = [mean, var, new_mean, new_var];
-        return super::fused_bn_single::statistics(x, running_mean, running_var, out, momentum);
+        let running = [running_mean, running_var];
+        return super::fused_bn_single::statistics(x, partial, grid, running, out, momentum);
     }
-    let partial = empty(x, Shape::new([c * parts * 3]));
     let (count, dim) = merge_cubes(c);
     let client = x.client.clone();
     // SAFETY: units with a channel beyond C only take part in the trees; every read is bounded
@@ -494,7 +496,9 @@ pub fn grad_sums(
 ) -> [CubeTensor; 2] {
     let s = x.meta.shape();
     let (n, c, h, w) = (s[0], s[1], s[2], s[3]);
-    let (lanes, rows, tiles, parts) = split(n * h * w, c);
+    let grid = split(n * h * w, c);
+    let (lanes, rows, tiles, parts) = grid;
+    let partial = empty(x, Shape::new([c * parts * 2]));
     // Where a recorded step registered them, straight into the flat gradient buffer.
     let into = |param: &CubeTensor| {
         super::grads_into::take(param).unwrap_or_else(|| empty(x, Shape::new([c])))
@@ -504,16 +508,15 @@ pub fn grad_sums(
     let grad_dense = dense_channels_last(grad);
     if super::fused_bn_single::chosen() {
         return super::fused_bn_single::grad_sums(
-            x,
-            grad,
+            [x, grad],
+            partial,
+            grid,
             [mean, var, gamma, beta],
             [d_gamma, d_beta],
             epsilon,
-            act,
-            grad_dense,
+            (act, grad_dense),
         );
     }
-    let partial = empty(x, Shape::new([c * parts * 2]));
     let client = x.client.clone();
     // SAFETY: as in `statistics`; `grad` has `x`'s shape (checked by the caller) and is read by
     // its strides.

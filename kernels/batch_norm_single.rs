@@ -25,8 +25,8 @@ use cubecl::{CubeCount, CubeDim};
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::fused_bn::{channel, empty};
-use super::fused_bn_nhwc::{MERGE_UNITS, grad_record, merge_into, split, stats_record};
+use super::fused_bn::channel;
+use super::fused_bn_nhwc::{MERGE_UNITS, grad_record, merge_into, stats_record};
 use super::tree::UNITS;
 
 static CHOSEN: AtomicBool = AtomicBool::new(false);
@@ -339,22 +339,20 @@ fn grad_single_kernel(
     }
 }
 
-/// `batch_norm_nhwc::statistics` in one launch: the same arguments, outputs and bits.
+/// `batch_norm_nhwc::statistics` in one launch, with its partial buffer and its split
+/// `(lanes, rows, tiles, parts)`: the same outputs and bits.
 pub fn statistics(
     x: &CubeTensor,
-    running_mean: CubeTensor,
-    running_var: CubeTensor,
+    partial: CubeTensor,
+    (lanes, rows, tiles, parts): (usize, usize, usize, usize),
+    [running_mean, running_var]: [CubeTensor; 2],
     [mean, var, new_mean, new_var]: [CubeTensor; 4],
     momentum: f32,
 ) -> [CubeTensor; 4] {
-    let s = x.meta.shape();
-    let (n, c, h, w) = (s[0], s[1], s[2], s[3]);
-    let (lanes, rows, tiles, parts) = split(n * h * w, c);
     assert!(
         tiles <= COUNTERS,
-        "batch norm: {c} channels exceed the counters"
+        "batch norm: {tiles} channel tiles exceed the counters"
     );
-    let partial = empty(x, Shape::new([c * parts * 3]));
     let client = x.client.clone();
     // SAFETY: as in `batch_norm_nhwc::statistics`; the counters hold `COUNTERS ≥ tiles` values,
     // zero at every launch's start (the last cube of each tile sets its own back), and the last
@@ -380,25 +378,21 @@ pub fn statistics(
     [mean, var, new_mean, new_var]
 }
 
-/// `batch_norm_nhwc::grad_sums` in one launch, into `d_gamma` and `d_beta`.
-#[allow(clippy::too_many_arguments)]
+/// `batch_norm_nhwc::grad_sums` in one launch, with its partial buffer and split, into
+/// `d_gamma` and `d_beta`; the last argument is `(act, grad_dense)`.
 pub fn grad_sums(
-    x: &CubeTensor,
-    grad: &CubeTensor,
+    [x, grad]: [&CubeTensor; 2],
+    partial: CubeTensor,
+    (lanes, rows, tiles, parts): (usize, usize, usize, usize),
     [mean, var, gamma, beta]: [&CubeTensor; 4],
     [d_gamma, d_beta]: [CubeTensor; 2],
     epsilon: f32,
-    act: bool,
-    grad_dense: bool,
+    (act, grad_dense): (bool, bool),
 ) -> [CubeTensor; 2] {
-    let s = x.meta.shape();
-    let (n, c, h, w) = (s[0], s[1], s[2], s[3]);
-    let (lanes, rows, tiles, parts) = split(n * h * w, c);
     assert!(
         tiles <= COUNTERS,
-        "batch norm: {c} channels exceed the counters"
+        "batch norm: {tiles} channel tiles exceed the counters"
     );
-    let partial = empty(x, Shape::new([c * parts * 2]));
     let client = x.client.clone();
     // SAFETY: as in `statistics` above and `batch_norm_nhwc::grad_sums`.
     unsafe {

@@ -281,30 +281,29 @@ fn statistics_in_window(s: &Start, sources: &[(String, Tensor<1>)]) -> WindowSta
         .map(|(i, (p, _))| (p.as_str(), i))
         .collect();
     let stats = s.tensors(&s.net, is_running_stat);
-    let parts: Vec<Option<Tensor<1>>> = stats.iter().map(|(_, t)| Some(t.clone())).collect();
     let updated: Vec<(usize, Tensor<1>)> = stats
-        .into_iter()
-        .map(|(p, t)| (index[p.as_str()], t))
+        .iter()
+        .map(|(p, t)| (index[p.as_str()], t.clone()))
         .collect();
-    if let Some((layout, flat)) = &s.stat_segments {
-        let copied = match s.control.stats_out_of_place() {
-            false => layout.gather_into(&parts, flat),
-            true => (0, 0),
-        };
-        let (layout, flat) = (layout.clone(), flat.clone());
-        return WindowStats {
-            updated,
-            layout,
-            flat,
-            copied,
-        };
-    }
-    let layout = Layout::new(updated.iter().map(|(_, t)| t.dims()[0]).collect());
-    let flat = layout.gather(parts, &s.inner);
-    for (i, t) in &updated {
-        write(t.clone(), &sources[*i].1);
-    }
-    let copied = (updated.len(), updated.len());
+    let (layout, flat, copied) = match &s.stat_segments {
+        Some((layout, flat)) => {
+            let copied = match s.control.stats_out_of_place() {
+                false => {
+                    let parts: Vec<_> = stats.into_iter().map(|(_, t)| Some(t)).collect();
+                    layout.gather_into(&parts, flat)
+                }
+                true => (0, 0),
+            };
+            (layout.clone(), flat.clone(), copied)
+        }
+        None => {
+            let (layout, flat) = gather_stats(&stats, &s.inner);
+            for (i, t) in &updated {
+                write(t.clone(), &sources[*i].1);
+            }
+            (layout, flat, (updated.len(), updated.len()))
+        }
+    };
     WindowStats {
         updated,
         layout,

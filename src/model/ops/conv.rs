@@ -263,25 +263,7 @@ pub mod gemm {
         grad: CubeTensor,
         options: ConvOptions<2>,
     ) -> CubeTensor {
-        let k = weight.shape();
-        if depthwise::is_depthwise(x.shape()[1], &k, &options) {
-            let dw = depthwise::weight_grad(x, grad, [k[2], k[3]], &options);
-            return burn_cubecl::kernel::cast(dw, weight.dtype);
-        }
-        let w = weight.clone();
-        if let Some(dw) = super::super::wgrad::weight_backward_with::<burn_cubecl::CubeBackend>(
-            x.clone(),
-            weight.clone(),
-            grad.clone(),
-            &options,
-            super::super::im2col::columns,
-            super::super::matmul::matmul,
-            |prod| super::super::grads_into::sum(prod, &w),
-        ) {
-            return dw;
-        }
-        conv::conv_weight_backward::<2>(x, grad, weight.shape(), options, ConvStrategy::Direct)
-            .expect("direct convolution weight gradient")
+        weight_backward_by(x, weight, grad, options, false)
     }
 
     /// The weight gradient of [`super::super::FastOps::conv_in`]: with reduced operands chosen
@@ -294,21 +276,44 @@ pub mod gemm {
         options: ConvOptions<2>,
         dtype: FloatDType,
     ) -> CubeTensor {
+        let reduced = super::super::wgrad::reduced() && dtype == FloatDType::BF16;
+        weight_backward_by(x, weight, grad, options, reduced)
+    }
+
+    /// A weight gradient: depthwise by our kernel; otherwise our im2col matmul, from BF16
+    /// operands where `reduced` (FP32 ones else), its chunks summed by `grads_into::sum`;
+    /// Burn's direct kernel for the grouped convolutions that takes neither.
+    fn weight_backward_by(
+        x: CubeTensor,
+        weight: CubeTensor,
+        grad: CubeTensor,
+        options: ConvOptions<2>,
+        reduced: bool,
+    ) -> CubeTensor {
         use super::super::{grads_into, im2col, matmul, wgrad};
-        let grouped = options.groups != 1;
-        if !wgrad::reduced() || dtype != FloatDType::BF16 || grouped {
-            return weight_backward(x, weight, grad, options);
+        let k = weight.shape();
+        if depthwise::is_depthwise(x.shape()[1], &k, &options) {
+            let dw = depthwise::weight_grad(x, grad, [k[2], k[3]], &options);
+            return burn_cubecl::kernel::cast(dw, weight.dtype);
         }
+        let how: wgrad::How<burn_cubecl::CubeBackend> = if reduced {
+            (im2col::columns_bf16, matmul::matmul_f32, FloatDType::BF16)
+        } else {
+            (im2col::columns, matmul::matmul, FloatDType::F32)
+        };
         let w = weight.clone();
-        wgrad::weight_backward_in::<burn_cubecl::CubeBackend>(
-            x,
-            weight,
-            grad,
+        if let Some(dw) = wgrad::weight_backward_in::<burn_cubecl::CubeBackend>(
+            x.clone(),
+            weight.clone(),
+            grad.clone(),
             &options,
-            (im2col::columns_bf16, matmul::matmul_f32, FloatDType::BF16),
+            how,
             |prod| grads_into::sum(prod, &w),
-        )
-        .expect("a convolution without groups has an im2col weight gradient")
+        ) {
+            return dw;
+        }
+        conv::conv_weight_backward::<2>(x, grad, weight.shape(), options, ConvStrategy::Direct)
+            .expect("direct convolution weight gradient")
     }
 }
 

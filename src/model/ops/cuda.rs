@@ -12,6 +12,8 @@ use burn::tensor::FloatDType;
 // dtype as it is, so FP32 inputs pass through with no launch either way.
 use burn_cubecl::kernel::cast;
 use burn_cubecl::tensor::CubeTensor;
+use std::cell::RefCell;
+use std::thread::LocalKey;
 
 impl FastOps for burn_cubecl::CubeBackend {
     fn bn_act_train(
@@ -270,6 +272,40 @@ pub(super) fn storage_of(c: &CubeTensor) -> (usize, u64) {
         c.handle.memory.descriptor().id.value,
         c.handle.offset_start.unwrap_or(0),
     )
+}
+
+/// Buffers registered, by the storage of the tensor whose new value each receives, on one
+/// thread while a closure runs ([`with_registered`]): `grads_into`'s gradient destinations and
+/// `stats_into`'s running statistics.
+pub(super) type Registered = RefCell<Vec<((usize, u64), CubeTensor)>>;
+
+/// Runs `f` with `entries` in `list`, and empties it after.
+pub(super) fn with_registered<R>(
+    list: &'static LocalKey<Registered>,
+    entries: Vec<((usize, u64), CubeTensor)>,
+    f: impl FnOnce() -> R,
+) -> R {
+    list.with(|l| *l.borrow_mut() = entries);
+    let r = f();
+    list.with(|l| l.borrow_mut().clear());
+    r
+}
+
+/// The buffer registered in `list` for `c` (the same storage, as many values), taken: each is
+/// handed out once.
+pub(super) fn take_registered(
+    list: &'static LocalKey<Registered>,
+    c: &CubeTensor,
+) -> Option<CubeTensor> {
+    let key = storage_of(c);
+    let n = c.meta.shape().num_elements();
+    list.with(|l| {
+        let mut l = l.borrow_mut();
+        let at = l
+            .iter()
+            .position(|(k, d)| *k == key && d.meta.shape().num_elements() == n)?;
+        Some(l.swap_remove(at).1)
+    })
 }
 
 /// See [`super::run`].

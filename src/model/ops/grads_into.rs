@@ -8,7 +8,7 @@
 //! kernels and 28.31 to 27.68 ms of GPU time, with the same hashes (docs/perf_log.md AY1);
 //! `bench-step --grads-in-place false` turns it off ([`choose`]).
 
-use super::cuda::{storage, storage_of};
+use super::cuda::{Registered, storage, take_registered, with_registered};
 use super::leading_sum::leading_sum;
 use burn::prelude::*;
 use burn_cubecl::tensor::CubeTensor;
@@ -31,7 +31,7 @@ pub fn chosen() -> bool {
 
 thread_local! {
     /// `(storage of a parameter, where its gradient goes)` while [`into`] runs.
-    static INTO: RefCell<Vec<((usize, u64), CubeTensor)>> = const { RefCell::new(Vec::new()) };
+    static INTO: Registered = const { RefCell::new(Vec::new()) };
 }
 
 /// Runs `f` with the gradient of each parameter `pairs[i].0` (a contiguous FP32 view of the
@@ -42,14 +42,11 @@ pub fn into<R>(pairs: &[(Tensor<1>, Tensor<1>)], f: impl FnOnce() -> R) -> R {
     if !chosen() {
         return f();
     }
-    let entries: Vec<_> = pairs
+    let entries = pairs
         .iter()
         .filter_map(|(param, dst)| Some((storage(param)?, super::cuda_f32(dst)?)))
         .collect();
-    INTO.with(|into| *into.borrow_mut() = entries);
-    let r = f();
-    INTO.with(|into| into.borrow_mut().clear());
-    r
+    with_registered(&INTO, entries, f)
 }
 
 /// The sum over the first axis of `prod`, the chunks' products of `weight`'s gradient: by
@@ -68,13 +65,5 @@ pub fn sum(prod: CubeTensor, weight: &CubeTensor) -> CubeTensor {
 /// taken: a parameter used twice gets its second gradient in a buffer of its own, which
 /// autodiff adds to the first (in the registered buffer) as natively, and the gather copies.
 pub(crate) fn take(param: &CubeTensor) -> Option<CubeTensor> {
-    let key = storage_of(param);
-    let n = param.meta.shape().num_elements();
-    INTO.with(|into| {
-        let mut into = into.borrow_mut();
-        let at = into
-            .iter()
-            .position(|(k, d)| *k == key && d.meta.shape().num_elements() == n)?;
-        Some(into.swap_remove(at).1)
-    })
+    take_registered(&INTO, param)
 }

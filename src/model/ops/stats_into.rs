@@ -9,7 +9,7 @@
 //! same as natively; only where they are written changes. Off by default until a GPU run has
 //! compared it (`bench-step --stats-in-place true`).
 
-use super::cuda::{storage, storage_of};
+use super::cuda::{Registered, storage, take_registered, with_registered};
 use burn::prelude::*;
 use burn_cubecl::tensor::CubeTensor;
 use std::cell::RefCell;
@@ -30,31 +30,26 @@ pub fn chosen() -> bool {
 }
 
 thread_local! {
-    /// Storage of each running-statistic buffer registered while [`into`] runs.
-    static INTO: RefCell<Vec<(usize, u64)>> = const { RefCell::new(Vec::new()) };
+    /// Each running-statistic buffer registered while [`into`] runs, by its own storage.
+    static INTO: Registered = const { RefCell::new(Vec::new()) };
 }
 
 /// Runs `f` with each of `buffers` (contiguous FP32 running statistics) updated in place by the
 /// BatchNorm that reads it ([`take`]); other layers write new buffers as natively.
 pub fn into<R>(buffers: &[Tensor<1>], f: impl FnOnce() -> R) -> R {
-    let keys = buffers.iter().filter_map(storage).collect();
-    INTO.with(|into| *into.borrow_mut() = keys);
-    let r = f();
-    INTO.with(|into| into.borrow_mut().clear());
-    r
+    let entries = buffers
+        .iter()
+        .filter_map(|b| Some((storage(b)?, super::cuda_f32(b)?)))
+        .collect();
+    with_registered(&INTO, entries, f)
 }
 
 /// Where a BatchNorm writes the new value of the running statistic `running` (`[C]`): `running`
-/// itself when [`into`] registered it (taken: one write per step), else `None` (a new buffer).
+/// its own buffer when [`into`] registered it (taken: one write per step), else `None` (a new
+/// buffer).
 pub(crate) fn take(running: &CubeTensor) -> Option<CubeTensor> {
     if running.meta.strides()[0] != 1 {
         return None;
     }
-    let key = storage_of(running);
-    INTO.with(|into| {
-        let mut into = into.borrow_mut();
-        let at = into.iter().position(|k| *k == key)?;
-        into.swap_remove(at);
-        Some(running.clone())
-    })
+    take_registered(&INTO, running)
 }

@@ -138,7 +138,8 @@ pub fn weight_backward<B: Backend>(
     im2col: Im2col<B>,
     matmul: Matmul<B>,
 ) -> Option<FloatTensor<B>> {
-    weight_backward_with::<B>(x, weight, grad, options, im2col, matmul, |prod| {
+    let how = (im2col, matmul, FloatDType::F32);
+    weight_backward_in::<B>(x, weight, grad, options, how, |prod| {
         B::float_sum_dim(prod, 0)
     })
 }
@@ -160,38 +161,22 @@ pub fn reduced() -> bool {
     REDUCED.load(Ordering::Relaxed)
 }
 
-/// [`weight_backward`] with the chunks' products (`[N·S, co, ci·k·k]`, FP32) summed over their
-/// first axis by `sum` (any shape of `co·ci·k·k` values in order; the backend's `sum_dim` in
-/// [`weight_backward`]). On CUDA `sum` may write into a buffer given ahead
-/// (`super::grads_into`). Depthwise convolutions do not call it.
-pub fn weight_backward_with<B: Backend>(
-    x: FloatTensor<B>,
-    weight: FloatTensor<B>,
-    grad: FloatTensor<B>,
-    options: &ConvOptions<2>,
-    im2col: Im2col<B>,
-    matmul: Matmul<B>,
-    sum: impl FnOnce(FloatTensor<B>) -> FloatTensor<B>,
-) -> Option<FloatTensor<B>> {
-    weight_backward_in::<B>(
-        x,
-        weight,
-        grad,
-        options,
-        (im2col, matmul, FloatDType::F32),
-        sum,
-    )
-}
+/// How [`weight_backward_in`] makes the weight gradient's product: the columns, the matmul, and
+/// the operands' dtype (the columns' and the output gradient's).
+pub type How<B> = (Im2col<B>, Matmul<B>, FloatDType);
 
-/// [`weight_backward_with`] with the matmul's operands in `operands` (the third of `how`):
-/// `im2col` writes its columns in that dtype, the output gradient (and a 1×1 convolution's
-/// input) is cast to it, and `matmul` multiplies them into FP32.
+/// [`weight_backward`] with the matmul's operands in `operands` (the third of `how`): `im2col`
+/// writes its columns in that dtype, the output gradient (and a 1×1 convolution's input) is cast
+/// to it, and `matmul` multiplies them into FP32. The chunks' products (`[N·S, co, ci·k·k]`,
+/// FP32) are summed over their first axis by `sum` (any shape of `co·ci·k·k` values in order;
+/// the backend's `sum_dim` in [`weight_backward`]); on CUDA `sum` may write into a buffer given
+/// ahead (`super::grads_into`); a depthwise convolution's sums are its own.
 pub fn weight_backward_in<B: Backend>(
     x: FloatTensor<B>,
     weight: FloatTensor<B>,
     grad: FloatTensor<B>,
     options: &ConvOptions<2>,
-    (im2col, matmul, operands): (Im2col<B>, Matmul<B>, FloatDType),
+    (im2col, matmul, operands): How<B>,
     sum: impl FnOnce(FloatTensor<B>) -> FloatTensor<B>,
 ) -> Option<FloatTensor<B>> {
     let ws = weight.shape();
