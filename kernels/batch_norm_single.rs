@@ -4,11 +4,11 @@
 //! partials as the separate merge kernel does and writes the results. 126 BatchNorms take 252
 //! launches fewer a step. The merge is that kernel's code (the helpers below, which both call)
 //! in its order (per channel, 32 in-order runs over the chunks `k, k + 32, …`, then a fixed
-//! tree over the 32), whichever cube arrives last, so the results have the two-launch bits. Publishing is CubeCL's
-//! `sync_storage` (a release and an acquire at device scope) around an atomic add, the pattern
-//! of CubeCL's own `test_sync_storage_across_cubes`; CUDA promises that scope.
-//! The last cube sets its counter back to zero, so the next launch (and a graph's next replay)
-//! finds the counters zeroed without a launch of their own.
+//! tree over the 32), whichever cube arrives last, so the results have the two-launch bits.
+//! Publishing is CubeCL's `sync_storage` (a release and an acquire at device scope) around an
+//! atomic add, the pattern of CubeCL's own `test_sync_storage_across_cubes`; CUDA promises that
+//! scope. The last cube adds its counter back round to zero, so the next launch (and a graph's
+//! next replay) finds the counters zeroed without a launch of their own.
 //! Off by default until a GPU run has compared it ([`choose`]; `bench-step --bn-single-pass`).
 
 // The kernels' arithmetic stays in the forms CubeCL's frontend expands (`a[i] = a[i] + x` on
@@ -70,6 +70,12 @@ fn arrivals(x: &CubeTensor) -> CubeTensor {
         all.push(c.clone());
         c
     })
+}
+
+/// What the last cube adds to its tile's counter, `parts` then, to wrap it back to zero (an
+/// atomic add, as the arrivals are).
+fn rewind(parts: usize) -> u32 {
+    0u32.wrapping_sub(parts as u32)
 }
 
 // The merges of the partials, shared with `batch_norm_nhwc.rs`'s two-launch merge kernels: the
@@ -184,56 +190,49 @@ pub(super) fn add_into(s: &mut Shared<[f32]>, a: usize, b: usize, #[comptime] st
     s[a + stride] = s[a + stride] + s[b + stride];
 }
 
-/// Counts the cube in on tile `t`'s counter after publishing its writes; whether it is the
-/// last of the tile's `parts` cubes (the same answer in every unit), with every other cube's
-/// writes then visible to it.
-#[cube]
-fn last_to_arrive(counter: &mut Tensor<Atomic<u32>>, t: usize, parts: usize) -> bool {
-    let mut arrived = Shared::<u32>::new();
-    sync_storage();
-    if UNIT_POS == 0 {
-        *arrived = counter[t].fetch_add(1u32);
-    }
-    sync_storage();
-    *arrived as usize == parts - 1
-}
-
 /// In the last cube of a channel tile: channel `c`'s (the unit's lane's) partials merged as the
-/// two-launch merge kernels merge them, into `f[lane·WIDTH]` (fields `FIELD` apart). Run `k` of
-/// the channel (chunks `k, k + WIDTH, …` in order) goes to `f[lane·WIDTH + k]`, the cube's rows
-/// taking the 32 runs in turn; then the fixed tree over the runs. `stats`: Welford records
-/// (`stats_run`, `merge_into`); else `Σ g_z`, `Σ g_z · x̂` pairs (`grad_run`, `add_into`).
+/// two-launch merge kernels merge them, into `f[lane·width]` (fields `FIELD` apart). Run `k` of
+/// the channel (chunks `k, k + width, …` in order) goes to `f[lane·width + k]`, the cube's rows
+/// taking the `width` (= [`WIDTH`]) runs in turn; then the fixed tree over the runs. `stats`:
+/// Welford records (`stats_run`, `merge_into`); else `Σ g_z`, `Σ g_z · x̂` pairs (`grad_run`,
+/// `add_into`). `width` comes as a launch argument, as the two-launch kernels' does. CubeCL
+/// 0.11.3's CUDA compiler rejected the kernels with this merge in them ("Expected operand type
+/// cube.ptr, but found cube.index", docs/perf_log.md AZ1); with the tree's counter started
+/// from the constant `WIDTH / 2` and halved in a loop, it was the one construct the two-launch
+/// merge lacks (a suspicion, not yet GPU-run).
 #[cube]
+#[allow(clippy::too_many_arguments)]
 fn merge_tile(
     partial: &mut Tensor<f32>,
     f: &mut Shared<[f32]>,
     c: usize,
     c_n: usize,
     parts: usize,
+    width: usize,
     #[comptime] stats: bool,
 ) {
     let rows = CUBE_DIM_Y as usize;
     let lane = UNIT_POS_X as usize;
     let row = UNIT_POS_Y as usize;
     let mut k = row;
-    while k < WIDTH {
+    while k < width {
         if stats {
-            stats_run(partial, c, c_n, k, parts, WIDTH, f, lane * WIDTH + k, FIELD);
+            stats_run(partial, c, c_n, k, parts, width, f, lane * width + k, FIELD);
         } else {
-            grad_run(partial, c, c_n, k, parts, WIDTH, f, lane * WIDTH + k, FIELD);
+            grad_run(partial, c, c_n, k, parts, width, f, lane * width + k, FIELD);
         }
         k += rows;
     }
     sync_cube();
-    let mut half = WIDTH / 2;
+    let mut half = width / 2;
     while half > 0 {
         let mut k = row;
         while k < half {
-            let (a, b) = (lane * WIDTH + k, lane * WIDTH + k + half);
+            let a = lane * width + k;
             if stats {
-                merge_into(f, a, b, FIELD);
+                merge_into(f, a, a + half, FIELD);
             } else {
-                add_into(f, a, b, FIELD);
+                add_into(f, a, a + half, FIELD);
             }
             k += rows;
         }
@@ -257,9 +256,15 @@ fn stats_single_kernel(
     new_mean: &mut Tensor<f32>,
     new_var: &mut Tensor<f32>,
     momentum: f32,
+    rewind: u32,
+    width: u32,
     #[comptime] units: usize,
 ) {
+    // The arrival as in CubeCL's `test_sync_storage_across_cubes`: publish, count in, then
+    // see the other cubes' partials; the last cube of the tile merges them.
     let mut s = Shared::<[f32]>::new_slice(3 * units);
+    let mut f = Shared::<[f32]>::new_slice(3 * FIELD);
+    let mut arrived = Shared::<u32>::new();
     stats_record(x, partial, &mut s, units);
     let lanes = CUBE_DIM_X as usize;
     let lane = UNIT_POS_X as usize;
@@ -268,9 +273,13 @@ fn stats_single_kernel(
     let t = CUBE_POS_Y as usize;
     let c = t * lanes + lane;
     let c_n = x.shape(1);
-    if last_to_arrive(counter, t, parts) {
-        let mut f = Shared::<[f32]>::new_slice(3 * FIELD);
-        merge_tile(partial, &mut f, c, c_n, parts, true);
+    sync_storage();
+    if UNIT_POS == 0 {
+        *arrived = counter[t].fetch_add(1u32);
+    }
+    sync_storage();
+    if *arrived as usize == parts - 1 {
+        merge_tile(partial, &mut f, c, c_n, parts, width as usize, true);
         if row == 0 && c < c_n {
             write_statistics(
                 &f,
@@ -287,7 +296,7 @@ fn stats_single_kernel(
             );
         }
         if UNIT_POS == 0 {
-            counter[t].store(0u32);
+            counter[t].fetch_add(rewind);
         }
     }
 }
@@ -308,11 +317,16 @@ fn grad_single_kernel(
     d_gamma: &mut Tensor<f32>,
     d_beta: &mut Tensor<f32>,
     epsilon: f32,
+    rewind: u32,
+    width: u32,
     #[comptime] units: usize,
     #[comptime] act: bool,
     #[comptime] grad_dense: bool,
 ) {
+    // As in `stats_single_kernel`.
     let mut s = Shared::<[f32]>::new_slice(2 * units);
+    let mut f = Shared::<[f32]>::new_slice(2 * FIELD);
+    let mut arrived = Shared::<u32>::new();
     grad_record(
         x, grad, mean, var, gamma, beta, partial, &mut s, epsilon, units, act, grad_dense,
     );
@@ -323,9 +337,13 @@ fn grad_single_kernel(
     let t = CUBE_POS_Y as usize;
     let c = t * lanes + lane;
     let c_n = x.shape(1);
-    if last_to_arrive(counter, t, parts) {
-        let mut f = Shared::<[f32]>::new_slice(2 * FIELD);
-        merge_tile(partial, &mut f, c, c_n, parts, false);
+    sync_storage();
+    if UNIT_POS == 0 {
+        *arrived = counter[t].fetch_add(1u32);
+    }
+    sync_storage();
+    if *arrived as usize == parts - 1 {
+        merge_tile(partial, &mut f, c, c_n, parts, width as usize, false);
         if row == 0 && c < c_n {
             let v = lane * WIDTH;
             let at_beta = c * d_beta.stride(0);
@@ -334,7 +352,7 @@ fn grad_single_kernel(
             d_gamma[at_gamma] = f[v + FIELD];
         }
         if UNIT_POS == 0 {
-            counter[t].store(0u32);
+            counter[t].fetch_add(rewind);
         }
     }
 }
@@ -355,8 +373,9 @@ pub fn statistics(
     );
     let client = x.client.clone();
     // SAFETY: as in `batch_norm_nhwc::statistics`; the counters hold `COUNTERS ≥ tiles` values,
-    // zero at every launch's start (the last cube of each tile sets its own back), and the last
-    // cube reads the partials only after every cube of its tile published them.
+    // zero at every launch's start (the last cube of each tile adds its own back round to
+    // zero), and the last cube reads the partials only after every cube of its tile published
+    // them.
     unsafe {
         stats_single_kernel::launch_unchecked(
             &client,
@@ -372,6 +391,8 @@ pub fn statistics(
             new_mean.clone().into_tensor_arg(),
             new_var.clone().into_tensor_arg(),
             momentum,
+            rewind(parts),
+            WIDTH as u32,
             UNITS,
         );
     }
@@ -411,6 +432,8 @@ pub fn grad_sums(
             d_gamma.clone().into_tensor_arg(),
             d_beta.clone().into_tensor_arg(),
             epsilon,
+            rewind(parts),
+            WIDTH as u32,
             UNITS,
             act,
             grad_dense,

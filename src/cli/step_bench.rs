@@ -81,8 +81,8 @@ pub struct Options {
     #[arg(long)]
     pub reduced_wgrad: Option<bool>,
     /// Lay a recording's BatchNorm running statistics out in one buffer and update them there
-    /// in place (`true`; `model::ops::stats_into`, CUDA only), or gather and copy them after
-    /// each recorded forward (`false`, the default).
+    /// in place (`true`, the default; `model::ops::stats_into`, CUDA only), or gather and copy
+    /// them after each recorded forward (`false`).
     #[arg(long)]
     pub stats_in_place: Option<bool>,
     /// Run each channels-last BatchNorm sum (statistics, γ/β gradients) in one launch, the last

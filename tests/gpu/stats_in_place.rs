@@ -1,13 +1,14 @@
 //! `model::ops::stats_into`: a recording lays the running statistics out in one buffer, and
 //! its forward updates them there in place instead of gathering new ones and copying each into
 //! the buffer the next replay reads: the same bits as native in both scopes, no copy left, and
-//! a negative control. Off by default; each test turns it on and off again.
+//! a negative control. On by default; each test sets the choice it needs and puts the default
+//! back.
 
 use super::replay::{assert_parity_of, config_for, fit, trainer};
 use burnpose::model::ops::stats_into;
 use burnpose::replay::recorder::Control;
 
-/// Sets the in-place statistics for its lifetime (off again even when a test fails).
+/// Sets the in-place statistics for its lifetime (the default again even when a test fails).
 struct InPlace;
 
 impl InPlace {
@@ -19,7 +20,7 @@ impl InPlace {
 
 impl Drop for InPlace {
     fn drop(&mut self) {
-        stats_into::choose(false);
+        stats_into::choose(true);
     }
 }
 

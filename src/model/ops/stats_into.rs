@@ -6,8 +6,9 @@
 //! segments of that flat buffer, and while [`into`] runs, the fused BatchNorm kernels write a
 //! registered layer's new statistics straight into the buffers they read the old ones from
 //! (each channel's old value is read by the unit that writes its new one). The values are the
-//! same as natively; only where they are written changes. Off by default until a GPU run has
-//! compared it (`bench-step --stats-in-place true`).
+//! same as natively; only where they are written changes. On by default (measured in
+//! docs/perf_log.md AZ1: the same hashes, ~500 launches fewer); `bench-step --stats-in-place
+//! false` turns it off for comparisons.
 
 use super::cuda::{Registered, storage, take_registered, with_registered};
 use burn::prelude::*;
@@ -15,11 +16,11 @@ use burn_cubecl::tensor::CubeTensor;
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-static CHOSEN: AtomicBool = AtomicBool::new(false);
+static CHOSEN: AtomicBool = AtomicBool::new(true);
 
 /// Lays every later recording's running statistics out in one buffer and updates them there in
-/// place (`true`), or gathers and copies them after each recorded forward (`false`, the
-/// default).
+/// place (`true`, the default), or gathers and copies them after each recorded forward
+/// (`false`).
 pub fn choose(in_place: bool) {
     CHOSEN.store(in_place, Ordering::Relaxed);
 }
