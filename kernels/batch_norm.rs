@@ -274,7 +274,10 @@ fn normalise(
     }
 }
 
-/// `(dx, dγ, dβ)` of [`forward`] for the incoming gradient `grad` of its output.
+/// `(dx, dγ, dβ)` of [`forward`] for the incoming gradient `grad` of its output. With
+/// `operand` `(channels, dtype)`, also `dx` as the data gradient's GEMM of the convolution
+/// before takes its output gradient (`channels_last(dx, n, channels, dtype)`'s values), written
+/// by the same kernel where the tile kernel runs; `None` otherwise (the caller casts then).
 #[allow(clippy::too_many_arguments)]
 pub fn backward(
     x: CubeTensor,
@@ -285,7 +288,8 @@ pub fn backward(
     grad: CubeTensor,
     epsilon: f32,
     act: bool,
-) -> [CubeTensor; 3] {
+    operand: Option<(usize, DType)>,
+) -> ([CubeTensor; 3], Option<CubeTensor>) {
     check_f32("bn_act backward", &[&x, &gamma, &beta, &mean, &var, &grad]);
     let [n, c, h, w] = nchw(&x);
     assert_eq!(nchw(&grad), [n, c, h, w], "bn_act backward: gradient shape");
@@ -296,6 +300,7 @@ pub fn backward(
     };
     let dx = empty(&x, Shape::new([n, c, h, w]));
     if tiles::takes(&x, &[&grad], &dx) {
+        let dxp = operand.and_then(|(channels, d)| tiles::operand_for(&x, channels, d));
         tiles::grad_x(
             x,
             grad,
@@ -306,10 +311,11 @@ pub fn backward(
             d_gamma.clone(),
             d_beta.clone(),
             &dx,
+            dxp.as_ref(),
             epsilon,
             act,
         );
-        return [dx, d_gamma, d_beta];
+        return ([dx, d_gamma, d_beta], dxp);
     }
     let (count_all, dim_all) = elementwise(&x, n * c * h * w);
     let client = x.client.clone();
@@ -332,5 +338,5 @@ pub fn backward(
             act,
         );
     }
-    [dx, d_gamma, d_beta]
+    ([dx, d_gamma, d_beta], None)
 }

@@ -9,6 +9,9 @@
 
 // `#[cube]` expands to `cubecl::…` paths.
 use burn::cubecl;
+use burn::tensor::{DType, Shape};
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
+use burn_cubecl::ops::permute_nhwc_to_nchw;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 use cubecl::{CubeCount, CubeDim};
@@ -156,6 +159,74 @@ fn grad_x_tile_kernel(
     store(&tile, dx, p0, c0, m);
 }
 
+/// [`grad_x_tile_kernel`], each value also going, cast to `O`, to `dxp`: `[N, C', H, W]`
+/// (`C' ≥ C`, within the last channel tile), dense channels-last, zero in channels `C..C'`, as
+/// `kernels/channels.rs`'s `channels_last` would make it from `dx` (the same cast of the same
+/// FP32 value). A kernel of its own while it is not GPU-run, so that the default input
+/// gradient stays the kernel the GPU tests have checked; the expressions are that kernel's.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn grad_x_operand_kernel<O: Float>(
+    x: &Tensor<f32>,
+    grad: &Tensor<f32>,
+    mean: &Tensor<f32>,
+    var: &Tensor<f32>,
+    gamma: &Tensor<f32>,
+    beta: &Tensor<f32>,
+    d_gamma: &Tensor<f32>,
+    d_beta: &Tensor<f32>,
+    dx: &mut Tensor<f32>,
+    dxp: &mut Tensor<O>,
+    epsilon: f32,
+    #[comptime] act: bool,
+    #[define(O)] _dtype: ElemType,
+) {
+    let lane = UNIT_POS_X as usize;
+    let row = UNIT_POS_Y as usize;
+    let p0 = CUBE_POS_X as usize * TILE;
+    let c0 = CUBE_POS_Y as usize * TILE;
+    let m = x.shape(0) * x.shape(2) * x.shape(3);
+    let pixel = x.stride(3);
+    let g_pixel = grad.stride(3);
+    let count = f32::cast_from(m);
+    let mut tile = Shared::<[f32]>::new_slice(TILE * PITCH);
+    let c = c0 + lane;
+    if c < x.shape(1) {
+        let is = inv_std(var, c, epsilon);
+        let ga = channel(gamma, c);
+        let mu = channel(mean, c);
+        let be = channel(beta, c);
+        let mean_g = channel(d_beta, c) / count;
+        let mean_gx = channel(d_gamma, c) / count;
+        #[unroll]
+        for r in 0..TILE / ROWS {
+            let pl = row + r * ROWS;
+            let j = p0 + pl;
+            if j < m {
+                let xv = x[j * pixel + c];
+                let gv = grad[j * g_pixel + c];
+                let xhat = (xv - mu) * is;
+                let gz = grad_z(gv, xhat * ga + be, act);
+                let v = (ga * is) * ((gz - mean_g) - xhat * mean_gx);
+                tile[lane * PITCH + pl] = v;
+                let at = j * dxp.stride(3) + c;
+                dxp[at] = O::cast_from(v);
+            }
+        }
+    } else if c < dxp.shape(1) {
+        #[unroll]
+        for r in 0..TILE / ROWS {
+            let j = p0 + row + r * ROWS;
+            if j < m {
+                let at = j * dxp.stride(3) + c;
+                dxp[at] = O::from_int(0);
+            }
+        }
+    }
+    sync_cube();
+    store(&tile, dx, p0, c0, m);
+}
+
 fn cubes(x: &CubeTensor) -> (CubeCount, CubeDim) {
     let s = x.meta.shape();
     let m = s[0] * s[2] * s[3];
@@ -199,7 +270,7 @@ pub fn normalise(
 }
 
 /// The input gradient of the fused BatchNorm + SiLU into `dx`, for `x`, `grad` and `dx` as
-/// [`takes`].
+/// [`takes`]; with `operand`, also into it (see [`operand_for`]).
 #[allow(clippy::too_many_arguments)]
 pub fn grad_x(
     x: CubeTensor,
@@ -211,28 +282,67 @@ pub fn grad_x(
     d_gamma: CubeTensor,
     d_beta: CubeTensor,
     dx: &CubeTensor,
+    operand: Option<&CubeTensor>,
     epsilon: f32,
     act: bool,
 ) {
     let (count, dim) = cubes(&x);
     let client = x.client.clone();
-    // SAFETY: as in `normalise`.
+    // SAFETY: as in `normalise`; `operand` is [`operand_for`]'s, dense channels-last with at
+    // most a tile's reach of channels, written only below its shape.
     unsafe {
-        grad_x_tile_kernel::launch_unchecked(
-            &client,
-            count,
-            dim,
-            x.into_tensor_arg(),
-            grad.into_tensor_arg(),
-            mean.into_tensor_arg(),
-            var.into_tensor_arg(),
-            gamma.into_tensor_arg(),
-            beta.into_tensor_arg(),
-            d_gamma.into_tensor_arg(),
-            d_beta.into_tensor_arg(),
-            dx.clone().into_tensor_arg(),
-            epsilon,
-            act,
-        );
+        match operand {
+            None => grad_x_tile_kernel::launch_unchecked(
+                &client,
+                count,
+                dim,
+                x.into_tensor_arg(),
+                grad.into_tensor_arg(),
+                mean.into_tensor_arg(),
+                var.into_tensor_arg(),
+                gamma.into_tensor_arg(),
+                beta.into_tensor_arg(),
+                d_gamma.into_tensor_arg(),
+                d_beta.into_tensor_arg(),
+                dx.clone().into_tensor_arg(),
+                epsilon,
+                act,
+            ),
+            Some(dxp) => grad_x_operand_kernel::launch_unchecked(
+                &client,
+                count,
+                dim,
+                x.into_tensor_arg(),
+                grad.into_tensor_arg(),
+                mean.into_tensor_arg(),
+                var.into_tensor_arg(),
+                gamma.into_tensor_arg(),
+                beta.into_tensor_arg(),
+                d_gamma.into_tensor_arg(),
+                d_beta.into_tensor_arg(),
+                dx.clone().into_tensor_arg(),
+                dxp.clone().into_tensor_arg(),
+                epsilon,
+                act,
+                burn::backend::cubecl::dtype_to_storage_type(dxp.dtype),
+            ),
+        }
     }
+}
+
+/// The buffer [`grad_x`] writes `dx` into as the data gradient's GEMM takes it: `[N, channels,
+/// H, W]` of `dtype`, channels-last, where `channels` (the padded count) lies within the last
+/// channel tile; `None` where it does not.
+pub fn operand_for(x: &CubeTensor, channels: usize, dtype: DType) -> Option<CubeTensor> {
+    let s = x.meta.shape();
+    let c = s[1];
+    if channels < c || channels > c.div_ceil(TILE) * TILE {
+        return None;
+    }
+    Some(permute_nhwc_to_nchw(empty_device_contiguous_dtype(
+        x.client.clone(),
+        x.device.clone(),
+        Shape::new([s[0], s[2], s[3], channels]),
+        dtype,
+    )))
 }

@@ -54,6 +54,7 @@ fn census_and_launch_bench_refuse_a_cpu_device_up_front() {
             ("--grads-in-place", "false"),
             ("--stats-in-place", "true"),
             ("--bn-single-pass", "true"),
+            ("--grad-operands", "true"),
         ] {
             let (ok, text) = burnpose(&[
                 "bench-step",

@@ -17,6 +17,8 @@ mod batch_norm;
 mod bn_single;
 #[path = "gpu/depthwise.rs"]
 mod depthwise;
+#[path = "gpu/grad_operands.rs"]
+mod grad_operands;
 #[path = "gpu/in_place.rs"]
 mod in_place;
 #[path = "gpu/kernels.rs"]

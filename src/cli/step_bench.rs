@@ -90,6 +90,11 @@ pub struct Options {
     /// CUDA only), or in two (`false`, the default). Both give the same bits.
     #[arg(long)]
     pub bn_single_pass: Option<bool>,
+    /// Have each BatchNorm's backward write its convolution's output gradient as the data
+    /// gradient's GEMM takes it (`true`; `model::ops::grad_operands`, CUDA only), or have the
+    /// convolution cast it (`false`, the default). Both give the same bits.
+    #[arg(long)]
+    pub grad_operands: Option<bool>,
     /// Also read the memory pool inside every step (at the ends of loss, backward and optimizer)
     /// and print the largest bytes in use.
     #[arg(long)]
@@ -205,6 +210,12 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
         crate::model::ops::stats_into::choose(in_place);
         #[cfg(not(feature = "cuda"))]
         anyhow::bail!("--stats-in-place {in_place}: the recordings run on CUDA only");
+    }
+    if let Some(on) = o.grad_operands {
+        #[cfg(feature = "cuda")]
+        crate::model::ops::grad_operands::choose(on);
+        #[cfg(not(feature = "cuda"))]
+        anyhow::bail!("--grad-operands {on}: the operands are made on CUDA only");
     }
     if let Some(single) = o.bn_single_pass {
         #[cfg(feature = "cuda")]
@@ -419,6 +430,11 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
     }
     if let Some((copied, of)) = t.stage.statistics_copies() {
         println!("recorded running statistics: {copied} copies of {of} statistics or runs");
+    }
+    let taken = crate::model::ops::grad_operands::taken();
+    if taken > 0 {
+        // Native steps take them every step, a recording once per recorded backward.
+        println!("output-gradient operands taken by convolutions: {taken} in this process");
     }
     let growth = t.stage.recording();
     if !growth.is_empty() {

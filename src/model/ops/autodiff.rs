@@ -3,6 +3,7 @@
 //! activation graph inside them.
 
 use super::FastOps;
+use super::grad_operands;
 use burn::backend::autodiff::NodeId;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -17,7 +18,8 @@ use burn::tensor::FloatDType;
 struct BnActOp;
 
 impl<B: Backend + FastOps> Backward<B, 3> for BnActOp {
-    // Input, γ and β are checkpointed; the batch statistics come along as the forward made them.
+    // Input, γ and β are checkpointed; the batch statistics come along as the forward made them;
+    // the dtype of the convolution before, when its data gradient takes an operand made here.
     type State = (
         NodeId,
         NodeId,
@@ -26,6 +28,7 @@ impl<B: Backend + FastOps> Backward<B, 3> for BnActOp {
         FloatTensor<B>,
         f64,
         bool,
+        Option<FloatDType>,
     );
 
     fn backward(
@@ -36,12 +39,22 @@ impl<B: Backend + FastOps> Backward<B, 3> for BnActOp {
     ) {
         let [node_x, node_gamma, node_beta] = ops.parents;
         let grad = grads.consume::<B>(&ops.node);
-        let (x_state, gamma_state, beta_state, mean, variance, epsilon, act) = ops.state;
+        let (x_state, gamma_state, beta_state, mean, variance, epsilon, act, conv) = ops.state;
         let x = checkpointer.retrieve_node_output::<FloatTensor<B>>(x_state);
         let gamma = checkpointer.retrieve_node_output::<FloatTensor<B>>(gamma_state);
         let beta = checkpointer.retrieve_node_output::<FloatTensor<B>>(beta_state);
-        let (x_grad, gamma_grad, beta_grad) =
-            B::bn_act_train_backward(x, gamma, beta, mean, variance, epsilon, act, grad);
+        let (x_grad, gamma_grad, beta_grad) = match (conv, &node_x) {
+            (Some(dtype), Some(node)) => {
+                let (dx, d_gamma, d_beta, operand) = B::bn_act_train_backward_operand(
+                    x, gamma, beta, mean, variance, epsilon, act, grad, dtype,
+                );
+                if let Some(operand) = operand {
+                    grad_operands::give::<B>(node.id, operand);
+                }
+                (dx, d_gamma, d_beta)
+            }
+            _ => B::bn_act_train_backward(x, gamma, beta, mean, variance, epsilon, act, grad),
+        };
         for (node, g) in [
             (node_x, x_grad),
             (node_gamma, gamma_grad),
@@ -99,11 +112,14 @@ impl<B: Backend + FastOps> Backward<B, 2> for ConvOp {
         }
         if let Some(node) = node_x {
             let (x, w, g, o) = (x.clone(), weight.clone(), grad.clone(), options.clone());
-            let dx = match &reduced {
-                Some((dtype, operand)) => {
+            let dx = match (&reduced, grad_operands::take::<B>(ops.node.id)) {
+                (Some((dtype, operand)), Some(gp)) => {
+                    B::conv_in_x_backward_given(x, w, operand.clone(), g, gp, o, *dtype)
+                }
+                (Some((dtype, operand)), None) => {
                     B::conv_in_x_backward_with(x, w, operand.clone(), g, o, *dtype)
                 }
-                None => B::conv_x_backward(x, w, g, o),
+                (None, _) => B::conv_x_backward(x, w, g, o),
             };
             grads.register::<B>(node.id, dx);
         }
@@ -197,6 +213,10 @@ fn tracked_conv<B: Backend + FastOps, C: CheckpointStrategy>(
         OpsKind::Tracked(mut prep) => {
             let x_state = prep.checkpoint(&x);
             let weight_state = prep.checkpoint(&weight);
+            // The data gradient's GEMM takes an output-gradient operand the BatchNorm after it
+            // can make (stride 1, no groups, reduced dtype, an input that wants a gradient).
+            let gemm_data_grad =
+                dtype.filter(|_| x.is_tracked() && options.groups == 1 && options.stride == [1, 1]);
             let (x, w) = (x.into_primitive(), weight.into_primitive());
             let (out, reduced) = match dtype {
                 // The weight's operand made once, for the forward and the data gradient.
@@ -207,7 +227,9 @@ fn tracked_conv<B: Backend + FastOps, C: CheckpointStrategy>(
                 }
                 None => (B::conv(x, w, options.clone()), None),
             };
-            prep.finish((x_state, weight_state, options, reduced), out)
+            let out = prep.finish((x_state, weight_state, options, reduced), out);
+            grad_operands::produced(gemm_data_grad.map(|d| (out.id(), d)));
+            out
         }
         OpsKind::UnTracked(prep) => {
             prep.finish(inner(x.into_primitive(), weight.into_primitive(), options))
@@ -244,6 +266,7 @@ impl<B: Backend + FastOps, C: CheckpointStrategy> FastOps for Autodiff<B, C> {
                 act,
             )
         };
+        let conv = grad_operands::wanted_for(x.id());
         match BnActOp
             .prepare::<C>([x.node(), gamma.node(), beta.node()])
             .compute_bound()
@@ -262,6 +285,7 @@ impl<B: Backend + FastOps, C: CheckpointStrategy> FastOps for Autodiff<B, C> {
                     var.clone(),
                     epsilon,
                     act,
+                    conv,
                 );
                 (
                     prep.finish(state, out),

@@ -51,6 +51,23 @@ pub mod gemm {
         channels.next_multiple_of(8)
     }
 
+    /// Channels of the GEMM operand of a tensor with `channels` channels ([`padded`]).
+    pub fn operand_channels(channels: usize) -> usize {
+        padded(channels)
+    }
+
+    /// Whether `operand` is [`channels_last`]`(t, n, channels, d)`'s form for `t`: `d`, `t`'s
+    /// batch and image size with `channels` channels, dense channels-last.
+    fn is_operand_of(operand: &CubeTensor, t: &CubeTensor, channels: usize, d: DType) -> bool {
+        let (s, o) = (t.meta.shape(), operand.meta.shape());
+        let [n, h, w] = [s[0], s[2], s[3]];
+        let strides = operand.meta.strides();
+        operand.dtype == d
+            && o.num_dims() == 4
+            && (0..4).all(|i| o[i] == [n, channels, h, w][i])
+            && (0..4).all(|i| strides[i] == [h * w * channels, 1, w * channels, channels][i])
+    }
+
     /// The dtype the GEMM writes a result with `channels` real channels in: FP32 itself where
     /// they need no padding, else the operands' `d` (then [`in_f32`] crops and casts it).
     fn written_as(channels: usize, d: DType) -> DType {
@@ -194,14 +211,17 @@ pub mod gemm {
         options: ConvOptions<2>,
         dtype: FloatDType,
     ) -> CubeTensor {
-        x_backward_with(x, weight, None, grad, options, dtype)
+        x_backward_with(x, weight, [None, None], grad, options, dtype)
     }
 
-    /// [`x_backward_in`] with the weight's GEMM operand made already ([`weight_operand`]).
+    /// [`x_backward_in`] with the weight's GEMM operand made already ([`weight_operand`]) and,
+    /// for a stride-1 convolution, the output gradient's (`grad` channels-last, cast to `dtype`
+    /// and padded to [`operand_channels`], as the BatchNorm after the convolution writes it
+    /// beside its input gradient); either is made here where not given or not of that form.
     pub fn x_backward_with(
         x: CubeTensor,
         weight: CubeTensor,
-        operand: Option<CubeTensor>,
+        [operand, grad_operand]: [Option<CubeTensor>; 2],
         grad: CubeTensor,
         options: ConvOptions<2>,
         dtype: FloatDType,
@@ -242,10 +262,10 @@ pub mod gemm {
                 );
                 (dilated, unit)
             } else {
-                (
-                    channels_last(grad.clone(), n, padded(co), d),
-                    options.clone(),
-                )
+                let gp = grad_operand
+                    .filter(|g| is_operand_of(g, &grad, padded(co), d))
+                    .unwrap_or_else(|| channels_last(grad.clone(), n, padded(co), d));
+                (gp, options.clone())
             };
             let wp = operand_of(&weight, operand, d);
             let shape_p = Shape::new([n, padded(ci), shape[2], shape[3]]);

@@ -72,9 +72,53 @@ impl FastOps for burn_cubecl::CubeBackend {
                 x, gamma, beta, mean, variance, epsilon, act, grad,
             );
         }
-        let [dx, d_gamma, d_beta] =
-            fused_bn::backward(x, gamma, beta, mean, variance, grad, epsilon as f32, act);
+        let ([dx, d_gamma, d_beta], _) = fused_bn::backward(
+            x,
+            gamma,
+            beta,
+            mean,
+            variance,
+            grad,
+            epsilon as f32,
+            act,
+            None,
+        );
         (dx, d_gamma, d_beta)
+    }
+    fn bn_act_train_backward_operand(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        mean: FloatTensor<Self>,
+        variance: FloatTensor<Self>,
+        epsilon: f64,
+        act: bool,
+        grad: FloatTensor<Self>,
+        dtype: FloatDType,
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        Option<FloatTensor<Self>>,
+    ) {
+        if conv_bn_ops() == ConvBnOps::Staged {
+            let (dx, d_gamma, d_beta) =
+                Self::bn_act_train_backward(x, gamma, beta, mean, variance, epsilon, act, grad);
+            return (dx, d_gamma, d_beta, None);
+        }
+        let channels = conv::gemm::operand_channels(x.meta.shape()[1]);
+        let ([dx, d_gamma, d_beta], operand) = fused_bn::backward(
+            x,
+            gamma,
+            beta,
+            mean,
+            variance,
+            grad,
+            epsilon as f32,
+            act,
+            Some((channels, dtype.into())),
+        );
+        (dx, d_gamma, d_beta, operand)
     }
     fn conv(
         x: FloatTensor<Self>,
@@ -171,7 +215,25 @@ impl FastOps for burn_cubecl::CubeBackend {
         options: ConvOptions<2>,
         dtype: FloatDType,
     ) -> FloatTensor<Self> {
-        conv::gemm::x_backward_with(x, weight, Some(operand), grad, options, dtype)
+        conv::gemm::x_backward_with(x, weight, [Some(operand), None], grad, options, dtype)
+    }
+    fn conv_in_x_backward_given(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        operand: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        grad_operand: FloatTensor<Self>,
+        options: ConvOptions<2>,
+        dtype: FloatDType,
+    ) -> FloatTensor<Self> {
+        conv::gemm::x_backward_with(
+            x,
+            weight,
+            [Some(operand), Some(grad_operand)],
+            grad,
+            options,
+            dtype,
+        )
     }
     fn conv_in_weight_backward(
         x: FloatTensor<Self>,

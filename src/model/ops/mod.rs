@@ -44,6 +44,7 @@ mod fused_bn_sums;
 #[cfg(feature = "cuda")]
 #[path = "../../../kernels/batch_norm_tiles.rs"]
 mod fused_bn_tiles;
+pub mod grad_operands;
 #[cfg(feature = "cuda")]
 pub mod grads_into;
 mod host;
@@ -163,6 +164,32 @@ pub trait FastOps: Backend {
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
         batch_norm::act_backward::<Self>(x, gamma, beta, mean, variance, epsilon, act, grad)
     }
+    /// [`FastOps::bn_act_train_backward`], where the BatchNorm's input is the output of a
+    /// convolution computed in `dtype` whose data gradient will want its output gradient (this
+    /// `x`'s gradient) with `channels` channels as its GEMM operand: also that operand, where
+    /// the backend makes it with the gradient ([`FastOps::conv_in_x_backward_with`] takes it);
+    /// `None` here.
+    #[allow(clippy::too_many_arguments)]
+    fn bn_act_train_backward_operand(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        mean: FloatTensor<Self>,
+        variance: FloatTensor<Self>,
+        epsilon: f64,
+        act: bool,
+        grad: FloatTensor<Self>,
+        _dtype: FloatDType,
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        Option<FloatTensor<Self>>,
+    ) {
+        let (dx, d_gamma, d_beta) =
+            Self::bn_act_train_backward(x, gamma, beta, mean, variance, epsilon, act, grad);
+        (dx, d_gamma, d_beta, None)
+    }
     /// A convolution without bias.
     fn conv(
         x: FloatTensor<Self>,
@@ -273,6 +300,20 @@ pub trait FastOps: Backend {
         dtype: FloatDType,
     ) -> FloatTensor<Self> {
         Self::conv_in_x_backward(x, weight, grad, options, dtype)
+    }
+    /// [`FastOps::conv_in_x_backward_with`] with `grad`'s GEMM operand too, as the BatchNorm
+    /// after the convolution made it ([`FastOps::bn_act_train_backward_operand`]).
+    #[allow(clippy::too_many_arguments)]
+    fn conv_in_x_backward_given(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        operand: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        _grad_operand: FloatTensor<Self>,
+        options: ConvOptions<2>,
+        dtype: FloatDType,
+    ) -> FloatTensor<Self> {
+        Self::conv_in_x_backward_with(x, weight, operand, grad, options, dtype)
     }
     /// Gradient of [`FastOps::conv_in`] with respect to its (FP32) weight, in FP32: here
     /// [`FastOps::conv_weight_backward`]'s, from the FP32 operands (CUDA may take reduced ones,

@@ -1,0 +1,181 @@
+//! `model::ops::grad_operands`: the fused BatchNorm's input-gradient kernel also writes the
+//! convolution's output gradient as its data gradient's GEMM takes it (channels-last, cast,
+//! zero-padded channels): the same values `channels_last` would make from the FP32 gradient,
+//! bit for bit, at shapes with channels that need padding and pixel counts off the tiles; and
+//! the recorded step is byte-identical to native with them, and the same as without them.
+//! Off by default; each test sets the choice it needs.
+
+use super::replay::{assert_parity_of, config_for, fit};
+use super::{cube, cube_values_of, cuda};
+use burn::backend::TensorMetadata;
+use burn::prelude::*;
+use burn::tensor::{Distribution, FloatDType};
+use burn_cubecl::CubeBackend;
+use burnpose::model::ops::{self, FastOps, grad_operands};
+use burnpose::replay::recorder::Control;
+
+/// Sets the hand-off for its lifetime (off again, the default, even when a test fails).
+struct Operands;
+
+impl Operands {
+    fn set(on: bool) -> Self {
+        grad_operands::choose(on);
+        Self
+    }
+}
+
+impl Drop for Operands {
+    fn drop(&mut self) {
+        grad_operands::choose(false);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn batch_norm_writes_the_operand_channels_last_would_make_on_cuda() {
+    let d = cuda();
+    d.seed(31);
+    ops::set_conv_bn_ops(ops::ConvBnOps::Fast);
+    // Channels padded by 0, 3, 5 and 7; pixel counts off the 32-pixel tiles; one 160-px layer.
+    for [n, c, h, w] in [
+        [1usize, 64, 8, 8],
+        [3, 40, 29, 31],
+        [2, 51, 20, 20],
+        [2, 5, 33, 17],
+        [4, 16, 160, 160],
+    ] {
+        let nhwc = |m: f64, s: f64| {
+            cube(
+                Tensor::<4>::random([n, h, w, c], Distribution::Normal(m, s), &d)
+                    .permute([0, 3, 1, 2]),
+            )
+        };
+        let (x, g) = (nhwc(0.4, 1.7), nhwc(0.0, 0.3));
+        let channel =
+            |m: f64, s: f64| cube(Tensor::<1>::random([c], Distribution::Normal(m, s), &d));
+        let (gamma, beta, running_mean) = (channel(1.0, 0.3), channel(0.0, 0.5), channel(0.1, 0.2));
+        let running_var = cube(Tensor::<1>::ones([c], &d));
+        for act in [true, false] {
+            let case = format!("[{n}, {c}, {h}, {w}] act={act}");
+            let (_, mean, var, _, _) = CubeBackend::bn_act_train(
+                x.clone(),
+                gamma.clone(),
+                beta.clone(),
+                running_mean.clone(),
+                running_var.clone(),
+                1e-3,
+                0.03,
+                act,
+            );
+            let (dx, d_gamma, d_beta) = CubeBackend::bn_act_train_backward(
+                x.clone(),
+                gamma.clone(),
+                beta.clone(),
+                mean.clone(),
+                var.clone(),
+                1e-3,
+                act,
+                g.clone(),
+            );
+            let (dx2, d_gamma2, d_beta2, operand) = CubeBackend::bn_act_train_backward_operand(
+                x.clone(),
+                gamma.clone(),
+                beta.clone(),
+                mean,
+                var,
+                1e-3,
+                act,
+                g.clone(),
+                FloatDType::BF16,
+            );
+            let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+            for (name, a, b) in [
+                (
+                    "dx",
+                    cube_values_of::<4>(dx.clone()),
+                    cube_values_of::<4>(dx2),
+                ),
+                (
+                    "dγ",
+                    cube_values_of::<1>(d_gamma),
+                    cube_values_of::<1>(d_gamma2),
+                ),
+                (
+                    "dβ",
+                    cube_values_of::<1>(d_beta),
+                    cube_values_of::<1>(d_beta2),
+                ),
+            ] {
+                assert_eq!(bits(a), bits(b), "{case}: {name} moved with the operand");
+            }
+            let operand = operand.unwrap_or_else(|| panic!("{case}: no operand"));
+            let padded = c.next_multiple_of(8);
+            let s = operand.shape();
+            assert_eq!(s.dims::<4>(), [n, padded, h, w], "{case}: shape");
+            let strides = operand.meta.strides().to_vec();
+            assert_eq!(
+                strides,
+                vec![h * w * padded, 1, w * padded, padded],
+                "{case}: not dense channels-last"
+            );
+            assert_eq!(operand.dtype, burn::tensor::DType::BF16, "{case}: dtype");
+            // What the convolution would have made: the FP32 gradient cast, channels padded
+            // with zeros.
+            let cast = Tensor::<4>::from_dispatch(burn::backend::DispatchTensor {
+                kind: burn::backend::DispatchTensorKind::Cube(burn::backend::BackendTensor::Float(
+                    dx,
+                )),
+                autodiff: Default::default(),
+            })
+            .cast(FloatDType::BF16)
+            .cast(FloatDType::F32);
+            let want = if padded == c {
+                cast
+            } else {
+                Tensor::cat(vec![cast, Tensor::zeros([n, padded - c, h, w], &d)], 1)
+            };
+            let got =
+                cube_values_of::<4>(burn_cubecl::kernel::cast(operand, burn::tensor::DType::F32));
+            let want = want
+                .into_data()
+                .convert::<f32>()
+                .try_into_vec::<f32>()
+                .unwrap();
+            assert_eq!(
+                bits(got),
+                bits(want),
+                "{case}: operand differs from the cast"
+            );
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn grad_operands_match_native_in_one_graph_bf16() {
+    let _on = Operands::set(true);
+    assert_parity_of("pose-one-graph", "bf16");
+}
+
+/// With and without the hand-off, native and recorded fits end with the same bits, and the
+/// convolutions did take operands (not a comparison of two identical paths).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn grad_operands_change_no_bit() {
+    for (task, capture) in [("pose", false), ("pose-one-graph", true)] {
+        let cfg = config_for(task, "bf16", capture);
+        let before = grad_operands::taken();
+        let on = {
+            let _on = Operands::set(true);
+            fit(&cfg, Control::None).0
+        };
+        let taken = grad_operands::taken() - before;
+        let off = {
+            let _off = Operands::set(false);
+            fit(&cfg, Control::None).0
+        };
+        assert!(taken > 10, "{task}: {taken} operands taken");
+        assert_eq!(on, off, "{task}: the operands moved the state");
+        println!("{task}: {taken} operands taken, {:?}", on);
+    }
+}
