@@ -195,11 +195,10 @@ pub(super) fn add_into(s: &mut Shared<[f32]>, a: usize, b: usize, #[comptime] st
 /// the channel (chunks `k, k + width, …` in order) goes to `f[lane·width + k]`, the cube's rows
 /// taking the `width` (= [`WIDTH`]) runs in turn; then the fixed tree over the runs. `stats`:
 /// Welford records (`stats_run`, `merge_into`); else `Σ g_z`, `Σ g_z · x̂` pairs (`grad_run`,
-/// `add_into`). `width` comes as a launch argument, as the two-launch kernels' does. CubeCL
-/// 0.11.3's CUDA compiler rejected the kernels with this merge in them ("Expected operand type
-/// cube.ptr, but found cube.index", docs/perf_log.md AZ1); with the tree's counter started
-/// from the constant `WIDTH / 2` and halved in a loop, it was the one construct the two-launch
-/// merge lacks (a suspicion, not yet GPU-run).
+/// `add_into`). `width` comes as a launch argument, as the two-launch kernels' does: with the
+/// tree's counter started from the constant `WIDTH / 2` and halved in the loop, CubeCL 0.11.3's
+/// CUDA compiler rejected the kernels ("Expected operand type cube.ptr, but found cube.index",
+/// docs/perf_log.md AZ1; the compile check below fails the same way).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn merge_tile(
@@ -243,7 +242,7 @@ fn merge_tile(
 
 /// `batch_norm_nhwc.rs`'s `stats_partial_kernel`, then, in the last cube of each channel tile,
 /// its `stats_final_kernel`: mean, biased variance and running statistics.
-#[cube(launch_unchecked)]
+#[cube(launch_unchecked, create_dummy_kernel)]
 #[allow(clippy::too_many_arguments)]
 fn stats_single_kernel(
     x: &Tensor<f32>,
@@ -303,7 +302,7 @@ fn stats_single_kernel(
 
 /// `batch_norm_nhwc.rs`'s `grad_partial_kernel`, then, in the last cube of each channel tile,
 /// its `grad_final_kernel`: `dβ = Σ g_z`, `dγ = Σ g_z · x̂`.
-#[cube(launch_unchecked)]
+#[cube(launch_unchecked, create_dummy_kernel)]
 #[allow(clippy::too_many_arguments)]
 fn grad_single_kernel(
     x: &Tensor<f32>,
@@ -440,4 +439,64 @@ pub fn grad_sums(
         );
     }
     [d_gamma, d_beta]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::compile_check::{compiles, device, tensor};
+    use super::*;
+
+    /// Both kernels compile for CUDA (CubeCL's IR verification included) on a machine without
+    /// a GPU: the GPU rejected them while the merge's tree counter started from a constant
+    /// (docs/perf_log.md AZ1), and this test fails the same way with it.
+    #[test]
+    fn one_launch_kernels_compile_for_cuda_without_a_device() {
+        let (props, target) = device();
+        let (count, dim) = (CubeCount::Static(4, 2, 1), CubeDim::new_2d(32, 8));
+        let stats = stats_single_kernel::create_dummy_kernel(
+            props.clone(),
+            target.clone(),
+            count.clone(),
+            dim,
+            tensor(&[2, 40, 8, 8]),
+            tensor(&[40 * 4 * 3]),
+            tensor(&[COUNTERS]),
+            tensor(&[40]),
+            tensor(&[40]),
+            tensor(&[40]),
+            tensor(&[40]),
+            tensor(&[40]),
+            tensor(&[40]),
+            0.03f32,
+            0u32,
+            WIDTH as u32,
+            UNITS,
+        );
+        compiles(stats.define());
+        for (act, grad_dense) in [(true, true), (false, false)] {
+            let grad = grad_single_kernel::create_dummy_kernel(
+                props.clone(),
+                target.clone(),
+                count.clone(),
+                dim,
+                tensor(&[2, 40, 8, 8]),
+                tensor(&[2, 40, 8, 8]),
+                tensor(&[40]),
+                tensor(&[40]),
+                tensor(&[40]),
+                tensor(&[40]),
+                tensor(&[40 * 4 * 2]),
+                tensor(&[COUNTERS]),
+                tensor(&[40]),
+                tensor(&[40]),
+                1e-3f32,
+                0u32,
+                WIDTH as u32,
+                UNITS,
+                act,
+                grad_dense,
+            );
+            compiles(grad.define());
+        }
+    }
 }

@@ -164,7 +164,7 @@ fn grad_x_tile_kernel(
 /// `kernels/channels.rs`'s `channels_last` would make it from `dx` (the same cast of the same
 /// FP32 value). A kernel of its own while it is not GPU-run, so that the default input
 /// gradient stays the kernel the GPU tests have checked; the expressions are that kernel's.
-#[cube(launch_unchecked)]
+#[cube(launch_unchecked, create_dummy_kernel)]
 #[allow(clippy::too_many_arguments)]
 fn grad_x_operand_kernel<O: Float>(
     x: &Tensor<f32>,
@@ -345,4 +345,41 @@ pub fn operand_for(x: &CubeTensor, channels: usize, dtype: DType) -> Option<Cube
         Shape::new([s[0], s[2], s[3], channels]),
         dtype,
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::compile_check::{compiles, device, tensor};
+    use super::*;
+    use cubecl::ir::{ElemType, FloatKind};
+
+    /// The operand twin compiles for CUDA on a machine without a GPU (not yet GPU-run).
+    #[test]
+    fn operand_kernel_compiles_for_cuda_without_a_device() {
+        let (props, target) = device();
+        for act in [true, false] {
+            for kind in [FloatKind::BF16, FloatKind::F16] {
+                let k = grad_x_operand_kernel::create_dummy_kernel(
+                    props.clone(),
+                    target.clone(),
+                    CubeCount::Static(4, 2, 1),
+                    CubeDim::new_2d(TILE as u32, ROWS as u32),
+                    tensor(&[2, 51, 8, 8]),
+                    tensor(&[2, 51, 8, 8]),
+                    tensor(&[51]),
+                    tensor(&[51]),
+                    tensor(&[51]),
+                    tensor(&[51]),
+                    tensor(&[51]),
+                    tensor(&[51]),
+                    tensor(&[2, 51, 8, 8]),
+                    tensor(&[2, 56, 8, 8]),
+                    1e-3f32,
+                    act,
+                    ElemType::Float(kind),
+                );
+                compiles(k.define());
+            }
+        }
+    }
 }

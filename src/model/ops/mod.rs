@@ -22,6 +22,8 @@ mod batch_norm;
 #[cfg(feature = "cuda")]
 #[path = "../../../kernels/channels.rs"]
 mod channels;
+#[cfg(all(test, feature = "cuda"))]
+mod compile_check;
 pub mod conv;
 mod cpu;
 #[cfg(feature = "cuda")]
