@@ -52,6 +52,26 @@ mod weights;
 
 mod common;
 
+/// A process-wide kernel choice (`choose(bool)`) set for the guard's lifetime; `restore`, the
+/// default, is put back when it drops, even when a test fails.
+struct Choice {
+    choose: fn(bool),
+    restore: bool,
+}
+
+impl Choice {
+    fn set(choose: fn(bool), on: bool, restore: bool) -> Self {
+        choose(on);
+        Self { choose, restore }
+    }
+}
+
+impl Drop for Choice {
+    fn drop(&mut self) {
+        (self.choose)(self.restore);
+    }
+}
+
 fn cuda() -> Device {
     device::resolve(DeviceKind::Cuda, 0)
         .expect("a CUDA device")

@@ -4,28 +4,12 @@
 //! step with them is byte-identical to native. Off by default; each test turns it on and off.
 
 use super::replay::assert_parity_of;
-use super::{cube, cube_values, cube_values_of, cuda};
+use super::{Choice, cube, cube_values, cube_values_of, cuda};
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn_cubecl::CubeBackend;
 use burn_cubecl::tensor::CubeTensor;
 use burnpose::model::ops::{self, FastOps, fused_bn_single};
-
-/// Sets the one-launch sums for its lifetime (off again even when a test fails).
-struct Single;
-
-impl Single {
-    fn set(on: bool) -> Self {
-        fused_bn_single::choose(on);
-        Self
-    }
-}
-
-impl Drop for Single {
-    fn drop(&mut self) {
-        fused_bn_single::choose(false);
-    }
-}
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
@@ -56,7 +40,7 @@ fn one_launch_sums_give_the_two_launch_bits_on_cuda() {
         let running_var = cube(Tensor::<1>::ones([c], &d));
         for act in [true, false] {
             let run = |single: bool| {
-                let _single = Single::set(single);
+                let _single = Choice::set(fused_bn_single::choose, single, false);
                 let (y, mean, var, new_mean, new_var) = CubeBackend::bn_act_train(
                     x.clone(),
                     gamma.clone(),
@@ -113,6 +97,6 @@ fn one_launch_sums_give_the_two_launch_bits_on_cuda() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn one_launch_sums_match_native_in_one_graph_bf16() {
-    let _single = Single::set(true);
+    let _single = Choice::set(fused_bn_single::choose, true, false);
     assert_parity_of("pose-one-graph", "bf16");
 }

@@ -6,29 +6,13 @@
 //! Off by default; each test sets the choice it needs.
 
 use super::replay::{assert_parity_of, config_for, fit};
-use super::{cube, cube_values_of, cuda};
+use super::{Choice, cube, cube_values_of, cuda};
 use burn::backend::TensorMetadata;
 use burn::prelude::*;
 use burn::tensor::{Distribution, FloatDType};
 use burn_cubecl::CubeBackend;
 use burnpose::model::ops::{self, FastOps, grad_operands};
 use burnpose::replay::recorder::Control;
-
-/// Sets the hand-off for its lifetime (off again, the default, even when a test fails).
-struct Operands;
-
-impl Operands {
-    fn set(on: bool) -> Self {
-        grad_operands::choose(on);
-        Self
-    }
-}
-
-impl Drop for Operands {
-    fn drop(&mut self) {
-        grad_operands::choose(false);
-    }
-}
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
@@ -153,7 +137,7 @@ fn batch_norm_writes_the_operand_channels_last_would_make_on_cuda() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn grad_operands_match_native_in_one_graph_bf16() {
-    let _on = Operands::set(true);
+    let _on = Choice::set(grad_operands::choose, true, false);
     assert_parity_of("pose-one-graph", "bf16");
 }
 
@@ -166,12 +150,12 @@ fn grad_operands_change_no_bit() {
         let cfg = config_for(task, "bf16", capture);
         let before = grad_operands::taken();
         let on = {
-            let _on = Operands::set(true);
+            let _on = Choice::set(grad_operands::choose, true, false);
             fit(&cfg, Control::None).0
         };
         let taken = grad_operands::taken() - before;
         let off = {
-            let _off = Operands::set(false);
+            let _off = Choice::set(grad_operands::choose, false, false);
             fit(&cfg, Control::None).0
         };
         assert!(taken > 10, "{task}: {taken} operands taken");

@@ -5,7 +5,7 @@
 //! sets the choice it needs and puts the default back.
 
 use super::replay::{assert_parity_of, config_for, fit, trainer};
-use super::{cube, cube_values_of, cuda, rel_values, values};
+use super::{Choice, cube, cube_values_of, cuda, rel_values, values};
 use burn::backend::ops::FloatTensorOps;
 use burn::prelude::*;
 use burn::tensor::Distribution;
@@ -15,26 +15,6 @@ use burnpose::replay::recorder::Control;
 
 const TASK: &str = "pose-one-graph";
 
-/// Sets the in-place sums for its lifetime (the default again even when a test fails).
-struct InPlace;
-
-impl InPlace {
-    fn set(ours: bool) -> Self {
-        grads_into::choose(ours);
-        Self
-    }
-
-    fn on() -> Self {
-        Self::set(true)
-    }
-}
-
-impl Drop for InPlace {
-    fn drop(&mut self) {
-        grads_into::choose(true);
-    }
-}
-
 /// `kernels/leading_sum.rs` against Burn's `sum_dim` over the chunks' products of a weight
 /// gradient (`[N·S, co, ci·k·k]`), twice for equal bits, and into a registered parameter's
 /// buffer while `grads_into::into` runs: the values land there, and the tensor handed back is
@@ -42,7 +22,7 @@ impl Drop for InPlace {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn leading_sum_gives_burns_sum_and_writes_into_the_registered_buffer_on_cuda() {
-    let _on = InPlace::on();
+    let _on = Choice::set(grads_into::choose, true, true);
     let d = cuda();
     d.seed(5);
     let (rows, co, x) = (20, 48, 9 * 32);
@@ -91,14 +71,14 @@ fn leading_sum_gives_burns_sum_and_writes_into_the_registered_buffer_on_cuda() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gradients_written_in_place_match_native_bf16() {
-    let _on = InPlace::on();
+    let _on = Choice::set(grads_into::choose, true, true);
     assert_parity_of(TASK, "bf16");
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gradients_written_in_place_match_native_fp32() {
-    let _on = InPlace::on();
+    let _on = Choice::set(grads_into::choose, true, true);
     assert_parity_of(TASK, "fp32");
 }
 
@@ -110,7 +90,7 @@ fn gradients_written_in_place_match_native_fp32() {
 #[ignore = "needs a CUDA GPU"]
 fn gradients_written_in_place_skip_their_copies() {
     let gathered = |in_place: bool| {
-        let _chosen = InPlace::set(in_place);
+        let _chosen = Choice::set(grads_into::choose, in_place, true);
         let mut t = trainer(&config_for(TASK, "bf16", true), Control::None);
         t.run_epoch(&mut |_, _, _| {}).unwrap();
         t.stage.gradient_copies().expect("a recorded step")
@@ -131,7 +111,7 @@ fn gradients_written_in_place_skip_their_copies() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gathering_nothing_breaks_parity_in_place() {
-    let _on = InPlace::on();
+    let _on = Choice::set(grads_into::choose, true, true);
     let (native, _, _) = fit(&config_for(TASK, "bf16", false), Control::None);
     let (broken, _, _) = fit(&config_for(TASK, "bf16", true), Control::GatherNothing);
     assert_ne!(

@@ -4,44 +4,29 @@
 //! a negative control. On by default; each test sets the choice it needs and puts the default
 //! back.
 
+use super::Choice;
 use super::replay::{assert_parity_of, config_for, fit, trainer};
 use burnpose::model::ops::stats_into;
 use burnpose::replay::recorder::Control;
 
-/// Sets the in-place statistics for its lifetime (the default again even when a test fails).
-struct InPlace;
-
-impl InPlace {
-    fn set(on: bool) -> Self {
-        stats_into::choose(on);
-        Self
-    }
-}
-
-impl Drop for InPlace {
-    fn drop(&mut self) {
-        stats_into::choose(true);
-    }
-}
-
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn statistics_updated_in_place_match_native_in_the_features_scope_bf16() {
-    let _on = InPlace::set(true);
+    let _on = Choice::set(stats_into::choose, true, true);
     assert_parity_of("pose", "bf16");
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn statistics_updated_in_place_match_native_in_one_graph_bf16() {
-    let _on = InPlace::set(true);
+    let _on = Choice::set(stats_into::choose, true, true);
     assert_parity_of("pose-one-graph", "bf16");
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn statistics_updated_in_place_match_native_in_one_graph_fp32() {
-    let _on = InPlace::set(true);
+    let _on = Choice::set(stats_into::choose, true, true);
     assert_parity_of("pose-one-graph", "fp32");
 }
 
@@ -51,7 +36,7 @@ fn statistics_updated_in_place_match_native_in_one_graph_fp32() {
 #[ignore = "needs a CUDA GPU"]
 fn statistics_updated_in_place_need_no_copy() {
     let copies = |on: bool| {
-        let _chosen = InPlace::set(on);
+        let _chosen = Choice::set(stats_into::choose, on, true);
         let mut t = trainer(&config_for("pose-one-graph", "bf16", true), Control::None);
         t.run_epoch(&mut |_, _, _| {}).unwrap();
         t.stage.statistics_copies().expect("a recorded step")
@@ -74,7 +59,7 @@ fn statistics_updated_in_place_need_no_copy() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn statistics_left_out_of_place_break_parity() {
-    let _on = InPlace::set(true);
+    let _on = Choice::set(stats_into::choose, true, true);
     for task in ["pose", "pose-one-graph"] {
         let (native, _, _) = fit(&config_for(task, "bf16", false), Control::None);
         let (broken, _, _) = fit(&config_for(task, "bf16", true), Control::StatsOutOfPlace);
