@@ -83,7 +83,7 @@ pub(super) fn merge_into(s: &mut Shared<[f32]>, a: usize, b: usize, #[comptime] 
 /// Cube `(p, t)`, units `(lane, row)`: the Welford record of channel `t·lanes + lane` over the
 /// pixels `start + row + k·rows` of chunk `p`, the rows merged by a fixed tree, into
 /// `partial[(c·P + p)·3 ..]`.
-#[cube(launch_unchecked)]
+#[cube(launch_unchecked, create_dummy_kernel)]
 fn stats_partial_kernel(x: &Tensor<f32>, partial: &mut Tensor<f32>, #[comptime] units: usize) {
     let mut s = Shared::<[f32]>::new_slice(3 * units);
     stats_record(x, partial, &mut s, units);
@@ -188,7 +188,7 @@ pub(super) fn stats_record(
 /// Cube of `MERGE_CHANNELS` channels, units `(k, ch)`: unit `k` merges chunks `k, k + 32, …` of
 /// its channel in order, a fixed tree merges the 32; then the mean and biased variance, and the
 /// running statistics `old · (1 − momentum) + stat · momentum`.
-#[cube(launch_unchecked)]
+#[cube(launch_unchecked, create_dummy_kernel)]
 #[allow(clippy::too_many_arguments)]
 fn stats_final_kernel(
     partial: &mut Tensor<f32>,
@@ -249,7 +249,7 @@ fn load(t: &Tensor<f32>, c: usize, j: usize, pixel: usize, #[comptime] dense: bo
 /// Cube `(p, t)`, units `(lane, row)`: `Σ g_z` and `Σ g_z · x̂` of channel `t·lanes + lane` over
 /// chunk `p`'s pixels (as [`stats_partial_kernel`]), into `partial[(c·P + p)·2 ..]`. `x` is read
 /// as [`dense_channels_last`]; `grad` the same way when `grad_dense`, else by its four strides.
-#[cube(launch_unchecked)]
+#[cube(launch_unchecked, create_dummy_kernel)]
 #[allow(clippy::too_many_arguments)]
 fn grad_partial_kernel(
     x: &Tensor<f32>,
@@ -385,7 +385,7 @@ pub(super) fn grad_record(
 
 /// Cube of `MERGE_CHANNELS` channels: `dβ = Σ g_z`, `dγ = Σ g_z · x̂` over the chunk partials
 /// (unit `k` sums chunks `k, k + 32, …` in order, then a fixed tree).
-#[cube(launch_unchecked)]
+#[cube(launch_unchecked, create_dummy_kernel)]
 fn grad_final_kernel(
     partial: &mut Tensor<f32>,
     d_gamma: &mut Tensor<f32>,
@@ -549,4 +549,80 @@ pub fn grad_sums(
         );
     }
     [d_gamma, d_beta]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::compile_check::{compiles, device, tensor};
+    use super::*;
+
+    /// The channels-last sums' kernels (whose merge helpers the one-launch kernels share)
+    /// compile for CUDA without a device.
+    #[test]
+    fn channels_last_sums_compile_for_cuda_without_a_device() {
+        let (props, target) = device();
+        let (count, dim) = (CubeCount::Static(4, 2, 1), CubeDim::new_2d(32, 8));
+        let merge = CubeDim::new_2d(MERGE_UNITS as u32, MERGE_CHANNELS as u32);
+        let x = || tensor(&[2, 40, 8, 8]);
+        let c = || tensor(&[40]);
+        let k = stats_partial_kernel::create_dummy_kernel(
+            props.clone(),
+            target.clone(),
+            count.clone(),
+            dim,
+            x(),
+            tensor(&[40 * 4 * 3]),
+            UNITS,
+        );
+        compiles(k.define());
+        let k = stats_final_kernel::create_dummy_kernel(
+            props.clone(),
+            target.clone(),
+            count.clone(),
+            merge,
+            tensor(&[40 * 4 * 3]),
+            c(),
+            c(),
+            c(),
+            c(),
+            c(),
+            c(),
+            4u32,
+            0.03f32,
+            UNITS,
+        );
+        compiles(k.define());
+        for (act, grad_dense) in [(true, true), (false, false)] {
+            let k = grad_partial_kernel::create_dummy_kernel(
+                props.clone(),
+                target.clone(),
+                count.clone(),
+                dim,
+                x(),
+                x(),
+                c(),
+                c(),
+                c(),
+                c(),
+                tensor(&[40 * 4 * 2]),
+                1e-3f32,
+                UNITS,
+                act,
+                grad_dense,
+            );
+            compiles(k.define());
+        }
+        let k = grad_final_kernel::create_dummy_kernel(
+            props,
+            target,
+            count,
+            merge,
+            tensor(&[40 * 4 * 2]),
+            c(),
+            c(),
+            4u32,
+            UNITS,
+        );
+        compiles(k.define());
+    }
 }

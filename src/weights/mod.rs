@@ -413,7 +413,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("burnpose-shapes-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let st = dir.join("exported.safetensors");
-        let device = Default::default();
+        let device = Device::flex();
         let model = crate::model::YoloConfig::new(crate::model::Scale::N, Task::Detect)
             .with_nc(3)
             .init(&device);
