@@ -240,6 +240,20 @@ fn merge_tile(
     }
 }
 
+/// Counts the cube in on tile `t`'s counter after publishing its writes: whether it is the last
+/// of the tile's `parts` cubes (the same answer in every unit), with every other cube's writes
+/// then visible to it. The pattern of CubeCL's `test_sync_storage_across_cubes`.
+#[cube]
+fn last_to_arrive(counter: &mut Tensor<Atomic<u32>>, t: usize, parts: usize) -> bool {
+    let mut arrived = Shared::<u32>::new();
+    sync_storage();
+    if UNIT_POS == 0 {
+        *arrived = counter[t].fetch_add(1u32);
+    }
+    sync_storage();
+    *arrived as usize == parts - 1
+}
+
 /// `batch_norm_nhwc.rs`'s `stats_partial_kernel`, then, in the last cube of each channel tile,
 /// its `stats_final_kernel`: mean, biased variance and running statistics.
 #[cube(launch_unchecked, create_dummy_kernel)]
@@ -259,11 +273,8 @@ fn stats_single_kernel(
     width: u32,
     #[comptime] units: usize,
 ) {
-    // The arrival as in CubeCL's `test_sync_storage_across_cubes`: publish, count in, then
-    // see the other cubes' partials; the last cube of the tile merges them.
     let mut s = Shared::<[f32]>::new_slice(3 * units);
     let mut f = Shared::<[f32]>::new_slice(3 * FIELD);
-    let mut arrived = Shared::<u32>::new();
     stats_record(x, partial, &mut s, units);
     let lanes = CUBE_DIM_X as usize;
     let lane = UNIT_POS_X as usize;
@@ -272,17 +283,13 @@ fn stats_single_kernel(
     let t = CUBE_POS_Y as usize;
     let c = t * lanes + lane;
     let c_n = x.shape(1);
-    sync_storage();
-    if UNIT_POS == 0 {
-        *arrived = counter[t].fetch_add(1u32);
-    }
-    sync_storage();
-    if *arrived as usize == parts - 1 {
-        merge_tile(partial, &mut f, c, c_n, parts, width as usize, true);
+    let width = width as usize;
+    if last_to_arrive(counter, t, parts) {
+        merge_tile(partial, &mut f, c, c_n, parts, width, true);
         if row == 0 && c < c_n {
             write_statistics(
                 &f,
-                lane * WIDTH,
+                lane * width,
                 FIELD,
                 c,
                 momentum,
@@ -322,10 +329,8 @@ fn grad_single_kernel(
     #[comptime] act: bool,
     #[comptime] grad_dense: bool,
 ) {
-    // As in `stats_single_kernel`.
     let mut s = Shared::<[f32]>::new_slice(2 * units);
     let mut f = Shared::<[f32]>::new_slice(2 * FIELD);
-    let mut arrived = Shared::<u32>::new();
     grad_record(
         x, grad, mean, var, gamma, beta, partial, &mut s, epsilon, units, act, grad_dense,
     );
@@ -336,15 +341,11 @@ fn grad_single_kernel(
     let t = CUBE_POS_Y as usize;
     let c = t * lanes + lane;
     let c_n = x.shape(1);
-    sync_storage();
-    if UNIT_POS == 0 {
-        *arrived = counter[t].fetch_add(1u32);
-    }
-    sync_storage();
-    if *arrived as usize == parts - 1 {
-        merge_tile(partial, &mut f, c, c_n, parts, width as usize, false);
+    let width = width as usize;
+    if last_to_arrive(counter, t, parts) {
+        merge_tile(partial, &mut f, c, c_n, parts, width, false);
         if row == 0 && c < c_n {
-            let v = lane * WIDTH;
+            let v = lane * width;
             let at_beta = c * d_beta.stride(0);
             let at_gamma = c * d_gamma.stride(0);
             d_beta[at_beta] = f[v];

@@ -107,6 +107,26 @@ fn cube<const D: usize>(t: Tensor<D>) -> burn_cubecl::tensor::CubeTensor {
     }
 }
 
+/// A channels-last BatchNorm case on CUDA, drawn in this order: input `x` and incoming
+/// gradient `g`, `[n, c, h, w]` dense channels-last as convolutions hand BatchNorm its input;
+/// γ, β and the running mean; the running variance (ones).
+fn nhwc_bn_case(d: &Device, [n, c, h, w]: [usize; 4]) -> [burn_cubecl::tensor::CubeTensor; 6] {
+    let nhwc = |m: f64, s: f64| {
+        cube(Tensor::<4>::random([n, h, w, c], Distribution::Normal(m, s), d).permute([0, 3, 1, 2]))
+    };
+    let (x, g) = (nhwc(0.4, 1.7), nhwc(0.0, 0.3));
+    let channel = |m: f64, s: f64| cube(Tensor::<1>::random([c], Distribution::Normal(m, s), d));
+    let (gamma, beta, running_mean) = (channel(1.0, 0.3), channel(0.0, 0.5), channel(0.1, 0.2));
+    [
+        x,
+        g,
+        gamma,
+        beta,
+        running_mean,
+        cube(Tensor::<1>::ones([c], d)),
+    ]
+}
+
 /// A kernel's `[_, _, _, _]` output read back as FP32 values.
 fn cube_values(c: burn_cubecl::tensor::CubeTensor) -> Vec<f32> {
     cube_values_of::<4>(c)

@@ -4,9 +4,7 @@
 //! step with them is byte-identical to native. Off by default; each test turns it on and off.
 
 use super::replay::assert_parity_of;
-use super::{Choice, cube, cube_values, cube_values_of, cuda};
-use burn::prelude::*;
-use burn::tensor::Distribution;
+use super::{Choice, cube_values, cube_values_of, cuda, nhwc_bn_case};
 use burn_cubecl::CubeBackend;
 use burn_cubecl::tensor::CubeTensor;
 use burnpose::model::ops::{self, FastOps, fused_bn_single};
@@ -26,18 +24,7 @@ fn one_launch_sums_give_the_two_launch_bits_on_cuda() {
         [4, 32, 160, 160],
         [2, 256, 20, 20],
     ] {
-        // Dense channels-last, as convolutions hand BatchNorm its input.
-        let nhwc = |m: f64, s: f64| {
-            cube(
-                Tensor::<4>::random([n, h, w, c], Distribution::Normal(m, s), &d)
-                    .permute([0, 3, 1, 2]),
-            )
-        };
-        let (x, g) = (nhwc(0.4, 1.7), nhwc(0.0, 0.3));
-        let channel =
-            |m: f64, s: f64| cube(Tensor::<1>::random([c], Distribution::Normal(m, s), &d));
-        let (gamma, beta, running_mean) = (channel(1.0, 0.3), channel(0.0, 0.5), channel(0.1, 0.2));
-        let running_var = cube(Tensor::<1>::ones([c], &d));
+        let [x, g, gamma, beta, running_mean, running_var] = nhwc_bn_case(&d, [n, c, h, w]);
         for act in [true, false] {
             let run = |single: bool| {
                 let _single = Choice::set(fused_bn_single::choose, single, false);

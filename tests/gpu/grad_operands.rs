@@ -6,10 +6,10 @@
 //! Off by default; each test sets the choice it needs.
 
 use super::replay::{assert_parity_of, config_for, fit};
-use super::{Choice, cube, cube_values_of, cuda};
+use super::{Choice, cube_values_of, cuda, nhwc_bn_case};
 use burn::backend::TensorMetadata;
 use burn::prelude::*;
-use burn::tensor::{Distribution, FloatDType};
+use burn::tensor::FloatDType;
 use burn_cubecl::CubeBackend;
 use burnpose::model::ops::{self, FastOps, grad_operands};
 use burnpose::replay::recorder::Control;
@@ -28,17 +28,7 @@ fn batch_norm_writes_the_operand_channels_last_would_make_on_cuda() {
         [2, 5, 33, 17],
         [4, 16, 160, 160],
     ] {
-        let nhwc = |m: f64, s: f64| {
-            cube(
-                Tensor::<4>::random([n, h, w, c], Distribution::Normal(m, s), &d)
-                    .permute([0, 3, 1, 2]),
-            )
-        };
-        let (x, g) = (nhwc(0.4, 1.7), nhwc(0.0, 0.3));
-        let channel =
-            |m: f64, s: f64| cube(Tensor::<1>::random([c], Distribution::Normal(m, s), &d));
-        let (gamma, beta, running_mean) = (channel(1.0, 0.3), channel(0.0, 0.5), channel(0.1, 0.2));
-        let running_var = cube(Tensor::<1>::ones([c], &d));
+        let [x, g, gamma, beta, running_mean, running_var] = nhwc_bn_case(&d, [n, c, h, w]);
         for act in [true, false] {
             let case = format!("[{n}, {c}, {h}, {w}] act={act}");
             let (_, mean, var, _, _) = CubeBackend::bn_act_train(

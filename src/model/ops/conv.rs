@@ -47,24 +47,18 @@ pub mod gemm {
 
     /// Channels as the GEMM's operands carry them: a multiple of 8, so that BF16 and FP16 load
     /// 16 bytes at a time (docs/kernels.md, `kernels/channels.rs`).
-    fn padded(channels: usize) -> usize {
+    pub fn padded(channels: usize) -> usize {
         channels.next_multiple_of(8)
-    }
-
-    /// Channels of the GEMM operand of a tensor with `channels` channels ([`padded`]).
-    pub fn operand_channels(channels: usize) -> usize {
-        padded(channels)
     }
 
     /// Whether `operand` is [`channels_last`]`(t, n, channels, d)`'s form for `t`: `d`, `t`'s
     /// batch and image size with `channels` channels, dense channels-last.
     fn is_operand_of(operand: &CubeTensor, t: &CubeTensor, channels: usize, d: DType) -> bool {
-        let (s, o) = (t.meta.shape(), operand.meta.shape());
-        let [n, h, w] = [s[0], s[2], s[3]];
+        let s = t.shape();
+        let (n, h, w) = (s[0], s[2], s[3]);
         let strides = operand.meta.strides();
         operand.dtype == d
-            && o.num_dims() == 4
-            && (0..4).all(|i| o[i] == [n, channels, h, w][i])
+            && operand.shape() == Shape::new([n, channels, h, w])
             && (0..4).all(|i| strides[i] == [h * w * channels, 1, w * channels, channels][i])
     }
 
@@ -216,7 +210,7 @@ pub mod gemm {
 
     /// [`x_backward_in`] with the weight's GEMM operand made already ([`weight_operand`]) and,
     /// for a stride-1 convolution, the output gradient's (`grad` channels-last, cast to `dtype`
-    /// and padded to [`operand_channels`], as the BatchNorm after the convolution writes it
+    /// and padded to [`padded`], as the BatchNorm after the convolution writes it
     /// beside its input gradient); either is made here where not given or not of that form.
     pub fn x_backward_with(
         x: CubeTensor,

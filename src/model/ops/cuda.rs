@@ -67,22 +67,8 @@ impl FastOps for burn_cubecl::CubeBackend {
         act: bool,
         grad: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        if conv_bn_ops() == ConvBnOps::Staged {
-            return batch_norm::act_backward::<Self>(
-                x, gamma, beta, mean, variance, epsilon, act, grad,
-            );
-        }
-        let ([dx, d_gamma, d_beta], _) = fused_bn::backward(
-            x,
-            gamma,
-            beta,
-            mean,
-            variance,
-            grad,
-            epsilon as f32,
-            act,
-            None,
-        );
+        let (dx, d_gamma, d_beta, _) =
+            bn_backward(x, gamma, beta, mean, variance, epsilon, act, grad, None);
         (dx, d_gamma, d_beta)
     }
     fn bn_act_train_backward_operand(
@@ -101,24 +87,9 @@ impl FastOps for burn_cubecl::CubeBackend {
         FloatTensor<Self>,
         Option<FloatTensor<Self>>,
     ) {
-        if conv_bn_ops() == ConvBnOps::Staged {
-            let (dx, d_gamma, d_beta) =
-                Self::bn_act_train_backward(x, gamma, beta, mean, variance, epsilon, act, grad);
-            return (dx, d_gamma, d_beta, None);
-        }
-        let channels = conv::gemm::operand_channels(x.meta.shape()[1]);
-        let ([dx, d_gamma, d_beta], operand) = fused_bn::backward(
-            x,
-            gamma,
-            beta,
-            mean,
-            variance,
-            grad,
-            epsilon as f32,
-            act,
-            Some((channels, dtype.into())),
-        );
-        (dx, d_gamma, d_beta, operand)
+        let channels = conv::gemm::padded(x.meta.shape()[1]);
+        let operand = Some((channels, dtype.into()));
+        bn_backward(x, gamma, beta, mean, variance, epsilon, act, grad, operand)
     }
     fn conv(
         x: FloatTensor<Self>,
@@ -253,6 +224,41 @@ impl FastOps for burn_cubecl::CubeBackend {
     ) -> FloatTensor<Self> {
         conv::gemm::x_backward_in(x, weight, grad, options, dtype)
     }
+}
+
+/// `(dx, dγ, dβ)` of the fused BatchNorm + SiLU, and with `operand` `(channels, dtype)` the
+/// convolution's output-gradient operand where the fused kernels make it
+/// (`kernels/batch_norm.rs::backward`); the staged operations make none.
+#[allow(clippy::too_many_arguments)]
+fn bn_backward(
+    x: CubeTensor,
+    gamma: CubeTensor,
+    beta: CubeTensor,
+    mean: CubeTensor,
+    variance: CubeTensor,
+    epsilon: f64,
+    act: bool,
+    grad: CubeTensor,
+    operand: Option<(usize, burn::tensor::DType)>,
+) -> (CubeTensor, CubeTensor, CubeTensor, Option<CubeTensor>) {
+    if conv_bn_ops() == ConvBnOps::Staged {
+        let (dx, d_gamma, d_beta) = batch_norm::act_backward::<burn_cubecl::CubeBackend>(
+            x, gamma, beta, mean, variance, epsilon, act, grad,
+        );
+        return (dx, d_gamma, d_beta, None);
+    }
+    let ([dx, d_gamma, d_beta], operand) = fused_bn::backward(
+        x,
+        gamma,
+        beta,
+        mean,
+        variance,
+        grad,
+        epsilon as f32,
+        act,
+        operand,
+    );
+    (dx, d_gamma, d_beta, operand)
 }
 
 /// Each row of `[R, C]` `x` summed by one cube (cubek's cube routine: a fixed stride per unit,
