@@ -173,11 +173,7 @@ fn empty(like: &CubeTensor, shape: Shape) -> CubeTensor {
     empty_device_contiguous_dtype(like.client.clone(), like.device.clone(), shape, DType::F32)
 }
 
-/// Whether `weight` (`[C_out, C_in/groups, kh, kw]`) with `options` is a depthwise convolution
-/// of `channels` input channels.
-pub fn is_depthwise(channels: usize, weight: &Shape, options: &ConvOptions<2>) -> bool {
-    options.groups == channels && weight[0] == channels && weight[1] == 1
-}
+pub use super::conv::is_depthwise;
 
 /// Data gradient `[N, C, H, W]` (`input`'s shape) in FP32 from `grad` `[N, C, Ho, Wo]` and
 /// `weight` `[C, 1, kh, kw]` of any float dtype.

@@ -1,7 +1,9 @@
 //! Convolution without bias: Burn's kernels (CPU), or on CUDA CubeCL's implicit GEMM for the
 //! forward and data gradient and our im2col matmul (`wgrad`) for the weight gradient; both
-//! gradients of a depthwise convolution are our own kernels (`kernels/depthwise.rs`).
+//! gradients of a depthwise convolution are our own kernels (`kernels/depthwise.rs` on CUDA,
+//! `cpu_depthwise.rs` on the CPU).
 
+use burn::backend::Shape;
 use burn::backend::ops::ConvOptions;
 use burn::nn::PaddingConfig2d;
 use burn::nn::conv::Conv2d;
@@ -20,6 +22,12 @@ pub fn options(conv: &Conv2d) -> ConvOptions<2> {
         conv.dilation,
         conv.groups,
     )
+}
+
+/// Whether `weight` (`[C_out, C_in/groups, kh, kw]`) with `options` is a depthwise convolution
+/// of `channels` input channels.
+pub fn is_depthwise(channels: usize, weight: &Shape, options: &ConvOptions<2>) -> bool {
+    options.groups == channels && weight[0] == channels && weight[1] == 1
 }
 
 /// Output length along one axis of a convolution over `input` with a `kernel` wide filter,

@@ -11,8 +11,8 @@
 //! The exponential is a polynomial rather than libm's `expf`, which was a fifth of a CPU
 //! training step's time (docs/perf_log.md).
 
-use super::host::{tensor, values};
-use super::{ConvBnOps, FastOps, batch_norm, conv_bn_ops, silu_backward_ops, wgrad};
+use super::host::{dispatched, tensor, values};
+use super::{ConvBnOps, FastOps, batch_norm, conv_bn_ops, cpu_depthwise, silu_backward_ops, wgrad};
 use burn::backend::ops::{ActivationOps, ConvOptions, FloatTensorOps};
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{
@@ -30,34 +30,6 @@ const TWO_THREAD_WORK: usize = 1 << 21;
 /// training forward of YOLO26n (160 px, batch 2) ended 2.7e-4 (relative) from the exact values
 /// against PyTorch's 7.9e-5, and with `f64` 7e-5 (docs/weights.md, "Parity").
 const LANES: usize = 16;
-
-/// Defines `fn $name` whose body runs compiled for AVX2 + FMA where the machine has them (the
-/// body and everything it calls are `#[inline(always)]`, so they take the caller's target
-/// features) and as baseline code otherwise.
-macro_rules! dispatched {
-    ($(#[$meta:meta])* fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
-        $(#[$meta])*
-        #[allow(clippy::too_many_arguments)]
-        fn $name($($arg: $ty),*) $(-> $ret)? {
-            #[allow(clippy::too_many_arguments)]
-            #[inline(always)]
-            fn body($($arg: $ty),*) $(-> $ret)? $body
-            #[cfg(target_arch = "x86_64")]
-            {
-                #[allow(clippy::too_many_arguments)]
-                #[target_feature(enable = "avx2,fma")]
-                fn avx2($($arg: $ty),*) $(-> $ret)? {
-                    body($($arg),*)
-                }
-                if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-                    // SAFETY: the features `avx2` was compiled for are present.
-                    return unsafe { avx2($($arg),*) };
-                }
-            }
-            body($($arg),*)
-        }
-    };
-}
 
 /// `eˣ` within 2 ulp for `x` in [−87.3, 88] (clamped outside: finite, never 0), NaN for NaN:
 /// Cephes' `expf` (range reduction by `ln 2` split in two parts, degree-5 polynomial), rounding
@@ -530,6 +502,9 @@ impl FastOps for Flex {
         options: ConvOptions<2>,
     ) -> FloatTensor<Self> {
         use burn::backend::ops::ModuleOps;
+        if let Some(y) = cpu_depthwise::forward(&x, &weight, &options) {
+            return y;
+        }
         let (xs, ws) = (x.shape(), weight.shape());
         let n = xs[0];
         let positions = (xs[2] / options.stride[0]) * (xs[3] / options.stride[1]);
@@ -549,13 +524,26 @@ impl FastOps for Flex {
         });
         Self::float_cat(vec![a, b], 0)
     }
+    fn conv_x_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        cpu_depthwise::data_grad(&x.shape(), &weight, &grad, &options).unwrap_or_else(|| {
+            <Self as burn::backend::ops::ModuleOps<Self>>::conv2d_x_backward(
+                x, weight, grad, options,
+            )
+        })
+    }
     fn conv_weight_backward(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,
         grad: FloatTensor<Self>,
         options: ConvOptions<2>,
     ) -> FloatTensor<Self> {
-        wgrad::host_weight_backward(&x, &weight, &grad, &options)
+        cpu_depthwise::weight_grad(&x, &weight, &grad, &options)
+            .or_else(|| wgrad::host_weight_backward(&x, &weight, &grad, &options))
             .or_else(|| {
                 wgrad::weight_backward::<Self>(
                     x.clone(),

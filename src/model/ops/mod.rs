@@ -26,6 +26,7 @@ mod channels;
 mod compile_check;
 pub mod conv;
 mod cpu;
+mod cpu_depthwise;
 #[cfg(feature = "cuda")]
 mod cuda;
 #[cfg(feature = "cuda")]
