@@ -1,35 +1,27 @@
 //! Our operations on the CPU (burn-flex): BatchNorm training + SiLU as a few passes over each
-//! channel's values instead of ~25 tensor operations, BatchNorm inference + SiLU as one pass,
-//! SiLU with one exponential per value, a
-//! convolution's forward split by batch halves over two threads, and its weight gradient as one
-//! matmul over the batch's pixels ([`wgrad::host_weight_backward`]).
+//! channel's values instead of ~25 tensor operations, BatchNorm inference + SiLU as one pass
+//! (both in `cpu_batch_norm.rs`), SiLU with one exponential per value, a convolution's forward
+//! split by batch halves over two threads, its weight gradient as one matmul over the batch's
+//! pixels ([`wgrad::host_weight_backward`]), and depthwise convolutions as loops of ours
+//! ([`cpu_depthwise`]).
 //!
 //! The loops are compiled twice, for AVX2 + FMA (8 lanes, fused multiply-adds) and for the
-//! baseline, and the machine's CPU picks one at run time. The arithmetic
-//! is the same either way (every multiply-add is written as `mul_add`, every sum keeps [`LANES`]
-//! partial sums combined in a fixed order), so the values do not depend on the machine's SIMD.
+//! baseline, and the machine's CPU picks one at run time (`host::dispatched!`). The arithmetic
+//! is the same either way (every multiply-add is written as `mul_add`, every sum keeps partial
+//! sums combined in a fixed order), so the values do not depend on the machine's SIMD.
 //! The exponential is a polynomial rather than libm's `expf`, which was a fifth of a CPU
 //! training step's time (docs/perf_log.md).
 
+use super::cpu_batch_norm::{TWO_THREAD_VALUES, bn_act_backward, bn_act_forward};
 use super::host::{dispatched, tensor, values};
 use super::{ConvBnOps, FastOps, batch_norm, conv_bn_ops, cpu_depthwise, silu_backward_ops, wgrad};
 use burn::backend::ops::{ActivationOps, ConvOptions, FloatTensorOps};
 use burn::backend::tensor::FloatTensor;
-use burn::backend::{
-    BackendTensor, DispatchTensor, DispatchTensorKind, Flex, Shape, TensorMetadata,
-};
-use burn::prelude::*;
-use burn::tensor::DType;
+use burn::backend::{Flex, TensorMetadata};
 
 /// Multiply-adds (about) from which a convolution's forward is split over two threads: below,
 /// starting a thread costs more than it saves.
-const TWO_THREAD_WORK: usize = 1 << 21;
-
-/// Partial sums per reduction: wide enough for 16-lane vectors, summed pairwise at the end.
-/// BatchNorm's sums are accumulated in `f64`, as PyTorch's CPU BatchNorm does: in `f32`, a
-/// training forward of YOLO26n (160 px, batch 2) ended 2.7e-4 (relative) from the exact values
-/// against PyTorch's 7.9e-5, and with `f64` 7e-5 (docs/weights.md, "Parity").
-const LANES: usize = 16;
+pub(super) const TWO_THREAD_WORK: usize = 1 << 21;
 
 /// `eˣ` within 2 ulp for `x` in [−87.3, 88] (clamped outside: finite, never 0), NaN for NaN:
 /// Cephes' `expf` (range reduction by `ln 2` split in two parts, degree-5 polynomial), rounding
@@ -64,244 +56,15 @@ fn sigmoid(z: f32) -> f32 {
 
 /// `z · σ(z)`.
 #[inline(always)]
-fn silu_value(z: f32) -> f32 {
+pub(super) fn silu_value(z: f32) -> f32 {
     z * sigmoid(z)
 }
 
 /// The gradient through SiLU at `z` for the incoming `g`: `g · σ(z) · (1 + z · (1 − σ(z)))`.
 #[inline(always)]
-fn silu_grad(g: f32, z: f32) -> f32 {
+pub(super) fn silu_grad(g: f32, z: f32) -> f32 {
     let s = sigmoid(z);
     g * (s * z.mul_add(1.0 - s, 1.0))
-}
-
-/// The lanes summed pairwise in a fixed tree.
-#[inline(always)]
-fn total(mut acc: [f64; LANES]) -> f64 {
-    let mut width = LANES;
-    while width > 1 {
-        width /= 2;
-        for i in 0..width {
-            acc[i] += acc[i + width];
-        }
-    }
-    acc[0]
-}
-
-/// `Σ f(v)` over a run, value `i` into lane `i mod LANES`.
-#[inline(always)]
-fn lane_sum(acc: &mut [f64; LANES], v: &[f32], f: impl Fn(f32) -> f64) {
-    let (blocks, rest) = v.as_chunks::<LANES>();
-    for block in blocks {
-        for l in 0..LANES {
-            acc[l] += f(block[l]);
-        }
-    }
-    for (l, &x) in rest.iter().enumerate() {
-        acc[l] += f(x);
-    }
-}
-
-/// `[N, C, H, W]` as `(N, C, H·W)`.
-fn planes(x: &FloatTensor<Flex>) -> (usize, usize, usize) {
-    let s = x.shape();
-    assert_eq!(s.num_dims(), 4, "BatchNorm expects [N, C, H, W], got {s:?}");
-    (s[0], s[1], s[2] * s[3])
-}
-
-/// Channel `channel`'s value runs in `[N, C, H·W]`: one of `hw` values per image.
-#[inline(always)]
-fn runs(
-    (n, c, hw): (usize, usize, usize),
-    channel: usize,
-) -> impl Iterator<Item = std::ops::Range<usize>> {
-    (0..n).map(move |i| (i * c + channel) * hw..(i * c + channel + 1) * hw)
-}
-
-/// `1 / √(var + ε)`, as the CUDA kernels compute it.
-#[inline(always)]
-fn inv_std(var: f32, epsilon: f32) -> f32 {
-    1.0 / (var + epsilon).sqrt()
-}
-
-/// Channel `ch` of `x` normalised, `out = (x − mean) · inv_std · γ + β` with
-/// `[mean, inv_std, γ, β]`, SiLU'd when `act`: the last pass of the training and the inference
-/// loops.
-#[inline(always)]
-fn normalise(
-    x: &[f32],
-    dims: (usize, usize, usize),
-    ch: usize,
-    [mean, is, g, b]: [f32; 4],
-    act: bool,
-    out: &mut [f32],
-) {
-    for r in runs(dims, ch) {
-        for (o, &v) in out[r.clone()].iter_mut().zip(&x[r]) {
-            let z = ((v - mean) * is).mul_add(g, b);
-            *o = if act { silu_value(z) } else { z };
-        }
-    }
-}
-
-dispatched! {
-    /// Per channel: the batch mean and biased variance (two passes), then
-    /// `out = (x − mean) · inv_std · γ + β`, SiLU'd when `act`.
-    fn bn_forward_loops(
-        x: &[f32],
-        dims: (usize, usize, usize),
-        gamma: &[f32],
-        beta: &[f32],
-        epsilon: f32,
-        act: bool,
-        out: &mut [f32],
-        means: &mut [f32],
-        vars: &mut [f32],
-    ) {
-        let (n, c, hw) = dims;
-        let count = (n * hw) as f64;
-        for ch in 0..c {
-            let mut acc = [0.0; LANES];
-            for r in runs(dims, ch) {
-                lane_sum(&mut acc, &x[r], f64::from);
-            }
-            let mean64 = total(acc) / count;
-            let mut acc = [0.0; LANES];
-            for r in runs(dims, ch) {
-                lane_sum(&mut acc, &x[r], |v| (f64::from(v) - mean64).powi(2));
-            }
-            let (mean, var) = (mean64 as f32, (total(acc) / count) as f32);
-            let (is, g, b) = (inv_std(var, epsilon), gamma[ch], beta[ch]);
-            normalise(x, dims, ch, [mean, is, g, b], act, out);
-            means[ch] = mean;
-            vars[ch] = var;
-        }
-    }
-}
-
-dispatched! {
-    /// Per channel with the running statistics: `out = (x − mean) · inv_std · γ + β`, SiLU'd when
-    /// `act` (the CUDA inference kernel's formula), one pass.
-    fn bn_inference_loops(
-        x: &[f32],
-        dims: (usize, usize, usize),
-        stats: [&[f32]; 4],
-        epsilon: f32,
-        act: bool,
-        out: &mut [f32],
-    ) {
-        let [gamma, beta, mean, var] = stats;
-        for ch in 0..dims.1 {
-            let (m, is) = (mean[ch], inv_std(var[ch], epsilon));
-            normalise(x, dims, ch, [m, is, gamma[ch], beta[ch]], act, out);
-        }
-    }
-}
-
-/// BatchNorm in inference (the running statistics), SiLU when `act`, as one pass over the values
-/// instead of Burn's five tensor operations and its `silu` (libm's `expf` was a quarter of a CPU
-/// `predict`'s time); the batch split over two threads when large. `None` off the CPU or under
-/// autodiff.
-pub fn bn_act_inference(bn: &burn::nn::BatchNorm, x: &Tensor<4>, act: bool) -> Option<Tensor<4>> {
-    fn flex<const D: usize>(t: Tensor<D>) -> Option<FloatTensor<Flex>> {
-        match t.into_dispatch().kind {
-            DispatchTensorKind::Flex(BackendTensor::Float(f)) if f.dtype() == DType::F32 => Some(f),
-            _ => None,
-        }
-    }
-    if x.device().is_autodiff() {
-        return None;
-    }
-    let xf = flex(x.clone())?;
-    let stats = [
-        bn.gamma.val(),
-        bn.beta.val(),
-        bn.running_mean.value(),
-        bn.running_var.value(),
-    ]
-    .map(flex);
-    let [Some(g), Some(b), Some(m), Some(v)] = stats else {
-        return None;
-    };
-    let dims @ (n, c, hw) = planes(&xf);
-    let shape = xf.shape();
-    let xv = values(&xf);
-    let (gv, bv, mv, vv) = (values(&g), values(&b), values(&m), values(&v));
-    let stats = [&gv[..], &bv[..], &mv[..], &vv[..]];
-    let eps = bn.epsilon as f32;
-    let mut out = vec![0.0f32; xv.len()];
-    if n < 2 || xv.len() < TWO_THREAD_WORK {
-        bn_inference_loops(&xv, dims, stats, eps, act, &mut out);
-    } else {
-        // Each value on its own: the halves give the same values as one pass.
-        let at = n / 2 * c * hw;
-        let (xa, xb) = xv.split_at(at);
-        let (oa, ob) = out.split_at_mut(at);
-        std::thread::scope(|s| {
-            s.spawn(|| bn_inference_loops(xa, (n / 2, c, hw), stats, eps, act, oa));
-            bn_inference_loops(xb, (n - n / 2, c, hw), stats, eps, act, ob);
-        });
-    }
-    Some(Tensor::from_dispatch(DispatchTensor {
-        kind: DispatchTensorKind::Flex(BackendTensor::Float(tensor(out, shape))),
-        autodiff: Default::default(),
-    }))
-}
-
-dispatched! {
-    /// Per channel: `g_z` (the gradient through SiLU when `act`) into `dx` with `dβ = Σ g_z` and
-    /// `dγ = Σ g_z · x̂`, then `dx = γ · inv_std · (g_z − dβ / M − x̂ · dγ / M)` in place.
-    fn bn_backward_loops(
-        x: &[f32],
-        grad: &[f32],
-        dims: (usize, usize, usize),
-        stats: [&[f32]; 4],
-        epsilon: f32,
-        act: bool,
-        dx: &mut [f32],
-        d_gamma: &mut [f32],
-        d_beta: &mut [f32],
-    ) {
-        let (n, c, hw) = dims;
-        let [mean, var, gamma, beta] = stats;
-        let count = (n * hw) as f64;
-        for ch in 0..c {
-            let (mu, is, g, b) = (mean[ch], inv_std(var[ch], epsilon), gamma[ch], beta[ch]);
-            let (mut acc_g, mut acc_gx) = ([0.0; LANES], [0.0; LANES]);
-            for r in runs(dims, ch) {
-                let (v, gr, d) = (&x[r.clone()], &grad[r.clone()], &mut dx[r]);
-                let (vb, vr) = v.as_chunks::<LANES>();
-                let (gb, gr_rest) = gr.as_chunks::<LANES>();
-                let (db, dr) = d.as_chunks_mut::<LANES>();
-                let mut one = |v: f32, gr: f32, d: &mut f32, l: usize| {
-                    let xhat = (v - mu) * is;
-                    let gz = if act { silu_grad(gr, xhat.mul_add(g, b)) } else { gr };
-                    *d = gz;
-                    acc_g[l] += f64::from(gz);
-                    acc_gx[l] += f64::from(gz) * f64::from(xhat);
-                };
-                for ((vb, gb), db) in vb.iter().zip(gb).zip(db) {
-                    for l in 0..LANES {
-                        one(vb[l], gb[l], &mut db[l], l);
-                    }
-                }
-                for (l, ((&v, &gr), d)) in vr.iter().zip(gr_rest).zip(dr).enumerate() {
-                    one(v, gr, d, l);
-                }
-            }
-            let (sum_g, sum_gx) = (total(acc_g), total(acc_gx));
-            let (mean_g, mean_gx) = ((sum_g / count) as f32, (sum_gx / count) as f32);
-            let (sum_g, sum_gx, scale) = (sum_g as f32, sum_gx as f32, g * is);
-            for r in runs(dims, ch) {
-                for (d, &v) in dx[r.clone()].iter_mut().zip(&x[r]) {
-                    let xhat = (v - mu) * is;
-                    *d = scale * ((*d - mean_g) - xhat * mean_gx);
-                }
-            }
-            d_gamma[ch] = sum_gx;
-            d_beta[ch] = sum_g;
-        }
-    }
 }
 
 dispatched! {
@@ -322,90 +85,12 @@ dispatched! {
     }
 }
 
-/// BatchNorm with the batch's statistics, SiLU when `act`, and the running statistics
-/// `old · (1 − momentum) + stat · momentum`.
-#[allow(clippy::too_many_arguments)]
-fn bn_act_forward(
-    x: FloatTensor<Flex>,
-    gamma: FloatTensor<Flex>,
-    beta: FloatTensor<Flex>,
-    running_mean: FloatTensor<Flex>,
-    running_var: FloatTensor<Flex>,
-    epsilon: f32,
-    momentum: f32,
-    act: bool,
-) -> [FloatTensor<Flex>; 5] {
-    let dims @ (_, c, _) = planes(&x);
-    let shape = x.shape();
-    let xv = values(&x);
-    let mut out = vec![0.0f32; xv.len()];
-    let mut means = vec![0.0f32; c];
-    let mut vars = vec![0.0f32; c];
-    let (gv, bv) = (values(&gamma), values(&beta));
-    bn_forward_loops(
-        &xv, dims, &gv, &bv, epsilon, act, &mut out, &mut means, &mut vars,
-    );
-    let keep = 1.0 - momentum;
-    let running = |old: &[f32], stat: &[f32]| -> Vec<f32> {
-        old.iter()
-            .zip(stat)
-            .map(|(&o, &s)| o * keep + s * momentum)
-            .collect()
-    };
-    let new_mean = running(&values(&running_mean), &means);
-    let new_var = running(&values(&running_var), &vars);
-    [
-        tensor(out, shape),
-        tensor(means, Shape::new([c])),
-        tensor(vars, Shape::new([c])),
-        tensor(new_mean, Shape::new([c])),
-        tensor(new_var, Shape::new([c])),
-    ]
+/// Whether a training BatchNorm of `x` runs its channels on two threads.
+fn two_threads(x: &FloatTensor<Flex>) -> bool {
+    x.shape().num_elements() >= TWO_THREAD_VALUES
 }
 
-/// `(x, γ, β)` gradients of [`bn_act_forward`]'s output.
-#[allow(clippy::too_many_arguments)]
-fn bn_act_backward(
-    x: FloatTensor<Flex>,
-    gamma: FloatTensor<Flex>,
-    beta: FloatTensor<Flex>,
-    mean: FloatTensor<Flex>,
-    variance: FloatTensor<Flex>,
-    epsilon: f32,
-    act: bool,
-    grad: FloatTensor<Flex>,
-) -> [FloatTensor<Flex>; 3] {
-    let dims @ (_, c, _) = planes(&x);
-    let shape = x.shape();
-    let (xv, grad_v) = (values(&x), values(&grad));
-    let stats = [
-        values(&mean),
-        values(&variance),
-        values(&gamma),
-        values(&beta),
-    ];
-    let mut dx = vec![0.0f32; xv.len()];
-    let mut d_gamma = vec![0.0f32; c];
-    let mut d_beta = vec![0.0f32; c];
-    bn_backward_loops(
-        &xv,
-        &grad_v,
-        dims,
-        [&stats[0], &stats[1], &stats[2], &stats[3]],
-        epsilon,
-        act,
-        &mut dx,
-        &mut d_gamma,
-        &mut d_beta,
-    );
-    [
-        tensor(dx, shape),
-        tensor(d_gamma, Shape::new([c])),
-        tensor(d_beta, Shape::new([c])),
-    ]
-}
-
-/// The CPU: the loops above for BatchNorm + SiLU (tensor operations under
+/// The CPU: the loops of `cpu_batch_norm.rs` for BatchNorm + SiLU (tensor operations under
 /// [`ConvBnOps::Staged`]), Burn's convolution on two threads, and the weight gradient as an
 /// im2col matmul ([`wgrad`]). Burn's default weight gradient is a convolution whose kernel is the
 /// output gradient (`[C_out, N, Ho, Wo]`, N input channels), which burn-flex's small-channel path
@@ -428,6 +113,7 @@ impl FastOps for Flex {
         FloatTensor<Self>,
     ) {
         let fused = conv_bn_ops() != ConvBnOps::Staged && x.dtype() == burn::tensor::DType::F32;
+        let two = two_threads(&x);
         let [out, mean, var, new_mean, new_var] = if fused {
             bn_act_forward(
                 x,
@@ -438,6 +124,7 @@ impl FastOps for Flex {
                 epsilon as f32,
                 momentum as f32,
                 act,
+                two,
             )
         } else {
             batch_norm::act_train::<Self>(
@@ -471,8 +158,18 @@ impl FastOps for Flex {
                 x, gamma, beta, mean, variance, epsilon, act, grad,
             );
         }
-        let [dx, d_gamma, d_beta] =
-            bn_act_backward(x, gamma, beta, mean, variance, epsilon as f32, act, grad);
+        let two = two_threads(&x);
+        let [dx, d_gamma, d_beta] = bn_act_backward(
+            x,
+            gamma,
+            beta,
+            mean,
+            variance,
+            epsilon as f32,
+            act,
+            grad,
+            two,
+        );
         (dx, d_gamma, d_beta)
     }
     fn silu(x: FloatTensor<Self>) -> FloatTensor<Self> {

@@ -26,6 +26,7 @@ mod channels;
 mod compile_check;
 pub mod conv;
 mod cpu;
+mod cpu_batch_norm;
 mod cpu_depthwise;
 #[cfg(feature = "cuda")]
 mod cuda;
@@ -359,7 +360,7 @@ fn silu_backward_ops<B: Backend>(x: FloatTensor<B>, grad: FloatTensor<B>) -> Flo
 /// `bn.forward(x)`, then SiLU when `act`: in training one [`FastOps::bn_act_train`] with the
 /// batch's statistics and the same running-statistics update as Burn's
 /// `BatchNorm::forward_train`; in inference on CUDA one kernel with the running statistics, on
-/// the CPU one pass ([`cpu::bn_act_inference`]); otherwise Burn's inference (and under [`ConvBnOps::Stock`] Burn's own training BatchNorm) and
+/// the CPU one pass ([`cpu_batch_norm::bn_act_inference`]); otherwise Burn's inference (and under [`ConvBnOps::Stock`] Burn's own training BatchNorm) and
 /// Burn's `silu`.
 pub fn batch_norm_act(bn: &BatchNorm, x: Tensor<4>, act: bool) -> Tensor<4> {
     let device = x.device();
@@ -373,7 +374,7 @@ pub fn batch_norm_act(bn: &BatchNorm, x: Tensor<4>, act: bool) -> Tensor<4> {
     }
     if !training
         && conv_bn_ops() != ConvBnOps::Stock
-        && let Some(y) = cpu::bn_act_inference(bn, &x, act)
+        && let Some(y) = cpu_batch_norm::bn_act_inference(bn, &x, act)
     {
         return y;
     }
