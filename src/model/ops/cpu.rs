@@ -2,8 +2,9 @@
 //! channel's values instead of ~25 tensor operations, BatchNorm inference + SiLU as one pass
 //! (both in `cpu_batch_norm.rs`), SiLU with one exponential per value, a convolution's forward
 //! split by batch halves over two threads, its weight gradient as one matmul over the batch's
-//! pixels ([`wgrad::host_weight_backward`]), and depthwise convolutions as loops of ours
-//! ([`cpu_depthwise`]).
+//! pixels ([`wgrad::host_weight_backward`]), depthwise convolutions as loops of ours
+//! ([`cpu_depthwise`]) and the forward of convolutions with few input channels with burn-flex's
+//! bits but contiguous strided taps ([`cpu_few_channels`]).
 //!
 //! The loops are compiled twice, for AVX2 + FMA (8 lanes, fused multiply-adds) and for the
 //! baseline, and the machine's CPU picks one at run time (`host::dispatched!`). The arithmetic
@@ -14,7 +15,10 @@
 
 use super::cpu_batch_norm::{TWO_THREAD_VALUES, bn_act_backward, bn_act_forward};
 use super::host::{dispatched, tensor, values};
-use super::{ConvBnOps, FastOps, batch_norm, conv_bn_ops, cpu_depthwise, silu_backward_ops, wgrad};
+use super::{
+    ConvBnOps, FastOps, batch_norm, conv_bn_ops, cpu_depthwise, cpu_few_channels,
+    silu_backward_ops, wgrad,
+};
 use burn::backend::ops::{ActivationOps, ConvOptions, FloatTensorOps};
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Flex, TensorMetadata};
@@ -206,8 +210,12 @@ impl FastOps for Flex {
         let n = xs[0];
         let positions = (xs[2] / options.stride[0]) * (xs[3] / options.stride[1]);
         let work = n * positions * ws[0] * ws[1] * ws[2] * ws[3];
+        let one = |x: FloatTensor<Self>, weight: FloatTensor<Self>, options: ConvOptions<2>| {
+            cpu_few_channels::forward(&x, &weight, &options)
+                .unwrap_or_else(|| Self::conv2d(x, weight, None, options))
+        };
         if n < 2 || work < TWO_THREAD_WORK {
-            return Self::conv2d(x, weight, None, options);
+            return one(x, weight, options);
         }
         // Images are independent: each half of the batch on its own core.
         let half = n / 2;
@@ -215,8 +223,8 @@ impl FastOps for Flex {
         let second = Self::float_slice(x, &[burn::tensor::Slice::from(half..n)]);
         let (a, b) = std::thread::scope(|s| {
             let (w, o) = (weight.clone(), options.clone());
-            let b = s.spawn(move || Self::conv2d(second, w, None, o));
-            let a = Self::conv2d(first, weight, None, options);
+            let b = s.spawn(move || one(second, w, o));
+            let a = one(first, weight, options);
             (a, b.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
         });
         Self::float_cat(vec![a, b], 0)

@@ -28,6 +28,7 @@ pub mod conv;
 mod cpu;
 mod cpu_batch_norm;
 mod cpu_depthwise;
+mod cpu_few_channels;
 #[cfg(feature = "cuda")]
 mod cuda;
 #[cfg(feature = "cuda")]
