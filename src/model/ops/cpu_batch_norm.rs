@@ -3,9 +3,13 @@
 //! the input gradient) and inference (one pass). Channels are independent, so from
 //! [`TWO_THREAD_VALUES`] values the two halves of the channels run on two threads: the same
 //! arithmetic per channel, so the same bits either way.
+//!
+//! The sums are accumulated in `f64` lanes, as PyTorch's CPU BatchNorm does: in `f32`, a
+//! training forward of YOLO26n (160 px, batch 2) ended 2.7e-4 (relative) from the exact values
+//! against PyTorch's 7.9e-5, and with `f64` 7e-5 (docs/weights.md, "Parity").
 
 use super::cpu::{TWO_THREAD_WORK, silu_grad, silu_value};
-use super::host::{dispatched, tensor, values};
+use super::host::{LANES, dispatched, tensor, total, values};
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{
     BackendTensor, DispatchTensor, DispatchTensorKind, Flex, Shape, TensorMetadata,
@@ -14,28 +18,9 @@ use burn::prelude::*;
 use burn::tensor::DType;
 use std::ops::Range;
 
-/// Partial sums per reduction: wide enough for 16-lane vectors, summed pairwise at the end.
-/// BatchNorm's sums are accumulated in `f64`, as PyTorch's CPU BatchNorm does: in `f32`, a
-/// training forward of YOLO26n (160 px, batch 2) ended 2.7e-4 (relative) from the exact values
-/// against PyTorch's 7.9e-5, and with `f64` 7e-5 (docs/weights.md, "Parity").
-const LANES: usize = 16;
-
 /// Values of a training BatchNorm from which its channels are split over two threads: a pass
 /// costs a few ns per value (an exponential in the SiLU), a thread's start tens of µs.
 pub(super) const TWO_THREAD_VALUES: usize = 1 << 16;
-
-/// The lanes summed pairwise in a fixed tree.
-#[inline(always)]
-fn total(mut acc: [f64; LANES]) -> f64 {
-    let mut width = LANES;
-    while width > 1 {
-        width /= 2;
-        for i in 0..width {
-            acc[i] += acc[i + width];
-        }
-    }
-    acc[0]
-}
 
 /// `Σ f(v)` over a run, value `i` into lane `i mod LANES`.
 #[inline(always)]
@@ -405,17 +390,9 @@ pub(super) fn bn_act_backward(
 
 #[cfg(test)]
 mod tests {
+    use super::super::host::testing::{bits, random};
     use super::*;
-    use rand::{Rng, SeedableRng, rngs::StdRng};
-
-    fn random(shape: [usize; 4], rng: &mut StdRng) -> FloatTensor<Flex> {
-        let n = shape.iter().product();
-        tensor((0..n).map(|_| rng.random_range(-2.0..2.0)).collect(), shape)
-    }
-
-    fn bits(t: &FloatTensor<Flex>) -> Vec<u32> {
-        values(t).iter().map(|v| v.to_bits()).collect()
-    }
+    use rand::{SeedableRng, rngs::StdRng};
 
     /// The channels' halves on two threads give the same bits as one thread, forward and
     /// backward, with and without the SiLU, at an odd channel count and odd planes.
@@ -424,9 +401,9 @@ mod tests {
         let mut rng = StdRng::seed_from_u64(3);
         let shape = [3, 7, 5, 9];
         let c = shape[1];
-        let x = random(shape, &mut rng);
-        let grad = random(shape, &mut rng);
-        let per_channel = |rng: &mut StdRng| random([c, 1, 1, 1], rng);
+        let x = random(shape, 2.0, &mut rng);
+        let grad = random(shape, 2.0, &mut rng);
+        let per_channel = |rng: &mut StdRng| random([c, 1, 1, 1], 2.0, rng);
         let (gamma, beta) = (per_channel(&mut rng), per_channel(&mut rng));
         let flat = |t: &FloatTensor<Flex>| tensor(values(t).to_vec(), [c]);
         let (gamma, beta) = (flat(&gamma), flat(&beta));

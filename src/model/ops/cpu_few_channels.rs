@@ -8,7 +8,7 @@
 //! row into its `stride` column phases, so that every tap of an output row is one contiguous,
 //! vectorised run.
 
-use super::host::{dispatched, tensor, values};
+use super::host::{Geometry, dispatched, tensor, values};
 use burn::backend::ops::ConvOptions;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Flex, Shape, TensorMetadata};
@@ -58,14 +58,7 @@ pub fn forward(
     };
     let ([n, c, h, wd], [co, _, kh, kw]) = (xs.dims::<4>(), ws.dims::<4>());
     let (ho, wo) = (out_len(0, h, kh, top)?, out_len(1, wd, kw, left)?);
-    let g = Geometry {
-        input: [h, wd],
-        kernel: [kh, kw],
-        output: [ho, wo],
-        stride: options.stride,
-        dilation: options.dilation,
-        pad: [top, left],
-    };
+    let g = Geometry::new(&xs, &ws, &Shape::new([n, co, ho, wo]), options);
     let xv = values(x);
     let (plane, out_plane) = (h * wd, ho * wo);
     let mut y = vec![0f32; n * co * out_plane];
@@ -85,21 +78,9 @@ pub fn forward(
     Some(tensor(y, Shape::new([n, co, ho, wo])))
 }
 
-#[derive(Clone, Copy)]
-struct Geometry {
-    input: [usize; 2],
-    kernel: [usize; 2],
-    output: [usize; 2],
-    stride: [usize; 2],
-    dilation: [usize; 2],
-    pad: [usize; 2],
-}
-
-impl Geometry {
-    /// Width of column phase `r` (columns `r, r + s, r + 2s, …`).
-    fn phase_width(&self, r: usize) -> usize {
-        (self.input[1] + self.stride[1] - 1 - r) / self.stride[1]
-    }
+/// Width of column phase `r` (columns `r, r + s, r + 2s, …`) of a row.
+fn phase_width(g: &Geometry, r: usize) -> usize {
+    (g.input[1] + g.stride[1] - 1 - r) / g.stride[1]
 }
 
 /// Each input channel's rows with their columns regrouped by phase: row `ih` of channel `ci`
@@ -136,30 +117,24 @@ dispatched! {
     fn plane_sums(phases: &[f32], w: &[f32], channels: usize, y: &mut [f32], g: Geometry) {
         let ([h, width], [kh, kw], [_, wo]) = (g.input, g.kernel, g.output);
         let (sh, sw) = (g.stride[0], g.stride[1]);
-        let (dh, dw) = (g.dilation[0], g.dilation[1]);
         for ci in 0..channels {
             for (oh, row) in y.chunks_exact_mut(wo).enumerate() {
                 for i in 0..kh {
-                    let ih = (oh * sh + i * dh) as isize - g.pad[0] as isize;
-                    if ih < 0 || ih >= h as isize {
+                    let (off_h, oh0, oh1) = g.tap(0, i);
+                    if oh < oh0 || oh >= oh1 {
                         continue;
                     }
-                    let line = &phases[(ci * h + ih as usize) * width..][..width];
+                    let ih = ((oh * sh) as isize + off_h) as usize;
+                    let line = &phases[(ci * h + ih) * width..][..width];
                     for j in 0..kw {
-                        let off = (j * dw) as isize - g.pad[1] as isize;
                         // Outputs whose input column `ow · s + off` lies in the row.
-                        let first = if off >= 0 { 0 } else { off.unsigned_abs().div_ceil(sw) };
-                        let end = if off >= width as isize {
-                            0
-                        } else {
-                            ((width as isize - off) as usize).div_ceil(sw).min(wo)
-                        };
+                        let (off, first, end) = g.tap(1, j);
                         if first >= end {
                             continue;
                         }
                         let r = off.rem_euclid(sw as isize) as usize;
                         let q = off.div_euclid(sw as isize);
-                        let base: usize = (0..r).map(|p| g.phase_width(p)).sum();
+                        let base: usize = (0..r).map(|p| phase_width(&g, p)).sum();
                         let start = base + (first as isize + q) as usize;
                         let wt = w[(ci * kh + i) * kw + j];
                         let src = &line[start..start + (end - first)];
@@ -175,18 +150,10 @@ dispatched! {
 
 #[cfg(test)]
 mod tests {
+    use super::super::host::testing::{bits, random};
     use super::*;
     use burn::backend::ops::ModuleOps;
-    use rand::{Rng, SeedableRng, rngs::StdRng};
-
-    fn random(shape: [usize; 4], rng: &mut StdRng) -> FloatTensor<Flex> {
-        let n = shape.iter().product();
-        tensor((0..n).map(|_| rng.random_range(-1.0..1.0)).collect(), shape)
-    }
-
-    fn bits(t: &FloatTensor<Flex>) -> Vec<u32> {
-        values(t).iter().map(|v| v.to_bits()).collect()
-    }
+    use rand::{SeedableRng, rngs::StdRng};
 
     /// burn-flex's bits, value for value, at 1 to 4 input and up to 16 output channels, strides
     /// 1, 2, 3 and (2, 1), odd sizes, kernels 1 (strided), 3 and 5, padding 0 to 2 and dilation 2.
@@ -218,8 +185,8 @@ mod tests {
         for (n, c, co, h, w, k, s, p, d) in cases {
             let what = format!("n{n} c{c}→{co} {h}×{w} k{k} s{s:?} p{p} d{d}");
             let options = ConvOptions::new(s, [p, p], [d, d], 1);
-            let x = random([n, c, h, w], &mut rng);
-            let weight = random([co, c, k, k], &mut rng);
+            let x = random([n, c, h, w], 1.0, &mut rng);
+            let weight = random([co, c, k, k], 1.0, &mut rng);
             let ours = forward(&x, &weight, &options).expect(&what);
             let theirs = Flex::conv2d(x, weight, None, options);
             assert_eq!(ours.shape(), theirs.shape(), "{what}: shape");
@@ -233,30 +200,30 @@ mod tests {
     fn other_convolutions_are_declined() {
         let mut rng = StdRng::seed_from_u64(6);
         let options = ConvOptions::new([1, 1], [1, 1], [1, 1], 1);
-        let x = random([1, 3, 6, 6], &mut rng);
+        let x = random([1, 3, 6, 6], 1.0, &mut rng);
         assert!(
             forward(
-                &random([1, 5, 6, 6], &mut rng),
-                &random([4, 5, 3, 3], &mut rng),
+                &random([1, 5, 6, 6], 1.0, &mut rng),
+                &random([4, 5, 3, 3], 1.0, &mut rng),
                 &options
             )
             .is_none()
         );
-        assert!(forward(&x, &random([17, 3, 3, 3], &mut rng), &options).is_none());
+        assert!(forward(&x, &random([17, 3, 3, 3], 1.0, &mut rng), &options).is_none());
         let pointwise = ConvOptions::new([1, 1], [0, 0], [1, 1], 1);
-        assert!(forward(&x, &random([4, 3, 1, 1], &mut rng), &pointwise).is_none());
-        let single = random([1, 1, 6, 6], &mut rng);
-        assert!(forward(&single, &random([1, 1, 3, 3], &mut rng), &options).is_none());
+        assert!(forward(&x, &random([4, 3, 1, 1], 1.0, &mut rng), &pointwise).is_none());
+        let single = random([1, 1, 6, 6], 1.0, &mut rng);
+        assert!(forward(&single, &random([1, 1, 3, 3], 1.0, &mut rng), &options).is_none());
         let lopsided = ConvOptions::new_with_padding([1, 1], [(1, 0), (1, 1)], [1, 1], 1);
-        assert!(forward(&x, &random([4, 3, 3, 3], &mut rng), &lopsided).is_none());
-        let mut w = values(&random([4, 3, 3, 3], &mut rng)).to_vec();
+        assert!(forward(&x, &random([4, 3, 3, 3], 1.0, &mut rng), &lopsided).is_none());
+        let mut w = values(&random([4, 3, 3, 3], 1.0, &mut rng)).to_vec();
         w[7] = f32::INFINITY;
         assert!(forward(&x, &tensor(w, [4, 3, 3, 3]), &options).is_none());
         let half = <Flex as burn::backend::ops::FloatTensorOps<Flex>>::float_cast(
             x.clone(),
             burn::tensor::FloatDType::F16,
         );
-        assert!(forward(&half, &random([4, 3, 3, 3], &mut rng), &options).is_none());
-        assert!(forward(&x, &random([4, 3, 3, 3], &mut rng), &options).is_some());
+        assert!(forward(&half, &random([4, 3, 3, 3], 1.0, &mut rng), &options).is_none());
+        assert!(forward(&x, &random([4, 3, 3, 3], 1.0, &mut rng), &options).is_some());
     }
 }

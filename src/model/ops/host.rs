@@ -1,6 +1,8 @@
-//! FP32 values of CPU (burn-flex) tensors as slices and back, for the loops of ours that run
-//! on the host (`cpu.rs`, `wgrad::host_weight_backward`).
+//! What the loops of ours that run on the host share (`cpu*.rs`, `wgrad::host_weight_backward`):
+//! FP32 values of CPU (burn-flex) tensors as slices and back, fixed-order lane sums, a
+//! convolution plane's geometry, and the AVX2 + FMA dispatch of a loop.
 
+use burn::backend::ops::ConvOptions;
 use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Flex, Shape, TensorData};
@@ -18,6 +20,71 @@ pub fn values(t: &FloatTensor<Flex>) -> Cow<'_, [f32]> {
 /// A CPU tensor of `shape` holding `values`.
 pub fn tensor(values: Vec<f32>, shape: impl Into<Shape>) -> FloatTensor<Flex> {
     Flex::float_from_data(TensorData::new(values, shape.into()), &Default::default())
+}
+
+/// Partial sums per reduction of our loops: wide enough for 16-lane vectors, summed pairwise at
+/// the end ([`total`]).
+pub(super) const LANES: usize = 16;
+
+/// The lanes summed pairwise in a fixed tree.
+#[inline(always)]
+pub(super) fn total<T: Copy + std::ops::AddAssign>(mut acc: [T; LANES]) -> T {
+    let mut width = LANES;
+    while width > 1 {
+        width /= 2;
+        for i in 0..width {
+            acc[i] += acc[i + width];
+        }
+    }
+    acc[0]
+}
+
+/// A 2-D convolution's plane sizes for our loops (`cpu_depthwise`, `cpu_few_channels`):
+/// input `H × W`, kernel `kh × kw`, output `Ho × Wo`, stride, dilation and the padding before the
+/// first row and column (after is implied by the output size).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Geometry {
+    pub input: [usize; 2],
+    pub kernel: [usize; 2],
+    pub output: [usize; 2],
+    pub stride: [usize; 2],
+    pub dilation: [usize; 2],
+    pub before: [usize; 2],
+}
+
+impl Geometry {
+    /// From `[N, C, H, W]` input, `[C_out, C_in, kh, kw]` weight and `[N, C_out, Ho, Wo]` output
+    /// shapes.
+    pub fn new(input: &Shape, weight: &Shape, output: &Shape, options: &ConvOptions<2>) -> Self {
+        let [(top, _), (left, _)] = options.padding;
+        Self {
+            input: [input[2], input[3]],
+            kernel: [weight[2], weight[3]],
+            output: [output[2], output[3]],
+            stride: options.stride,
+            dilation: options.dilation,
+            before: [top, left],
+        }
+    }
+
+    /// Tap `k` along `axis`: the input index of output `o` is `o · stride + offset`, inside the
+    /// input for `o` in the returned range.
+    #[inline(always)]
+    pub fn tap(&self, axis: usize, k: usize) -> (isize, usize, usize) {
+        let offset = (k * self.dilation[axis]) as isize - self.before[axis] as isize;
+        let (s, len) = (self.stride[axis], self.input[axis]);
+        let first = if offset >= 0 {
+            0
+        } else {
+            offset.unsigned_abs().div_ceil(s)
+        };
+        let end = if offset >= len as isize {
+            0
+        } else {
+            ((len as isize - offset) as usize).div_ceil(s)
+        };
+        (offset, first, end.min(self.output[axis]))
+    }
 }
 
 /// Defines `fn $name` whose body runs compiled for AVX2 + FMA where the machine has them (the
@@ -48,3 +115,23 @@ macro_rules! dispatched {
     };
 }
 pub(super) use dispatched;
+
+/// The CPU loops' tests: a tensor of `shape` with values uniform in `(−scale, scale)`, and a
+/// tensor's values as bits.
+#[cfg(test)]
+pub(super) mod testing {
+    use super::{Flex, FloatTensor, tensor, values};
+    use rand::{Rng, rngs::StdRng};
+
+    pub fn random(shape: [usize; 4], scale: f32, rng: &mut StdRng) -> FloatTensor<Flex> {
+        let n = shape.iter().product();
+        tensor(
+            (0..n).map(|_| rng.random_range(-scale..scale)).collect(),
+            shape,
+        )
+    }
+
+    pub fn bits(t: &FloatTensor<Flex>) -> Vec<u32> {
+        values(t).iter().map(|v| v.to_bits()).collect()
+    }
+}
