@@ -35,11 +35,24 @@ pub fn is_depthwise(channels: usize, weight: &Shape, options: &ConvOptions<2>) -
 pub fn output_len(
     input: usize,
     kernel: usize,
-    (before, after): (usize, usize),
+    padding: (usize, usize),
     stride: usize,
     dilation: usize,
 ) -> usize {
-    (input + before + after - dilation * (kernel - 1) - 1) / stride + 1
+    checked_output_len(input, kernel, padding, stride, dilation)
+        .expect("convolution: the dilated kernel is wider than the padded input")
+}
+
+/// [`output_len`], `None` where the dilated kernel is wider than the padded input.
+pub fn checked_output_len(
+    input: usize,
+    kernel: usize,
+    (before, after): (usize, usize),
+    stride: usize,
+    dilation: usize,
+) -> Option<usize> {
+    let span = dilation * kernel.checked_sub(1)? + 1;
+    Some((input + before + after).checked_sub(span)? / stride + 1)
 }
 
 /// CubeCL's implicit-GEMM convolutions (tensor cores); shapes it declines run Burn's direct ones.

@@ -29,19 +29,9 @@ pub fn forward(
     if !fp32 || options.stride != [1, 1] || !is_depthwise(xs[1], &ws, options) {
         return None;
     }
-    let out = |axis: usize| {
-        let pad = options.padding[axis];
-        let (k, d) = (ws[2 + axis], options.dilation[axis]);
-        // An empty output or a kernel wider than the padded input: Burn's error, not ours.
-        (xs[2 + axis] + pad.0 + pad.1)
-            .checked_sub(d * (k - 1) + 1)
-            .map(|r| r + 1)
-    };
-    let shape = Shape::new([xs[0], xs[1], out(0)?, out(1)?]);
-    let g = Geometry::new(&xs, &ws, &shape, options);
+    let (g, shape) = Geometry::forward(&xs, &ws, options)?;
     let (xv, w) = (values(x), values(weight));
-    let (plane_in, plane_out) = (g.input[0] * g.input[1], g.output[0] * g.output[1]);
-    let taps = g.kernel[0] * g.kernel[1];
+    let (plane_in, plane_out, taps) = (g.input_plane(), g.output_plane(), g.taps());
     let mut y = vec![0f32; shape.num_elements()];
     let mut frames = Frames::new(g)?;
     for (p, (y, x)) in y
@@ -68,8 +58,7 @@ pub fn data_grad(
     }
     let g = Geometry::new(shape, &weight.shape(), &grad.shape(), options);
     let (w, dy) = (values(weight), values(grad));
-    let (plane_in, plane_out) = (g.input[0] * g.input[1], g.output[0] * g.output[1]);
-    let taps = g.kernel[0] * g.kernel[1];
+    let (plane_in, plane_out, taps) = (g.input_plane(), g.output_plane(), g.taps());
     let mut dx = vec![0f32; shape.num_elements()];
     let mut frames = Frames::new(g);
     for (p, (dx, dy)) in dx
@@ -102,8 +91,7 @@ pub fn weight_grad(
     let g = Geometry::new(&xs, &ws, &grad.shape(), options);
     let (xv, dy) = (values(x), values(grad));
     let (n, c) = (xs[0], xs[1]);
-    let (plane_in, plane_out) = (g.input[0] * g.input[1], g.output[0] * g.output[1]);
-    let taps = g.kernel[0] * g.kernel[1];
+    let (plane_in, plane_out, taps) = (g.input_plane(), g.output_plane(), g.taps());
     let mut dw = vec![0f32; c * taps];
     let mut frames = Frames::new(g);
     for (ch, dw) in dw.chunks_exact_mut(taps).enumerate() {
@@ -154,12 +142,16 @@ impl Frames {
         })
     }
 
-    /// The run every tap covers, and tap `(i, j)`'s offset into the frame.
+    /// The run every tap covers.
     fn run(&self) -> usize {
         (self.g.output[0] - 1) * self.width + self.g.output[1]
     }
-    fn offset(&self, i: usize, j: usize) -> usize {
-        i * self.g.dilation[0] * self.width + j * self.g.dilation[1]
+
+    /// Each tap `(i, j)` in row-major order: its index `i · kw + j` and its offset
+    /// `i · dh · Wp + j · dw` into the frame.
+    fn taps(&self) -> impl Iterator<Item = (usize, usize)> + use<> {
+        let ([kh, kw], [dh, dw], width) = (self.g.kernel, self.g.dilation, self.width);
+        (0..kh).flat_map(move |i| (0..kw).map(move |j| (i * kw + j, i * dh * width + j * dw)))
     }
 
     /// Copies `dy` (`Ho × Wo`) into the `Wp`-wide gradient, zero in the other columns.
@@ -193,12 +185,8 @@ impl Frames {
         self.load_input(x);
         self.out.fill(0.0);
         let run = self.run();
-        for i in 0..self.g.kernel[0] {
-            for j in 0..self.g.kernel[1] {
-                let at = self.offset(i, j);
-                let wt = w[i * self.g.kernel[1] + j];
-                axpy(wt, &self.plane[at..at + run], &mut self.out[..run]);
-            }
+        for (t, at) in self.taps() {
+            axpy(w[t], &self.plane[at..at + run], &mut self.out[..run]);
         }
         let wo = self.g.output[1];
         for (row, dst) in self
@@ -214,12 +202,8 @@ impl Frames {
         self.load_grad(dy);
         self.plane.fill(0.0);
         let run = self.run();
-        for i in 0..self.g.kernel[0] {
-            for j in 0..self.g.kernel[1] {
-                let at = self.offset(i, j);
-                let wt = w[i * self.g.kernel[1] + j];
-                axpy(wt, &self.out[..run], &mut self.plane[at..at + run]);
-            }
+        for (t, at) in self.taps() {
+            axpy(w[t], &self.out[..run], &mut self.plane[at..at + run]);
         }
         let w = self.g.input[1];
         for (frame, plane) in self.inside() {
@@ -231,12 +215,8 @@ impl Frames {
         self.load_grad(dy);
         self.load_input(x);
         let run = self.run();
-        for i in 0..self.g.kernel[0] {
-            for j in 0..self.g.kernel[1] {
-                let at = self.offset(i, j);
-                let acc = &mut acc[i * self.g.kernel[1] + j];
-                dot_into(&self.out[..run], &self.plane[at..at + run], acc);
-            }
+        for (t, at) in self.taps() {
+            dot_into(&self.out[..run], &self.plane[at..at + run], &mut acc[t]);
         }
     }
 }

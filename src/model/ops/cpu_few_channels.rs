@@ -11,7 +11,7 @@
 use super::host::{Geometry, dispatched, tensor, values};
 use burn::backend::ops::ConvOptions;
 use burn::backend::tensor::FloatTensor;
-use burn::backend::{Flex, Shape, TensorMetadata};
+use burn::backend::{Flex, TensorMetadata};
 use burn::tensor::DType;
 
 /// burn-flex's small-channel limits (`SMALL_CHANNEL_IN_THRESHOLD`, `..._OUT_THRESHOLD`): the
@@ -50,37 +50,40 @@ pub fn forward(
     if w.iter().any(|v| !v.is_finite()) {
         return None;
     }
-    let out_len = |axis: usize, len: usize, k: usize, pad: usize| {
-        let span = options.dilation[axis] * (k - 1) + 1;
-        (len + 2 * pad)
-            .checked_sub(span)
-            .map(|r| r / options.stride[axis] + 1)
-    };
-    let ([n, c, h, wd], [co, _, kh, kw]) = (xs.dims::<4>(), ws.dims::<4>());
-    let (ho, wo) = (out_len(0, h, kh, top)?, out_len(1, wd, kw, left)?);
-    let g = Geometry::new(&xs, &ws, &Shape::new([n, co, ho, wo]), options);
+    let (g, shape) = Geometry::forward(&xs, &ws, options)?;
+    let (c, co) = (xs[1], ws[0]);
+    let (plane, out_plane, taps) = (g.input_plane(), g.output_plane(), g.taps());
+    let columns = column_runs(&g);
     let xv = values(x);
-    let (plane, out_plane) = (h * wd, ho * wo);
-    let mut y = vec![0f32; n * co * out_plane];
+    let mut y = vec![0f32; shape.num_elements()];
     let mut phases = Phases::new(g, c);
     for (b, y) in y.chunks_exact_mut(co * out_plane).enumerate() {
         phases.load(&xv[b * c * plane..][..c * plane]);
         for (o, y) in y.chunks_exact_mut(out_plane).enumerate() {
-            plane_sums(
-                &phases.values,
-                &w[o * c * kh * kw..][..c * kh * kw],
-                c,
-                y,
-                g,
-            );
+            let w = &w[o * c * taps..][..c * taps];
+            plane_sums(&phases.values, w, c, &columns, y, g);
         }
     }
-    Some(tensor(y, Shape::new([n, co, ho, wo])))
+    Some(tensor(y, shape))
 }
 
-/// Width of column phase `r` (columns `r, r + s, r + 2s, …`) of a row.
-fn phase_width(g: &Geometry, r: usize) -> usize {
-    (g.input[1] + g.stride[1] - 1 - r) / g.stride[1]
+/// For each kernel column `j`: the outputs `first..end` whose input column `ow · s + offset`
+/// lies in the row, and where output `first`'s input sits in a row of [`Phases`] (its column
+/// phase's start plus its place in the phase); `None` where no output reads inside the row.
+fn column_runs(g: &Geometry) -> Vec<Option<(usize, usize, usize)>> {
+    let s = g.stride[1];
+    (0..g.kernel[1])
+        .map(|j| {
+            let (offset, first, end) = g.tap(1, j);
+            if first >= end {
+                return None;
+            }
+            let phase = offset.rem_euclid(s as isize) as usize;
+            let before: usize = (0..phase).map(|r| (g.input[1] + s - 1 - r) / s).sum();
+            let start = before + (first as isize + offset.div_euclid(s as isize)) as usize;
+            Some((start, first, end))
+        })
+        .collect()
 }
 
 /// Each input channel's rows with their columns regrouped by phase: row `ih` of channel `ci`
@@ -113,29 +116,29 @@ impl Phases {
 dispatched! {
     /// One output plane `y` (zeros): for each input channel, output row, kernel row and kernel
     /// column, `y[ow] = y[ow] + w · x[ow · s + kw · d − pad]` over the outputs whose input lies
-    /// inside the row, read from the tap's column phase as a contiguous run.
-    fn plane_sums(phases: &[f32], w: &[f32], channels: usize, y: &mut [f32], g: Geometry) {
+    /// inside the row ([`column_runs`]), read from the tap's column phase as a contiguous run.
+    fn plane_sums(
+        phases: &[f32],
+        w: &[f32],
+        channels: usize,
+        columns: &[Option<(usize, usize, usize)>],
+        y: &mut [f32],
+        g: Geometry,
+    ) {
         let ([h, width], [kh, kw], [_, wo]) = (g.input, g.kernel, g.output);
-        let (sh, sw) = (g.stride[0], g.stride[1]);
         for ci in 0..channels {
             for (oh, row) in y.chunks_exact_mut(wo).enumerate() {
                 for i in 0..kh {
-                    let (off_h, oh0, oh1) = g.tap(0, i);
+                    let (offset, oh0, oh1) = g.tap(0, i);
                     if oh < oh0 || oh >= oh1 {
                         continue;
                     }
-                    let ih = ((oh * sh) as isize + off_h) as usize;
+                    let ih = ((oh * g.stride[0]) as isize + offset) as usize;
                     let line = &phases[(ci * h + ih) * width..][..width];
-                    for j in 0..kw {
-                        // Outputs whose input column `ow · s + off` lies in the row.
-                        let (off, first, end) = g.tap(1, j);
-                        if first >= end {
+                    for (j, run) in columns.iter().enumerate() {
+                        let Some((start, first, end)) = *run else {
                             continue;
-                        }
-                        let r = off.rem_euclid(sw as isize) as usize;
-                        let q = off.div_euclid(sw as isize);
-                        let base: usize = (0..r).map(|p| phase_width(&g, p)).sum();
-                        let start = base + (first as isize + q) as usize;
+                        };
                         let wt = w[(ci * kh + i) * kw + j];
                         let src = &line[start..start + (end - first)];
                         for (o, &v) in row[first..end].iter_mut().zip(src) {

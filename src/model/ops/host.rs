@@ -67,6 +67,39 @@ impl Geometry {
         }
     }
 
+    /// A forward convolution's geometry and output shape `[N, C_out, Ho, Wo]` from its input and
+    /// weight shapes; `None` where a dilated kernel is wider than the padded input (Burn's error
+    /// to report, not ours).
+    pub fn forward(
+        input: &Shape,
+        weight: &Shape,
+        options: &ConvOptions<2>,
+    ) -> Option<(Self, Shape)> {
+        let len = |axis: usize| {
+            let (s, d) = (options.stride[axis], options.dilation[axis]);
+            super::conv::checked_output_len(
+                input[2 + axis],
+                weight[2 + axis],
+                options.padding[axis],
+                s,
+                d,
+            )
+        };
+        let output = Shape::new([input[0], weight[0], len(0)?, len(1)?]);
+        Some((Self::new(input, weight, &output, options), output))
+    }
+
+    /// Values of an input plane, of an output plane, and taps of the kernel.
+    pub fn input_plane(&self) -> usize {
+        self.input[0] * self.input[1]
+    }
+    pub fn output_plane(&self) -> usize {
+        self.output[0] * self.output[1]
+    }
+    pub fn taps(&self) -> usize {
+        self.kernel[0] * self.kernel[1]
+    }
+
     /// Tap `k` along `axis`: the input index of output `o` is `o · stride + offset`, inside the
     /// input for `o` in the returned range.
     #[inline(always)]
