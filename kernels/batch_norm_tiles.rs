@@ -109,10 +109,12 @@ fn apply_tile_kernel(
     store(&tile, out, p0, c0, m);
 }
 
-/// Cube `(pixel tile, channel tile)`: `dx = γ · inv_std · (g_z − dβ / M − x̂ · dγ / M)`.
-#[cube(launch_unchecked)]
+/// Fills `tile` (lanes along the channels, rows along the pixels) with the input gradient
+/// `dx = γ · inv_std · (g_z − dβ / M − x̂ · dγ / M)` of pixels `p0..p0 + TILE`, channels
+/// `c0..c0 + TILE`; each unit writes only its own lane.
+#[cube]
 #[allow(clippy::too_many_arguments)]
-fn grad_x_tile_kernel(
+fn grad_x_into_tile(
     x: &Tensor<f32>,
     grad: &Tensor<f32>,
     mean: &Tensor<f32>,
@@ -121,19 +123,18 @@ fn grad_x_tile_kernel(
     beta: &Tensor<f32>,
     d_gamma: &Tensor<f32>,
     d_beta: &Tensor<f32>,
-    dx: &mut Tensor<f32>,
+    tile: &mut Shared<[f32]>,
+    p0: usize,
+    c0: usize,
+    m: usize,
     epsilon: f32,
     #[comptime] act: bool,
 ) {
     let lane = UNIT_POS_X as usize;
     let row = UNIT_POS_Y as usize;
-    let p0 = CUBE_POS_X as usize * TILE;
-    let c0 = CUBE_POS_Y as usize * TILE;
-    let m = x.shape(0) * x.shape(2) * x.shape(3);
     let pixel = x.stride(3);
     let g_pixel = grad.stride(3);
     let count = f32::cast_from(m);
-    let mut tile = Shared::<[f32]>::new_slice(TILE * PITCH);
     let c = c0 + lane;
     if c < x.shape(1) {
         let is = inv_std(var, c, epsilon);
@@ -155,6 +156,31 @@ fn grad_x_tile_kernel(
             }
         }
     }
+}
+
+/// Cube `(pixel tile, channel tile)`: the input gradient ([`grad_x_into_tile`]) into `dx`.
+#[cube(launch_unchecked, create_dummy_kernel)]
+#[allow(clippy::too_many_arguments)]
+fn grad_x_tile_kernel(
+    x: &Tensor<f32>,
+    grad: &Tensor<f32>,
+    mean: &Tensor<f32>,
+    var: &Tensor<f32>,
+    gamma: &Tensor<f32>,
+    beta: &Tensor<f32>,
+    d_gamma: &Tensor<f32>,
+    d_beta: &Tensor<f32>,
+    dx: &mut Tensor<f32>,
+    epsilon: f32,
+    #[comptime] act: bool,
+) {
+    let p0 = CUBE_POS_X as usize * TILE;
+    let c0 = CUBE_POS_Y as usize * TILE;
+    let m = x.shape(0) * x.shape(2) * x.shape(3);
+    let mut tile = Shared::<[f32]>::new_slice(TILE * PITCH);
+    grad_x_into_tile(
+        x, grad, mean, var, gamma, beta, d_gamma, d_beta, &mut tile, p0, c0, m, epsilon, act,
+    );
     sync_cube();
     store(&tile, dx, p0, c0, m);
 }
@@ -162,8 +188,7 @@ fn grad_x_tile_kernel(
 /// [`grad_x_tile_kernel`], each value also going, cast to `O`, to `dxp`: `[N, C', H, W]`
 /// (`C' ≥ C`, within the last channel tile), dense channels-last, zero in channels `C..C'`, as
 /// `kernels/channels.rs`'s `channels_last` would make it from `dx` (the same cast of the same
-/// FP32 value). A kernel of its own while it is not GPU-run, so that the default input
-/// gradient stays the kernel the GPU tests have checked; the expressions are that kernel's.
+/// FP32 value, read back from the unit's own lane of the tile).
 #[cube(launch_unchecked, create_dummy_kernel)]
 #[allow(clippy::too_many_arguments)]
 fn grad_x_operand_kernel<O: Float>(
@@ -186,40 +211,24 @@ fn grad_x_operand_kernel<O: Float>(
     let p0 = CUBE_POS_X as usize * TILE;
     let c0 = CUBE_POS_Y as usize * TILE;
     let m = x.shape(0) * x.shape(2) * x.shape(3);
-    let pixel = x.stride(3);
-    let g_pixel = grad.stride(3);
-    let count = f32::cast_from(m);
     let mut tile = Shared::<[f32]>::new_slice(TILE * PITCH);
+    grad_x_into_tile(
+        x, grad, mean, var, gamma, beta, d_gamma, d_beta, &mut tile, p0, c0, m, epsilon, act,
+    );
     let c = c0 + lane;
-    if c < x.shape(1) {
-        let is = inv_std(var, c, epsilon);
-        let ga = channel(gamma, c);
-        let mu = channel(mean, c);
-        let be = channel(beta, c);
-        let mean_g = channel(d_beta, c) / count;
-        let mean_gx = channel(d_gamma, c) / count;
+    if c < dxp.shape(1) {
+        let real = c < x.shape(1);
         #[unroll]
         for r in 0..TILE / ROWS {
             let pl = row + r * ROWS;
             let j = p0 + pl;
             if j < m {
-                let xv = x[j * pixel + c];
-                let gv = grad[j * g_pixel + c];
-                let xhat = (xv - mu) * is;
-                let gz = grad_z(gv, xhat * ga + be, act);
-                let v = (ga * is) * ((gz - mean_g) - xhat * mean_gx);
-                tile[lane * PITCH + pl] = v;
                 let at = j * dxp.stride(3) + c;
-                dxp[at] = O::cast_from(v);
-            }
-        }
-    } else if c < dxp.shape(1) {
-        #[unroll]
-        for r in 0..TILE / ROWS {
-            let j = p0 + row + r * ROWS;
-            if j < m {
-                let at = j * dxp.stride(3) + c;
-                dxp[at] = O::from_int(0);
+                if real {
+                    dxp[at] = O::cast_from(tile[lane * PITCH + pl]);
+                } else {
+                    dxp[at] = O::from_int(0);
+                }
             }
         }
     }
@@ -353,26 +362,54 @@ mod tests {
     use super::*;
     use cubecl::ir::{ElemType, FloatKind};
 
-    /// The operand twin compiles for CUDA on a machine without a GPU (not yet GPU-run).
+    /// Both input-gradient kernels compile for CUDA on a machine without a GPU.
     #[test]
-    fn operand_kernel_compiles_for_cuda_without_a_device() {
+    fn input_gradient_kernels_compile_for_cuda_without_a_device() {
         let (props, target) = device();
+        let cubes = || {
+            (
+                CubeCount::Static(4, 2, 1),
+                CubeDim::new_2d(TILE as u32, ROWS as u32),
+            )
+        };
+        let x = || tensor(&[2, 51, 8, 8]);
+        let c = || tensor(&[51]);
         for act in [true, false] {
+            let (count, dim) = cubes();
+            let k = grad_x_tile_kernel::create_dummy_kernel(
+                props.clone(),
+                target.clone(),
+                count,
+                dim,
+                x(),
+                x(),
+                c(),
+                c(),
+                c(),
+                c(),
+                c(),
+                c(),
+                x(),
+                1e-3f32,
+                act,
+            );
+            compiles(k.define());
             for kind in [FloatKind::BF16, FloatKind::F16] {
+                let (count, dim) = cubes();
                 let k = grad_x_operand_kernel::create_dummy_kernel(
                     props.clone(),
                     target.clone(),
-                    CubeCount::Static(4, 2, 1),
-                    CubeDim::new_2d(TILE as u32, ROWS as u32),
-                    tensor(&[2, 51, 8, 8]),
-                    tensor(&[2, 51, 8, 8]),
-                    tensor(&[51]),
-                    tensor(&[51]),
-                    tensor(&[51]),
-                    tensor(&[51]),
-                    tensor(&[51]),
-                    tensor(&[51]),
-                    tensor(&[2, 51, 8, 8]),
+                    count,
+                    dim,
+                    x(),
+                    x(),
+                    c(),
+                    c(),
+                    c(),
+                    c(),
+                    c(),
+                    c(),
+                    x(),
                     tensor(&[2, 56, 8, 8]),
                     1e-3f32,
                     act,

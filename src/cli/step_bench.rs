@@ -87,12 +87,13 @@ pub struct Options {
     pub stats_in_place: Option<bool>,
     /// Run each channels-last BatchNorm sum (statistics, γ/β gradients) in one launch, the last
     /// cube of a channel tile merging its partials (`true`; `kernels/batch_norm_single.rs`,
-    /// CUDA only), or in two (`false`, the default). Both give the same bits.
+    /// CUDA only), or in two (`false`, the default: the one launch is slower on the GPU). Both
+    /// give the same bits.
     #[arg(long)]
     pub bn_single_pass: Option<bool>,
     /// Have each BatchNorm's backward write its convolution's output gradient as the data
-    /// gradient's GEMM takes it (`true`; `model::ops::grad_operands`, CUDA only), or have the
-    /// convolution cast it (`false`, the default). Both give the same bits.
+    /// gradient's GEMM takes it (`true`, the default; `model::ops::grad_operands`, CUDA only), or
+    /// have the convolution cast it (`false`). Both give the same bits.
     #[arg(long)]
     pub grad_operands: Option<bool>,
     /// Also read the memory pool inside every step (at the ends of loss, backward and optimizer)

@@ -127,7 +127,7 @@ fn batch_norm_writes_the_operand_channels_last_would_make_on_cuda() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn grad_operands_match_native_in_one_graph_bf16() {
-    let _on = Choice::set(grad_operands::choose, true, false);
+    let _on = Choice::set(grad_operands::choose, true, true);
     assert_parity_of("pose-one-graph", "bf16");
 }
 
@@ -140,12 +140,12 @@ fn grad_operands_change_no_bit() {
         let cfg = config_for(task, "bf16", capture);
         let before = grad_operands::taken();
         let on = {
-            let _on = Choice::set(grad_operands::choose, true, false);
+            let _on = Choice::set(grad_operands::choose, true, true);
             fit(&cfg, Control::None).0
         };
         let taken = grad_operands::taken() - before;
         let off = {
-            let _off = Choice::set(grad_operands::choose, false, false);
+            let _off = Choice::set(grad_operands::choose, false, true);
             fit(&cfg, Control::None).0
         };
         assert!(taken > 10, "{task}: {taken} operands taken");
