@@ -9,7 +9,9 @@
 //! atomic add, the pattern of CubeCL's own `test_sync_storage_across_cubes`; CUDA promises that
 //! scope. The last cube adds its counter back round to zero, so the next launch (and a graph's
 //! next replay) finds the counters zeroed without a launch of their own.
-//! Off by default until a GPU run has compared it ([`choose`]; `bench-step --bn-single-pass`).
+//! Off by default ([`choose`]; `bench-step --bn-single-pass true`): on an H100 it gave the
+//! two-launch bits but took 1.65 ms more GPU time a seed step (docs/perf_log.md BB1), the last
+//! cube's merge of a whole tile costing more than the launch it saves.
 
 // The kernels' arithmetic stays in the forms CubeCL's frontend expands (`a[i] = a[i] + x` on
 // shared memory), not clippy's rewrites.

@@ -3,7 +3,7 @@
 //! zero-padded channels): the same values `channels_last` would make from the FP32 gradient,
 //! bit for bit, at shapes with channels that need padding and pixel counts off the tiles; and
 //! the recorded step is byte-identical to native with them, and the same as without them.
-//! Off by default; each test sets the choice it needs.
+//! On by default; each test sets the choice it needs and puts the default back.
 
 use super::replay::{assert_parity_of, config_for, fit};
 use super::{Choice, cube_values_of, cuda, nhwc_bn_case};
