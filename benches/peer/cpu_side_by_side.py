@@ -9,8 +9,8 @@ Ultralytics 8.4.190 through `ultralytics_pose.py --device cpu` with the same epo
 image size, warm-up epochs and seed, `optimizer="auto"`, AMP off, RAM cache and 2 loader
 workers. Rounds alternate which tool goes first. Each fit's whole process tree is measured here
 (wall seconds and user+system CPU seconds from `wait4`). Our last checkpoint is also validated
-as Ultralytics validates its own (one-to-many head + NMS, its metric). Writes OUT/cpu.md (a table of medians
-over rounds) and OUT/cpu.json (every run). `--python` is an interpreter with torch and
+as Ultralytics validates its own (one-to-many head + NMS, its metric). Writes OUT/cpu.md (a
+table of medians over rounds) and OUT/cpu.json (every run). `--python` is an interpreter with torch and
 ultralytics (see README.md: a venv outside the repository); the offline settings and a font are
 applied here.
 """
@@ -60,7 +60,7 @@ def ours(a, i, out):
         sys.exit(f"burnpose fit failed (rc {rc}); see {out}/{name}.log")
     r = json.load(open(report))
     metrics = last_row(os.path.join(a.runs, name, "results.csv"))
-    box, pose = peer_way(a, name, out)
+    box, pose = peer_way(a, name)
     return {
         "tool": "burnpose", "fit_s": r["fit_s"], "process_s": wall, "cpu_s": cpu,
         "steps": len(r["step_ms"]), "step_ms": median_after(r["step_ms"], a.skip),
@@ -70,18 +70,25 @@ def ours(a, i, out):
     }
 
 
-def peer_way(a, name, out):
-    """Box and pose mAP50 of the fit's last checkpoint scored as Ultralytics' `val` scores its
-    own: the one-to-many head after NMS, Ultralytics' metric (docs/weights.md). The fit itself
-    reports the one-to-one head under COCOeval."""
-    cfg = os.path.join(out, "config_peer_way.toml")
-    text = open(a.config).read()
-    text = re.sub(r'(?m)^\[train\]\s*$',
-                  '[train]\nval_nms = true\nval_metric = "ultralytics"', text, count=1)
-    open(cfg, "w").write(text)
+def peer_way_config(config, out):
+    """A copy of `config` whose validation scores as Ultralytics' `val` scores its own: the
+    one-to-many head after NMS, Ultralytics' metric (docs/weights.md). The fit itself reports
+    the one-to-one head under COCOeval. Any `val_nms` / `val_metric` of the original give way."""
+    text = re.sub(r'(?m)^\s*val_(nms|metric)\s*=.*\n?', "", open(config).read())
+    keys = '[train]\nval_nms = true\nval_metric = "ultralytics"'
+    text, found = re.subn(r'(?m)^\[train\]\s*$', keys, text, count=1)
+    if not found:
+        text += "\n" + keys + "\n"
+    path = os.path.join(out, "config_peer_way.toml")
+    open(path, "w").write(text)
+    return path
+
+
+def peer_way(a, name):
+    """Box and pose mAP50 of the fit's last checkpoint under `a.peer_way_config`."""
     ckpt = os.path.join(a.runs, name, "last.safetensors")
-    res = subprocess.run([a.burnpose, "val", cfg, "--device", "cpu", "--checkpoint", ckpt],
-                         capture_output=True, text=True)
+    res = subprocess.run([a.burnpose, "val", a.peer_way_config, "--device", "cpu",
+                          "--checkpoint", ckpt], capture_output=True, text=True)
     m = re.search(r"box mAP50 ([0-9.]+) .*pose mAP50 ([0-9.]+)", res.stdout + res.stderr)
     if res.returncode != 0 or not m:
         sys.exit(f"burnpose val failed (rc {res.returncode}): {res.stderr[-400:]}")
@@ -144,6 +151,7 @@ def main():
     text = re.sub(r'(?m)^dir\s*=.*$', f'dir = "{a.runs}"', text)
     open(cfg_copy, "w").write(text)
     a.config = cfg_copy
+    a.peer_way_config = peer_way_config(a.config, out)
     data = os.path.join(out, "data")
     if not os.path.exists(os.path.join(data, "data.yaml")):
         subprocess.run([a.burnpose, "export-yolo", a.config, data], check=True)
