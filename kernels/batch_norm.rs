@@ -169,7 +169,10 @@ pub(super) fn elementwise(x: &CubeTensor, n: usize) -> (CubeCount, CubeDim) {
 }
 
 /// `(y, mean, var, running_mean', running_var')` of BatchNorm training (+ SiLU when `act`) of
-/// `x` `[N, C, H, W]`; the last four are `[C]`.
+/// `x` `[N, C, H, W]`; the last four are `[C]`. With `operand` `(channels, dtype)`, also `y` as
+/// the next convolution's GEMM takes its input (`channels_last(y, n, channels, dtype)`'s
+/// values), written by the same kernel where the tile kernel runs; `None` otherwise (the
+/// convolution casts then).
 #[allow(clippy::too_many_arguments)]
 pub fn forward(
     x: CubeTensor,
@@ -180,7 +183,8 @@ pub fn forward(
     epsilon: f32,
     momentum: f32,
     act: bool,
-) -> [CubeTensor; 5] {
+    operand: Option<(usize, DType)>,
+) -> ([CubeTensor; 5], Option<CubeTensor>) {
     check_f32(
         "bn_act forward",
         &[&x, &gamma, &beta, &running_mean, &running_var],
@@ -192,6 +196,11 @@ pub fn forward(
         sums::statistics(&x, running_mean, running_var, momentum)
     };
     let out = empty(&x, Shape::new([n, c, h, w]));
+    let xp = if tiles::takes(&x, &[], &out) {
+        operand.and_then(|(channels, d)| tiles::operand_for(&x, channels, d))
+    } else {
+        None
+    };
     normalise(
         x,
         mean.clone(),
@@ -199,10 +208,11 @@ pub fn forward(
         gamma,
         beta,
         &out,
+        xp.as_ref(),
         epsilon,
         act,
     );
-    [out, mean, var, new_mean, new_var]
+    ([out, mean, var, new_mean, new_var], xp)
 }
 
 /// BatchNorm inference (+ SiLU when `act`) of `x` `[N, C, H, W]` with the running statistics,
@@ -230,6 +240,7 @@ pub fn inference(
         gamma,
         beta,
         &out,
+        None,
         epsilon,
         act,
     );
@@ -238,6 +249,7 @@ pub fn inference(
 
 /// `out = (x − mean) · inv_std · γ + β`, then SiLU when `act` ([`apply_kernel`]): the last
 /// launch of [`forward`] with the batch's statistics, and [`inference`] with the running ones.
+/// `operand` (only where the tile kernel runs) takes the values too.
 #[allow(clippy::too_many_arguments)]
 fn normalise(
     x: CubeTensor,
@@ -246,11 +258,12 @@ fn normalise(
     gamma: CubeTensor,
     beta: CubeTensor,
     out: &CubeTensor,
+    operand: Option<&CubeTensor>,
     epsilon: f32,
     act: bool,
 ) {
     if tiles::takes(&x, &[], out) {
-        tiles::normalise(x, mean, var, gamma, beta, out, epsilon, act);
+        tiles::normalise(x, mean, var, gamma, beta, out, operand, epsilon, act);
         return;
     }
     let [n, c, h, w] = nchw(&x);

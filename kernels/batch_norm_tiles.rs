@@ -62,26 +62,27 @@ fn store(tile: &Shared<[f32]>, out: &mut Tensor<f32>, p0: usize, c0: usize, m: u
     }
 }
 
-/// Cube `(pixel tile, channel tile)`: `z = (x − mean) · inv_std · γ + β`, then SiLU when `act`.
-#[cube(launch_unchecked)]
+/// Fills `tile` (lanes along the channels, rows along the pixels) with `z = (x − mean) ·
+/// inv_std · γ + β`, then SiLU when `act`, of pixels `p0..p0 + TILE`, channels `c0..c0 + TILE`;
+/// each unit writes only its own lane.
+#[cube]
 #[allow(clippy::too_many_arguments)]
-fn apply_tile_kernel(
+fn apply_into_tile(
     x: &Tensor<f32>,
     mean: &Tensor<f32>,
     var: &Tensor<f32>,
     gamma: &Tensor<f32>,
     beta: &Tensor<f32>,
-    out: &mut Tensor<f32>,
+    tile: &mut Shared<[f32]>,
+    p0: usize,
+    c0: usize,
+    m: usize,
     epsilon: f32,
     #[comptime] act: bool,
 ) {
     let lane = UNIT_POS_X as usize;
     let row = UNIT_POS_Y as usize;
-    let p0 = CUBE_POS_X as usize * TILE;
-    let c0 = CUBE_POS_Y as usize * TILE;
-    let m = x.shape(0) * x.shape(2) * x.shape(3);
     let pixel = x.stride(3);
-    let mut tile = Shared::<[f32]>::new_slice(TILE * PITCH);
     // Read: lanes along the channels, rows along the pixels.
     let c = c0 + lane;
     if c < x.shape(1) {
@@ -105,6 +106,90 @@ fn apply_tile_kernel(
             }
         }
     }
+}
+
+/// Writes the unit's own lane of `tile` (channel `c0 + lane`, pixels `p0..p0 + TILE`), cast to
+/// `O`, to `operand`: `[N, C', H, W]` dense channels-last (`C' ≥ C` within the last channel
+/// tile), zero in channels `C..C'`; the values `kernels/channels.rs`'s `channels_last` would
+/// make from the tile's FP32 values.
+#[cube]
+fn lane_into_operand<O: Float>(
+    tile: &Shared<[f32]>,
+    operand: &mut Tensor<O>,
+    channels: usize,
+    p0: usize,
+    c0: usize,
+    m: usize,
+) {
+    let lane = UNIT_POS_X as usize;
+    let row = UNIT_POS_Y as usize;
+    let c = c0 + lane;
+    if c < operand.shape(1) {
+        let real = c < channels;
+        #[unroll]
+        for r in 0..TILE / ROWS {
+            let pl = row + r * ROWS;
+            let j = p0 + pl;
+            if j < m {
+                let at = j * operand.stride(3) + c;
+                if real {
+                    operand[at] = O::cast_from(tile[lane * PITCH + pl]);
+                } else {
+                    operand[at] = O::from_int(0);
+                }
+            }
+        }
+    }
+}
+
+/// Cube `(pixel tile, channel tile)`: [`apply_into_tile`] into `out`.
+#[cube(launch_unchecked, create_dummy_kernel)]
+#[allow(clippy::too_many_arguments)]
+fn apply_tile_kernel(
+    x: &Tensor<f32>,
+    mean: &Tensor<f32>,
+    var: &Tensor<f32>,
+    gamma: &Tensor<f32>,
+    beta: &Tensor<f32>,
+    out: &mut Tensor<f32>,
+    epsilon: f32,
+    #[comptime] act: bool,
+) {
+    let p0 = CUBE_POS_X as usize * TILE;
+    let c0 = CUBE_POS_Y as usize * TILE;
+    let m = x.shape(0) * x.shape(2) * x.shape(3);
+    let mut tile = Shared::<[f32]>::new_slice(TILE * PITCH);
+    apply_into_tile(
+        x, mean, var, gamma, beta, &mut tile, p0, c0, m, epsilon, act,
+    );
+    sync_cube();
+    store(&tile, out, p0, c0, m);
+}
+
+/// [`apply_tile_kernel`], each value also going, cast to `O`, to `xp`, the next convolution's
+/// input operand ([`lane_into_operand`]).
+#[cube(launch_unchecked, create_dummy_kernel)]
+#[allow(clippy::too_many_arguments)]
+fn apply_operand_kernel<O: Float>(
+    x: &Tensor<f32>,
+    mean: &Tensor<f32>,
+    var: &Tensor<f32>,
+    gamma: &Tensor<f32>,
+    beta: &Tensor<f32>,
+    out: &mut Tensor<f32>,
+    xp: &mut Tensor<O>,
+    epsilon: f32,
+    #[comptime] act: bool,
+    #[define(O)] _dtype: ElemType,
+) {
+    let p0 = CUBE_POS_X as usize * TILE;
+    let c0 = CUBE_POS_Y as usize * TILE;
+    let m = x.shape(0) * x.shape(2) * x.shape(3);
+    let mut tile = Shared::<[f32]>::new_slice(TILE * PITCH);
+    apply_into_tile(
+        x, mean, var, gamma, beta, &mut tile, p0, c0, m, epsilon, act,
+    );
+    lane_into_operand::<O>(&tile, xp, x.shape(1), p0, c0, m);
     sync_cube();
     store(&tile, out, p0, c0, m);
 }
@@ -206,8 +291,6 @@ fn grad_x_operand_kernel<O: Float>(
     #[comptime] act: bool,
     #[define(O)] _dtype: ElemType,
 ) {
-    let lane = UNIT_POS_X as usize;
-    let row = UNIT_POS_Y as usize;
     let p0 = CUBE_POS_X as usize * TILE;
     let c0 = CUBE_POS_Y as usize * TILE;
     let m = x.shape(0) * x.shape(2) * x.shape(3);
@@ -215,23 +298,7 @@ fn grad_x_operand_kernel<O: Float>(
     grad_x_into_tile(
         x, grad, mean, var, gamma, beta, d_gamma, d_beta, &mut tile, p0, c0, m, epsilon, act,
     );
-    let c = c0 + lane;
-    if c < dxp.shape(1) {
-        let real = c < x.shape(1);
-        #[unroll]
-        for r in 0..TILE / ROWS {
-            let pl = row + r * ROWS;
-            let j = p0 + pl;
-            if j < m {
-                let at = j * dxp.stride(3) + c;
-                if real {
-                    dxp[at] = O::cast_from(tile[lane * PITCH + pl]);
-                } else {
-                    dxp[at] = O::from_int(0);
-                }
-            }
-        }
-    }
+    lane_into_operand::<O>(&tile, dxp, x.shape(1), p0, c0, m);
     sync_cube();
     store(&tile, dx, p0, c0, m);
 }
@@ -245,7 +312,8 @@ fn cubes(x: &CubeTensor) -> (CubeCount, CubeDim) {
     )
 }
 
-/// `out = (x − mean) · inv_std · γ + β`, then SiLU when `act`, for `x` and `out` as [`takes`].
+/// `out = (x − mean) · inv_std · γ + β`, then SiLU when `act`, for `x` and `out` as [`takes`];
+/// with `operand`, also into it (see [`operand_for`]).
 #[allow(clippy::too_many_arguments)]
 pub fn normalise(
     x: CubeTensor,
@@ -254,27 +322,46 @@ pub fn normalise(
     gamma: CubeTensor,
     beta: CubeTensor,
     out: &CubeTensor,
+    operand: Option<&CubeTensor>,
     epsilon: f32,
     act: bool,
 ) {
     let (count, dim) = cubes(&x);
     let client = x.client.clone();
     // SAFETY: every read and write is bounded by the shapes (pixels below M, channels below C)
-    // and follows the strides [`takes`] checked.
+    // and follows the strides [`takes`] checked; `operand` is [`operand_for`]'s, dense
+    // channels-last with at most a tile's reach of channels, written only below its shape.
     unsafe {
-        apply_tile_kernel::launch_unchecked(
-            &client,
-            count,
-            dim,
-            x.into_tensor_arg(),
-            mean.into_tensor_arg(),
-            var.into_tensor_arg(),
-            gamma.into_tensor_arg(),
-            beta.into_tensor_arg(),
-            out.clone().into_tensor_arg(),
-            epsilon,
-            act,
-        );
+        match operand {
+            None => apply_tile_kernel::launch_unchecked(
+                &client,
+                count,
+                dim,
+                x.into_tensor_arg(),
+                mean.into_tensor_arg(),
+                var.into_tensor_arg(),
+                gamma.into_tensor_arg(),
+                beta.into_tensor_arg(),
+                out.clone().into_tensor_arg(),
+                epsilon,
+                act,
+            ),
+            Some(xp) => apply_operand_kernel::launch_unchecked(
+                &client,
+                count,
+                dim,
+                x.into_tensor_arg(),
+                mean.into_tensor_arg(),
+                var.into_tensor_arg(),
+                gamma.into_tensor_arg(),
+                beta.into_tensor_arg(),
+                out.clone().into_tensor_arg(),
+                xp.clone().into_tensor_arg(),
+                epsilon,
+                act,
+                burn::backend::cubecl::dtype_to_storage_type(xp.dtype),
+            ),
+        }
     }
 }
 
@@ -339,9 +426,10 @@ pub fn grad_x(
     }
 }
 
-/// The buffer [`grad_x`] writes `dx` into as the data gradient's GEMM takes it: `[N, channels,
-/// H, W]` of `dtype`, channels-last, where `channels` (the padded count) lies within the last
-/// channel tile; `None` where it does not.
+/// The buffer [`normalise`] writes `out` into as the next convolution's GEMM takes its input,
+/// or [`grad_x`] writes `dx` into as the data gradient's GEMM takes it: `[N, channels, H, W]`
+/// of `dtype`, channels-last, where `channels` (the padded count) lies within the last channel
+/// tile; `None` where it does not.
 pub fn operand_for(x: &CubeTensor, channels: usize, dtype: DType) -> Option<CubeTensor> {
     let s = x.meta.shape();
     let c = s[1];
@@ -362,9 +450,10 @@ mod tests {
     use super::*;
     use cubecl::ir::{ElemType, FloatKind};
 
-    /// Both input-gradient kernels compile for CUDA on a machine without a GPU.
+    /// The tile kernels, with and without an operand, compile for CUDA on a machine without a
+    /// GPU.
     #[test]
-    fn input_gradient_kernels_compile_for_cuda_without_a_device() {
+    fn tile_kernels_compile_for_cuda_without_a_device() {
         let (props, target) = device();
         let cubes = || {
             (
@@ -394,7 +483,41 @@ mod tests {
                 act,
             );
             compiles(k.define());
+            let (count, dim) = cubes();
+            let k = apply_tile_kernel::create_dummy_kernel(
+                props.clone(),
+                target.clone(),
+                count,
+                dim,
+                x(),
+                c(),
+                c(),
+                c(),
+                c(),
+                x(),
+                1e-3f32,
+                act,
+            );
+            compiles(k.define());
             for kind in [FloatKind::BF16, FloatKind::F16] {
+                let (count, dim) = cubes();
+                let k = apply_operand_kernel::create_dummy_kernel(
+                    props.clone(),
+                    target.clone(),
+                    count,
+                    dim,
+                    x(),
+                    c(),
+                    c(),
+                    c(),
+                    c(),
+                    x(),
+                    tensor(&[2, 56, 8, 8]),
+                    1e-3f32,
+                    act,
+                    ElemType::Float(kind),
+                );
+                compiles(k.define());
                 let (count, dim) = cubes();
                 let k = grad_x_operand_kernel::create_dummy_kernel(
                     props.clone(),

@@ -55,6 +55,7 @@ fn census_and_launch_bench_refuse_a_cpu_device_up_front() {
             ("--stats-in-place", "true"),
             ("--bn-single-pass", "true"),
             ("--grad-operands", "true"),
+            ("--input-operands", "true"),
         ] {
             let (ok, text) = burnpose(&[
                 "bench-step",

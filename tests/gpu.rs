@@ -21,6 +21,8 @@ mod depthwise;
 mod grad_operands;
 #[path = "gpu/in_place.rs"]
 mod in_place;
+#[path = "gpu/input_operands.rs"]
+mod input_operands;
 #[path = "gpu/kernels.rs"]
 mod kernels;
 #[path = "gpu/late.rs"]

@@ -16,7 +16,7 @@ for r in $(seq 1 "$ROUNDS"); do
     echo "== round $r: $CONFIG $v"
     # shellcheck disable=SC2086 # a variant is a list of arguments
     timeout "$LIMIT" burnpose bench-step "$CONFIG" --skip "$SKIP" --steps "$STEPS" $v 2>&1 |
-      grep -E "^bench-step|^unsynced|^peak in use within|^padding in use|^replay buffers|^recording, MiB|^recorded |^output-gradient|accumulating only|rror|panick" | cut -c1-420
+      grep -E "^bench-step|^unsynced|^peak in use within|^padding in use|^replay buffers|^recording, MiB|^recorded |^output-gradient|^input operands|accumulating only|rror|panick" | cut -c1-420
   done
 done
 if [ "${CENSUS:-0}" -gt 0 ]; then

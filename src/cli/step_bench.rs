@@ -96,6 +96,11 @@ pub struct Options {
     /// have the convolution cast it (`false`). Both give the same bits.
     #[arg(long)]
     pub grad_operands: Option<bool>,
+    /// Have each BatchNorm whose output a convolution takes write that convolution's input as
+    /// its GEMM takes it (`true`; `model::ops::input_operands`, CUDA only), or have the
+    /// convolution cast it (`false`, the default). Both give the same bits.
+    #[arg(long)]
+    pub input_operands: Option<bool>,
     /// Also read the memory pool inside every step (at the ends of loss, backward and optimizer)
     /// and print the largest bytes in use.
     #[arg(long)]
@@ -217,6 +222,12 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
         crate::model::ops::grad_operands::choose(on);
         #[cfg(not(feature = "cuda"))]
         anyhow::bail!("--grad-operands {on}: the operands are made on CUDA only");
+    }
+    if let Some(on) = o.input_operands {
+        #[cfg(feature = "cuda")]
+        crate::model::ops::input_operands::choose(on);
+        #[cfg(not(feature = "cuda"))]
+        anyhow::bail!("--input-operands {on}: the operands are made on CUDA only");
     }
     if let Some(single) = o.bn_single_pass {
         #[cfg(feature = "cuda")]
@@ -436,6 +447,10 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
     if taken > 0 {
         // Native steps take them every step, a recording once per recorded backward.
         println!("output-gradient operands taken by convolutions: {taken} in this process");
+    }
+    let taken = crate::model::ops::input_operands::taken();
+    if taken > 0 {
+        println!("input operands taken by convolutions: {taken} in this process");
     }
     let growth = t.stage.recording();
     if !growth.is_empty() {

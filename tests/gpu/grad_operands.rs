@@ -83,45 +83,56 @@ fn batch_norm_writes_the_operand_channels_last_would_make_on_cuda() {
                 assert_eq!(bits(a), bits(b), "{case}: {name} moved with the operand");
             }
             let operand = operand.unwrap_or_else(|| panic!("{case}: no operand"));
-            let padded = c.next_multiple_of(8);
-            let s = operand.shape();
-            assert_eq!(s.dims::<4>(), [n, padded, h, w], "{case}: shape");
-            let strides = operand.meta.strides().to_vec();
-            assert_eq!(
-                strides,
-                vec![h * w * padded, 1, w * padded, padded],
-                "{case}: not dense channels-last"
-            );
-            assert_eq!(operand.dtype, burn::tensor::DType::BF16, "{case}: dtype");
-            // What the convolution would have made: the FP32 gradient cast, channels padded
-            // with zeros.
-            let cast = Tensor::<4>::from_dispatch(burn::backend::DispatchTensor {
-                kind: burn::backend::DispatchTensorKind::Cube(burn::backend::BackendTensor::Float(
-                    dx,
-                )),
-                autodiff: Default::default(),
-            })
-            .cast(FloatDType::BF16)
-            .cast(FloatDType::F32);
-            let want = if padded == c {
-                cast
-            } else {
-                Tensor::cat(vec![cast, Tensor::zeros([n, padded - c, h, w], &d)], 1)
-            };
-            let got =
-                cube_values_of::<4>(burn_cubecl::kernel::cast(operand, burn::tensor::DType::F32));
-            let want = want
-                .into_data()
-                .convert::<f32>()
-                .try_into_vec::<f32>()
-                .unwrap();
-            assert_eq!(
-                bits(got),
-                bits(want),
-                "{case}: operand differs from the cast"
-            );
+            assert_operand_of(operand, dx, FloatDType::BF16, &case);
         }
     }
+}
+
+/// `operand` is what `channels_last` makes of FP32 `t` `[N, C, H, W]` in `dtype`: `[N, C', H,
+/// W]` dense channels-last, `C'` the next multiple of 8, each value `t`'s cast (bit for bit),
+/// zero in the padded channels.
+pub(super) fn assert_operand_of(
+    operand: burn_cubecl::tensor::CubeTensor,
+    t: burn_cubecl::tensor::CubeTensor,
+    dtype: FloatDType,
+    case: &str,
+) {
+    let [n, c, h, w] = t.shape().dims::<4>();
+    let d = cuda();
+    let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+    let padded = c.next_multiple_of(8);
+    let s = operand.shape();
+    assert_eq!(s.dims::<4>(), [n, padded, h, w], "{case}: shape");
+    let strides = operand.meta.strides().to_vec();
+    assert_eq!(
+        strides,
+        vec![h * w * padded, 1, w * padded, padded],
+        "{case}: not dense channels-last"
+    );
+    assert_eq!(operand.dtype, dtype.into(), "{case}: dtype");
+    // What the convolution would have made: the FP32 tensor cast, channels padded with zeros.
+    let cast = Tensor::<4>::from_dispatch(burn::backend::DispatchTensor {
+        kind: burn::backend::DispatchTensorKind::Cube(burn::backend::BackendTensor::Float(t)),
+        autodiff: Default::default(),
+    })
+    .cast(dtype)
+    .cast(FloatDType::F32);
+    let want = if padded == c {
+        cast
+    } else {
+        Tensor::cat(vec![cast, Tensor::zeros([n, padded - c, h, w], &d)], 1)
+    };
+    let got = cube_values_of::<4>(burn_cubecl::kernel::cast(operand, burn::tensor::DType::F32));
+    let want = want
+        .into_data()
+        .convert::<f32>()
+        .try_into_vec::<f32>()
+        .unwrap();
+    assert_eq!(
+        bits(got),
+        bits(want),
+        "{case}: operand differs from the cast"
+    );
 }
 
 #[test]

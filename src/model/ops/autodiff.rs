@@ -3,7 +3,7 @@
 //! activation graph inside them.
 
 use super::FastOps;
-use super::grad_operands;
+use super::{grad_operands, input_operands};
 use burn::backend::autodiff::NodeId;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -217,12 +217,19 @@ fn tracked_conv<B: Backend + FastOps, C: CheckpointStrategy>(
             // can make (stride 1, no groups, reduced dtype, an input that wants a gradient).
             let gemm_data_grad =
                 dtype.filter(|_| x.is_tracked() && options.groups == 1 && options.stride == [1, 1]);
+            // The input's operand where the BatchNorm before made it (no groups, reduced dtype).
+            let x_operand = dtype
+                .filter(|_| options.groups == 1)
+                .and_then(|d| input_operands::take::<B>(x.id(), d));
             let (x, w) = (x.into_primitive(), weight.into_primitive());
             let (out, reduced) = match dtype {
                 // The weight's operand made once, for the forward and the data gradient.
                 Some(d) => {
                     let operand = B::conv_in_operand(w.clone(), options.clone(), d);
-                    let out = B::conv_in_with(x, w, operand.clone(), options.clone(), d);
+                    let out = match x_operand {
+                        Some(xp) => B::conv_in_given(x, w, operand.clone(), xp, options.clone(), d),
+                        None => B::conv_in_with(x, w, operand.clone(), options.clone(), d),
+                    };
                     (out, Some((d, operand)))
                 }
                 None => (B::conv(x, w, options.clone()), None),
@@ -254,17 +261,46 @@ impl<B: Backend + FastOps, C: CheckpointStrategy> FastOps for Autodiff<B, C> {
         FloatTensor<Self>,
         FloatTensor<Self>,
     ) {
+        // The BatchNorm, and the dtype of the convolution after it that takes an input operand.
+        let key = input_operands::key();
+        let next_conv = key.and_then(input_operands::wanted);
         let inner = |x: FloatTensor<Self>, gamma: FloatTensor<Self>, beta: FloatTensor<Self>| {
-            B::bn_act_train(
+            let (x, gamma, beta) = (
                 x.into_primitive(),
                 gamma.into_primitive(),
                 beta.into_primitive(),
-                running_mean.into_primitive(),
-                running_var.into_primitive(),
-                epsilon,
-                momentum,
-                act,
-            )
+            );
+            let (running_mean, running_var) =
+                (running_mean.into_primitive(), running_var.into_primitive());
+            match next_conv {
+                Some(d) => {
+                    let (out, mean, var, new_mean, new_var, operand) = B::bn_act_train_operand(
+                        x,
+                        gamma,
+                        beta,
+                        running_mean,
+                        running_var,
+                        epsilon,
+                        momentum,
+                        act,
+                        d,
+                    );
+                    ((out, mean, var, new_mean, new_var), operand.map(|t| (d, t)))
+                }
+                None => {
+                    let all = B::bn_act_train(
+                        x,
+                        gamma,
+                        beta,
+                        running_mean,
+                        running_var,
+                        epsilon,
+                        momentum,
+                        act,
+                    );
+                    (all, None)
+                }
+            }
         };
         let conv = grad_operands::wanted_for(x.id());
         match BnActOp
@@ -276,7 +312,7 @@ impl<B: Backend + FastOps, C: CheckpointStrategy> FastOps for Autodiff<B, C> {
                 let x_state = prep.checkpoint(&x);
                 let gamma_state = prep.checkpoint(&gamma);
                 let beta_state = prep.checkpoint(&beta);
-                let (out, mean, var, new_mean, new_var) = inner(x, gamma, beta);
+                let ((out, mean, var, new_mean, new_var), operand) = inner(x, gamma, beta);
                 let state = (
                     x_state,
                     gamma_state,
@@ -287,8 +323,12 @@ impl<B: Backend + FastOps, C: CheckpointStrategy> FastOps for Autodiff<B, C> {
                     act,
                     conv,
                 );
+                let out = prep.finish(state, out);
+                if let Some(key) = key {
+                    input_operands::made::<B>(out.id(), key, operand);
+                }
                 (
-                    prep.finish(state, out),
+                    out,
                     Self::from_inner(mean),
                     Self::from_inner(var),
                     Self::from_inner(new_mean),
@@ -296,7 +336,7 @@ impl<B: Backend + FastOps, C: CheckpointStrategy> FastOps for Autodiff<B, C> {
                 )
             }
             OpsKind::UnTracked(prep) => {
-                let (out, mean, var, new_mean, new_var) = inner(x, gamma, beta);
+                let ((out, mean, var, new_mean, new_var), _) = inner(x, gamma, beta);
                 (
                     prep.finish(out),
                     Self::from_inner(mean),

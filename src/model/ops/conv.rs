@@ -115,7 +115,7 @@ pub mod gemm {
         options: ConvOptions<2>,
         dtype: FloatDType,
     ) -> CubeTensor {
-        forward_with(x, weight, None, options, dtype)
+        forward_with(x, weight, [None, None], options, dtype)
     }
 
     /// The GEMM's weight operand of [`forward_in`] and [`x_backward_in`] for convolutions
@@ -144,11 +144,14 @@ pub mod gemm {
         }
     }
 
-    /// [`forward_in`] with the weight's GEMM operand made already ([`weight_operand`]).
+    /// [`forward_in`] with the weight's GEMM operand made already ([`weight_operand`]) and the
+    /// input's (`x` channels-last, cast to `dtype` and padded to [`padded`], as the BatchNorm
+    /// before the convolution writes it beside its output); either is made here where not
+    /// given or not of that form.
     pub fn forward_with(
         x: CubeTensor,
         weight: CubeTensor,
-        operand: Option<CubeTensor>,
+        [operand, x_operand]: [Option<CubeTensor>; 2],
         options: ConvOptions<2>,
         dtype: FloatDType,
     ) -> CubeTensor {
@@ -156,7 +159,9 @@ pub mod gemm {
         let cast = |t: CubeTensor, d: DType| burn_cubecl::kernel::cast(t, d);
         if options.groups == 1 {
             let (n, ci, co) = (x.shape()[0], x.shape()[1], weight.shape()[0]);
-            let xp = channels_last(x.clone(), n, padded(ci), d);
+            let xp = x_operand
+                .filter(|xp| is_operand_of(xp, &x, padded(ci), d))
+                .unwrap_or_else(|| channels_last(x.clone(), n, padded(ci), d));
             let wp = operand_of(&weight, operand, d);
             if let Ok(y) = routine::forward(xp, wp, &options, written_as(co, d)) {
                 return in_f32(y, n, co);

@@ -32,30 +32,48 @@ impl FastOps for burn_cubecl::CubeBackend {
         FloatTensor<Self>,
         FloatTensor<Self>,
     ) {
-        let [out, mean, var, new_mean, new_var] = if conv_bn_ops() == ConvBnOps::Staged {
-            batch_norm::act_train::<Self>(
-                x,
-                gamma,
-                beta,
-                running_mean,
-                running_var,
-                epsilon,
-                momentum,
-                act,
-            )
-        } else {
-            fused_bn::forward(
-                x,
-                gamma,
-                beta,
-                running_mean,
-                running_var,
-                epsilon as f32,
-                momentum as f32,
-                act,
-            )
-        };
+        let ([out, mean, var, new_mean, new_var], _) = bn_forward(
+            x,
+            gamma,
+            beta,
+            [running_mean, running_var],
+            epsilon,
+            momentum,
+            act,
+            None,
+        );
         (out, mean, var, new_mean, new_var)
+    }
+    fn bn_act_train_operand(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        running_mean: FloatTensor<Self>,
+        running_var: FloatTensor<Self>,
+        epsilon: f64,
+        momentum: f64,
+        act: bool,
+        dtype: FloatDType,
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        Option<FloatTensor<Self>>,
+    ) {
+        let channels = conv::gemm::padded(x.meta.shape()[1]);
+        let ([out, mean, var, new_mean, new_var], operand) = bn_forward(
+            x,
+            gamma,
+            beta,
+            [running_mean, running_var],
+            epsilon,
+            momentum,
+            act,
+            Some((channels, dtype.into())),
+        );
+        (out, mean, var, new_mean, new_var, operand)
     }
     fn bn_act_train_backward(
         x: FloatTensor<Self>,
@@ -176,7 +194,17 @@ impl FastOps for burn_cubecl::CubeBackend {
         options: ConvOptions<2>,
         dtype: FloatDType,
     ) -> FloatTensor<Self> {
-        conv::gemm::forward_with(x, weight, Some(operand), options, dtype)
+        conv::gemm::forward_with(x, weight, [Some(operand), None], options, dtype)
+    }
+    fn conv_in_given(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        operand: FloatTensor<Self>,
+        x_operand: FloatTensor<Self>,
+        options: ConvOptions<2>,
+        dtype: FloatDType,
+    ) -> FloatTensor<Self> {
+        conv::gemm::forward_with(x, weight, [Some(operand), Some(x_operand)], options, dtype)
     }
     fn conv_in_x_backward_with(
         x: FloatTensor<Self>,
@@ -224,6 +252,46 @@ impl FastOps for burn_cubecl::CubeBackend {
     ) -> FloatTensor<Self> {
         conv::gemm::x_backward_in(x, weight, grad, options, dtype)
     }
+}
+
+/// `(y, mean, var, running mean', running var')` of the fused BatchNorm + SiLU (the staged
+/// operations under [`ConvBnOps::Staged`]), and with `operand` `(channels, dtype)` the next
+/// convolution's input operand where the fused kernels make it (`kernels/batch_norm.rs::forward`).
+#[allow(clippy::too_many_arguments)]
+fn bn_forward(
+    x: CubeTensor,
+    gamma: CubeTensor,
+    beta: CubeTensor,
+    [running_mean, running_var]: [CubeTensor; 2],
+    epsilon: f64,
+    momentum: f64,
+    act: bool,
+    operand: Option<(usize, burn::tensor::DType)>,
+) -> ([CubeTensor; 5], Option<CubeTensor>) {
+    if conv_bn_ops() == ConvBnOps::Staged {
+        let all = batch_norm::act_train::<burn_cubecl::CubeBackend>(
+            x,
+            gamma,
+            beta,
+            running_mean,
+            running_var,
+            epsilon,
+            momentum,
+            act,
+        );
+        return (all, None);
+    }
+    fused_bn::forward(
+        x,
+        gamma,
+        beta,
+        running_mean,
+        running_var,
+        epsilon as f32,
+        momentum as f32,
+        act,
+        operand,
+    )
 }
 
 /// `(dx, dγ, dβ)` of the fused BatchNorm + SiLU, and with `operand` `(channels, dtype)` the

@@ -56,6 +56,7 @@ mod host;
 #[cfg(feature = "cuda")]
 #[path = "../../../kernels/im2col.rs"]
 pub mod im2col;
+pub mod input_operands;
 #[cfg(feature = "cuda")]
 #[path = "../../../kernels/leading_sum.rs"]
 mod leading_sum;
@@ -154,6 +155,40 @@ pub trait FastOps: Backend {
             act,
         );
         (out, mean, var, new_mean, new_var)
+    }
+    /// [`FastOps::bn_act_train`], where a convolution computed in `dtype` takes the output as
+    /// its input: also that input as the convolution's GEMM takes it, where the backend makes
+    /// it with the output ([`FastOps::conv_in_given`] takes it); `None` here.
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    fn bn_act_train_operand(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        running_mean: FloatTensor<Self>,
+        running_var: FloatTensor<Self>,
+        epsilon: f64,
+        momentum: f64,
+        act: bool,
+        _dtype: FloatDType,
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        Option<FloatTensor<Self>>,
+    ) {
+        let (out, mean, var, new_mean, new_var) = Self::bn_act_train(
+            x,
+            gamma,
+            beta,
+            running_mean,
+            running_var,
+            epsilon,
+            momentum,
+            act,
+        );
+        (out, mean, var, new_mean, new_var, None)
     }
     /// Gradients of [`FastOps::bn_act_train`]'s output: `(x, gamma, beta)`.
     #[allow(clippy::too_many_arguments)]
@@ -294,6 +329,18 @@ pub trait FastOps: Backend {
     ) -> FloatTensor<Self> {
         Self::conv_in(x, weight, options, dtype)
     }
+    /// [`FastOps::conv_in_with`] with `x`'s GEMM operand too, as the BatchNorm before the
+    /// convolution made it ([`FastOps::bn_act_train_operand`]).
+    fn conv_in_given(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        operand: FloatTensor<Self>,
+        _x_operand: FloatTensor<Self>,
+        options: ConvOptions<2>,
+        dtype: FloatDType,
+    ) -> FloatTensor<Self> {
+        Self::conv_in_with(x, weight, operand, options, dtype)
+    }
     /// [`FastOps::conv_in_x_backward`] with the weight's operand of
     /// [`FastOps::conv_in_operand`].
     fn conv_in_x_backward_with(
@@ -389,6 +436,7 @@ pub fn batch_norm_act(bn: &BatchNorm, x: Tensor<4>, act: bool) -> Tensor<4> {
     }
     let running_mean = bn.running_mean.value_sync().to_device(&device);
     let running_var = bn.running_var.value_sync().to_device(&device);
+    input_operands::next(Some(bn.gamma.id));
     let (out, _mean, _var, new_mean, new_var) = Dispatch::bn_act_train(
         x.into_dispatch(),
         bn.gamma.val().into_dispatch(),
