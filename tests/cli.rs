@@ -56,6 +56,7 @@ fn census_and_launch_bench_refuse_a_cpu_device_up_front() {
             ("--bn-single-pass", "true"),
             ("--grad-operands", "true"),
             ("--input-operands", "true"),
+            ("--conv-padding", "32"),
         ] {
             let (ok, text) = burnpose(&[
                 "bench-step",

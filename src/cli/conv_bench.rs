@@ -45,6 +45,11 @@ pub struct Options {
     /// output pixels (default 1,024; `model::ops::wgrad::choose_chunk`).
     #[arg(long)]
     pub wgrad_chunk: Option<usize>,
+    /// Pad the reduced-precision convolutions' operands whose channel count is not a multiple
+    /// of 8, and is at least this many, to a multiple of this many (8, the default, 16 or 32;
+    /// `model::ops::conv::gemm::choose_padding`, CUDA only).
+    #[arg(long)]
+    pub conv_padding: Option<usize>,
 }
 
 /// One pass of one convolution, measured.
@@ -74,6 +79,12 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
     }
     if let Some(pixels) = o.wgrad_chunk {
         crate::model::ops::wgrad::choose_chunk(pixels).map_err(|e| anyhow::anyhow!(e))?;
+    }
+    if let Some(multiple) = o.conv_padding {
+        #[cfg(feature = "cuda")]
+        crate::model::ops::conv::gemm::choose_padding(multiple).map_err(|e| anyhow::anyhow!(e))?;
+        #[cfg(not(feature = "cuda"))]
+        anyhow::bail!("--conv-padding {multiple}: the GEMM's operands are padded on CUDA only");
     }
     let calls = step_convolutions(&cfg);
     let gpu_clock = Census::available().is_ok();

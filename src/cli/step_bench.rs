@@ -64,6 +64,11 @@ pub struct Options {
     /// output pixels (default 1,024; `model::ops::wgrad::choose_chunk`).
     #[arg(long)]
     pub wgrad_chunk: Option<usize>,
+    /// Pad the reduced-precision convolutions' operands whose channel count is not a multiple
+    /// of 8, and is at least this many, to a multiple of this many (8, the default, 16 or 32;
+    /// `model::ops::conv::gemm::choose_padding`, CUDA only).
+    #[arg(long)]
+    pub conv_padding: Option<usize>,
     /// Whether the BF16 data gradients of strided convolutions run by the
     /// routine's stride-1 GEMM on the zero-dilated output gradient (`true`, the default) or by
     /// Burn's direct kernel in FP32 (`false`; CUDA only).
@@ -192,6 +197,12 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
     }
     if let Some(pixels) = o.wgrad_chunk {
         crate::model::ops::wgrad::choose_chunk(pixels).map_err(|e| anyhow::anyhow!(e))?;
+    }
+    if let Some(multiple) = o.conv_padding {
+        #[cfg(feature = "cuda")]
+        crate::model::ops::conv::gemm::choose_padding(multiple).map_err(|e| anyhow::anyhow!(e))?;
+        #[cfg(not(feature = "cuda"))]
+        anyhow::bail!("--conv-padding {multiple}: the GEMM's operands are padded on CUDA only");
     }
     if let Some(gemm) = o.strided_by_gemm {
         #[cfg(feature = "cuda")]

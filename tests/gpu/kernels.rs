@@ -196,6 +196,53 @@ fn every_conv_routine_matches_the_reference_on_cuda() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
+/// Wider channel padding (`conv::gemm::choose_padding` 16 and 32) gives the same convolution:
+/// the forward and data gradient within BF16's bound of the FP32 reference at the pose head's
+/// 85 channels (padded to 96) as input, output or both, stride 1 and 2, 3×3 and 1×1; and the
+/// padding applies (85 channels become 96 at 32, stay 88 at 8).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn wider_channel_padding_matches_the_reference_on_cuda() {
+    use burnpose::model::ops::conv::gemm;
+    let d = cuda().autodiff();
+    d.seed(17);
+    let mut failures = vec![];
+    for multiple in [16, 32] {
+        gemm::choose_padding(multiple).unwrap();
+        assert_eq!(
+            gemm::padded(85),
+            85usize.next_multiple_of(multiple),
+            "not applied"
+        );
+        for (ci, co, k, st, hw) in [
+            (85, 85, 3, 1, 37),
+            (64, 85, 3, 1, 20),
+            (85, 64, 1, 1, 23),
+            (85, 64, 3, 2, 21),
+        ] {
+            let conv = test_conv([ci, co], k, st, 1, &d);
+            let x = Tensor::<4>::random([3, ci, hw, hw], Distribution::Normal(0.0, 1.0), &d);
+            let reference = conv_run(&conv, &x, FloatDType::F32, false, &d);
+            let o = conv_run(&conv, &x, FloatDType::BF16, true, &d);
+            let errs = [
+                rel(o.y, reference.y.clone()),
+                rel(o.dx, reference.dx.clone()),
+            ];
+            println!(
+                "padding {multiple}: conv {ci}->{co} k{k} s{st} {hw}px: error (y, dx) {errs:?}"
+            );
+            if errs.iter().any(|e| e.is_nan() || *e >= 2e-2) {
+                failures.push(format!(
+                    "padding {multiple}: {ci}->{co} k{k} s{st}: {errs:?}"
+                ));
+            }
+        }
+    }
+    gemm::choose_padding(8).unwrap();
+    assert_eq!(gemm::padded(85), 88);
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
 /// Strided BF16 data gradients by the routine's stride-1 GEMM on the zero-dilated output
 /// gradient (the default, `routine::choose_strided_by_gemm`) stay within BF16's bound of the FP32
 /// reference and of the direct kernel's, at odd sizes (the last row and column of the dilated

@@ -66,10 +66,33 @@ pub mod gemm {
     use burn_cubecl::kernel::conv::{self, ConvStrategy};
     use burn_cubecl::tensor::CubeTensor;
 
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// The multiple [`padded`] rounds counts of at least that many channels up to (8, the
+    /// default, 16 or 32).
+    static PADDING: AtomicUsize = AtomicUsize::new(8);
+
+    /// Rounds every later GEMM operand's channel count that is not a multiple of 8, and is at
+    /// least `multiple`, up to a multiple of `multiple` (8, 16 or 32) instead of 8: fewer, wider
+    /// tiles for the GEMM's channel loop, more zero products (`bench-conv --conv-padding`).
+    pub fn choose_padding(multiple: usize) -> Result<(), String> {
+        if ![8, 16, 32].contains(&multiple) {
+            return Err(format!("channel padding {multiple}: expected 8, 16 or 32"));
+        }
+        PADDING.store(multiple, Ordering::Relaxed);
+        Ok(())
+    }
+
     /// Channels as the GEMM's operands carry them: a multiple of 8, so that BF16 and FP16 load
-    /// 16 bytes at a time (docs/kernels.md, `kernels/channels.rs`).
+    /// 16 bytes at a time (docs/kernels.md, `kernels/channels.rs`); counts of at least the
+    /// chosen padding ([`choose_padding`]) a multiple of that.
     pub fn padded(channels: usize) -> usize {
-        channels.next_multiple_of(8)
+        let multiple = PADDING.load(Ordering::Relaxed);
+        if channels.is_multiple_of(8) || channels < multiple {
+            channels.next_multiple_of(8)
+        } else {
+            channels.next_multiple_of(multiple)
+        }
     }
 
     /// Whether `operand` is [`channels_last`]`(t, n, channels, d)`'s form for `t`: `d`, `t`'s
