@@ -14,20 +14,23 @@ use burn_cubecl::CubeBackend;
 use burnpose::model::ops::{self, FastOps, grad_operands};
 use burnpose::replay::recorder::Control;
 
+/// `[N, C, H, W]` of the operand tests: channels padded by 0, 3, 5 and 7, pixel counts off the
+/// 32-pixel tiles, one 160-px layer.
+pub(super) const OPERAND_SHAPES: [[usize; 4]; 5] = [
+    [1, 64, 8, 8],
+    [3, 40, 29, 31],
+    [2, 51, 20, 20],
+    [2, 5, 33, 17],
+    [4, 16, 160, 160],
+];
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn batch_norm_writes_the_operand_channels_last_would_make_on_cuda() {
     let d = cuda();
     d.seed(31);
     ops::set_conv_bn_ops(ops::ConvBnOps::Fast);
-    // Channels padded by 0, 3, 5 and 7; pixel counts off the 32-pixel tiles; one 160-px layer.
-    for [n, c, h, w] in [
-        [1usize, 64, 8, 8],
-        [3, 40, 29, 31],
-        [2, 51, 20, 20],
-        [2, 5, 33, 17],
-        [4, 16, 160, 160],
-    ] {
+    for [n, c, h, w] in OPERAND_SHAPES {
         let [x, g, gamma, beta, running_mean, running_var] = nhwc_bn_case(&d, [n, c, h, w]);
         for act in [true, false] {
             let case = format!("[{n}, {c}, {h}, {w}] act={act}");
@@ -147,20 +150,31 @@ fn grad_operands_match_native_in_one_graph_bf16() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn grad_operands_change_no_bit() {
+    assert_hand_off_changes_no_bit(grad_operands::choose, grad_operands::taken, true);
+}
+
+/// A BF16 pose fit, native and in one recorded graph, ends with the same state hashes with an
+/// operand hand-off chosen on (`choose(true)`) and off, and took more than 10 operands
+/// (`taken`) while on; `default` is put back.
+pub(super) fn assert_hand_off_changes_no_bit(
+    choose: fn(bool),
+    taken: fn() -> usize,
+    default: bool,
+) {
     for (task, capture) in [("pose", false), ("pose-one-graph", true)] {
         let cfg = config_for(task, "bf16", capture);
-        let before = grad_operands::taken();
+        let before = taken();
         let on = {
-            let _on = Choice::set(grad_operands::choose, true, true);
+            let _on = Choice::set(choose, true, default);
             fit(&cfg, Control::None).0
         };
-        let taken = grad_operands::taken() - before;
+        let took = taken() - before;
         let off = {
-            let _off = Choice::set(grad_operands::choose, false, true);
+            let _off = Choice::set(choose, false, default);
             fit(&cfg, Control::None).0
         };
-        assert!(taken > 10, "{task}: {taken} operands taken");
+        assert!(took > 10, "{task}: {took} operands taken");
         assert_eq!(on, off, "{task}: the operands moved the state");
-        println!("{task}: {taken} operands taken, {:?}", on);
+        println!("{task}: {took} operands taken, {:?}", on);
     }
 }

@@ -5,13 +5,12 @@
 //! with the same bits with them as without them. Off by default; each test sets the choice it
 //! needs and puts the default back.
 
-use super::grad_operands::assert_operand_of;
-use super::replay::{assert_parity_of, config_for, fit};
+use super::grad_operands::{OPERAND_SHAPES, assert_hand_off_changes_no_bit, assert_operand_of};
+use super::replay::assert_parity_of;
 use super::{Choice, cube_values_of, cuda, nhwc_bn_case};
 use burn::tensor::FloatDType;
 use burn_cubecl::CubeBackend;
 use burnpose::model::ops::{self, FastOps, input_operands};
-use burnpose::replay::recorder::Control;
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
@@ -19,14 +18,7 @@ fn batch_norm_writes_the_input_operand_channels_last_would_make_on_cuda() {
     let d = cuda();
     d.seed(37);
     ops::set_conv_bn_ops(ops::ConvBnOps::Fast);
-    // Channels padded by 0, 3, 5 and 7; pixel counts off the 32-pixel tiles; one 160-px layer.
-    for [n, c, h, w] in [
-        [1usize, 64, 8, 8],
-        [3, 40, 29, 31],
-        [2, 51, 20, 20],
-        [2, 5, 33, 17],
-        [4, 16, 160, 160],
-    ] {
+    for [n, c, h, w] in OPERAND_SHAPES {
         let [x, _, gamma, beta, running_mean, running_var] = nhwc_bn_case(&d, [n, c, h, w]);
         for (act, dtype) in [
             (true, FloatDType::BF16),
@@ -92,17 +84,5 @@ fn input_operands_match_native_in_one_graph_bf16() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn input_operands_change_no_bit() {
-    for (task, capture) in [("pose", false), ("pose-one-graph", true)] {
-        let cfg = config_for(task, "bf16", capture);
-        let before = input_operands::taken();
-        let on = {
-            let _on = Choice::set(input_operands::choose, true, false);
-            fit(&cfg, Control::None).0
-        };
-        let taken = input_operands::taken() - before;
-        let off = fit(&cfg, Control::None).0;
-        assert!(taken > 10, "{task}: {taken} operands taken");
-        assert_eq!(on, off, "{task}: the operands moved the state");
-        println!("{task}: {taken} operands taken, {:?}", on);
-    }
+    assert_hand_off_changes_no_bit(input_operands::choose, input_operands::taken, false);
 }
