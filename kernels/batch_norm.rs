@@ -196,19 +196,14 @@ pub fn forward(
         sums::statistics(&x, running_mean, running_var, momentum)
     };
     let out = empty(&x, Shape::new([n, c, h, w]));
-    let xp = if tiles::takes(&x, &[], &out) {
-        operand.and_then(|(channels, d)| tiles::operand_for(&x, channels, d))
-    } else {
-        None
-    };
-    normalise(
+    let xp = normalise(
         x,
         mean.clone(),
         var.clone(),
         gamma,
         beta,
         &out,
-        xp.as_ref(),
+        operand,
         epsilon,
         act,
     );
@@ -249,7 +244,8 @@ pub fn inference(
 
 /// `out = (x − mean) · inv_std · γ + β`, then SiLU when `act` ([`apply_kernel`]): the last
 /// launch of [`forward`] with the batch's statistics, and [`inference`] with the running ones.
-/// `operand` (only where the tile kernel runs) takes the values too.
+/// With `operand` `(channels, dtype)`, where the tile kernel runs it also writes the values
+/// as the next convolution's input operand, returned (`tiles::operand_for`); `None` otherwise.
 #[allow(clippy::too_many_arguments)]
 fn normalise(
     x: CubeTensor,
@@ -258,13 +254,14 @@ fn normalise(
     gamma: CubeTensor,
     beta: CubeTensor,
     out: &CubeTensor,
-    operand: Option<&CubeTensor>,
+    operand: Option<(usize, DType)>,
     epsilon: f32,
     act: bool,
-) {
+) -> Option<CubeTensor> {
     if tiles::takes(&x, &[], out) {
-        tiles::normalise(x, mean, var, gamma, beta, out, operand, epsilon, act);
-        return;
+        let xp = operand.and_then(|(channels, d)| tiles::operand_for(&x, channels, d));
+        tiles::normalise(x, mean, var, gamma, beta, out, xp.as_ref(), epsilon, act);
+        return xp;
     }
     let [n, c, h, w] = nchw(&x);
     let (count, dim) = elementwise(&x, n * c * h * w);
@@ -285,6 +282,7 @@ fn normalise(
             act,
         );
     }
+    None
 }
 
 /// `(dx, dγ, dβ)` of [`forward`] for the incoming gradient `grad` of its output. With

@@ -245,6 +245,18 @@ pub enum Command {
     },
 }
 
+/// `--conv-padding` of `bench-step` and `bench-conv`: the GEMM operands' channel padding
+/// (`model::ops::conv::gemm::choose_padding`), refused without CUDA.
+fn choose_conv_padding(multiple: Option<usize>) -> anyhow::Result<()> {
+    let Some(multiple) = multiple else {
+        return Ok(());
+    };
+    #[cfg(feature = "cuda")]
+    return crate::model::ops::conv::gemm::choose_padding(multiple).map_err(|e| anyhow::anyhow!(e));
+    #[cfg(not(feature = "cuda"))]
+    anyhow::bail!("--conv-padding {multiple}: the GEMM's operands are padded on CUDA only");
+}
+
 /// The config at `path` with `--device` applied, and the device it resolves to (with its
 /// description).
 fn config_and_device(

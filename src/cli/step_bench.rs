@@ -198,12 +198,7 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
     if let Some(pixels) = o.wgrad_chunk {
         crate::model::ops::wgrad::choose_chunk(pixels).map_err(|e| anyhow::anyhow!(e))?;
     }
-    if let Some(multiple) = o.conv_padding {
-        #[cfg(feature = "cuda")]
-        crate::model::ops::conv::gemm::choose_padding(multiple).map_err(|e| anyhow::anyhow!(e))?;
-        #[cfg(not(feature = "cuda"))]
-        anyhow::bail!("--conv-padding {multiple}: the GEMM's operands are padded on CUDA only");
-    }
+    super::choose_conv_padding(o.conv_padding)?;
     if let Some(gemm) = o.strided_by_gemm {
         #[cfg(feature = "cuda")]
         crate::model::ops::conv::routine::choose_strided_by_gemm(gemm);

@@ -45,7 +45,7 @@ fn batch_norm_writes_the_input_operand_channels_last_would_make_on_cuda() {
                 1e-3,
                 0.03,
                 act,
-                dtype,
+                Some(dtype),
             );
             let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
             let (a, b) = (

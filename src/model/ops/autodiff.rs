@@ -265,42 +265,19 @@ impl<B: Backend + FastOps, C: CheckpointStrategy> FastOps for Autodiff<B, C> {
         let key = input_operands::key();
         let next_conv = key.and_then(input_operands::wanted);
         let inner = |x: FloatTensor<Self>, gamma: FloatTensor<Self>, beta: FloatTensor<Self>| {
-            let (x, gamma, beta) = (
+            let (out, mean, var, new_mean, new_var, operand) = B::bn_act_train_operand(
                 x.into_primitive(),
                 gamma.into_primitive(),
                 beta.into_primitive(),
+                running_mean.into_primitive(),
+                running_var.into_primitive(),
+                epsilon,
+                momentum,
+                act,
+                next_conv,
             );
-            let (running_mean, running_var) =
-                (running_mean.into_primitive(), running_var.into_primitive());
-            match next_conv {
-                Some(d) => {
-                    let (out, mean, var, new_mean, new_var, operand) = B::bn_act_train_operand(
-                        x,
-                        gamma,
-                        beta,
-                        running_mean,
-                        running_var,
-                        epsilon,
-                        momentum,
-                        act,
-                        d,
-                    );
-                    ((out, mean, var, new_mean, new_var), operand.map(|t| (d, t)))
-                }
-                None => {
-                    let all = B::bn_act_train(
-                        x,
-                        gamma,
-                        beta,
-                        running_mean,
-                        running_var,
-                        epsilon,
-                        momentum,
-                        act,
-                    );
-                    (all, None)
-                }
-            }
+            let operand = operand.zip(next_conv).map(|(t, d)| (d, t));
+            ((out, mean, var, new_mean, new_var), operand)
         };
         let conv = grad_operands::wanted_for(x.id());
         match BnActOp

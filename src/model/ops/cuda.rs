@@ -32,11 +32,12 @@ impl FastOps for burn_cubecl::CubeBackend {
         FloatTensor<Self>,
         FloatTensor<Self>,
     ) {
-        let ([out, mean, var, new_mean, new_var], _) = bn_forward(
+        let (out, mean, var, new_mean, new_var, _) = Self::bn_act_train_operand(
             x,
             gamma,
             beta,
-            [running_mean, running_var],
+            running_mean,
+            running_var,
             epsilon,
             momentum,
             act,
@@ -53,7 +54,7 @@ impl FastOps for burn_cubecl::CubeBackend {
         epsilon: f64,
         momentum: f64,
         act: bool,
-        dtype: FloatDType,
+        dtype: Option<FloatDType>,
     ) -> (
         FloatTensor<Self>,
         FloatTensor<Self>,
@@ -62,17 +63,32 @@ impl FastOps for burn_cubecl::CubeBackend {
         FloatTensor<Self>,
         Option<FloatTensor<Self>>,
     ) {
-        let channels = conv::gemm::padded(x.meta.shape()[1]);
-        let ([out, mean, var, new_mean, new_var], operand) = bn_forward(
-            x,
-            gamma,
-            beta,
-            [running_mean, running_var],
-            epsilon,
-            momentum,
-            act,
-            Some((channels, dtype.into())),
-        );
+        let operand = dtype.map(|d| (conv::gemm::padded(x.meta.shape()[1]), d.into()));
+        let ([out, mean, var, new_mean, new_var], operand) = if conv_bn_ops() == ConvBnOps::Staged {
+            let all = batch_norm::act_train::<Self>(
+                x,
+                gamma,
+                beta,
+                running_mean,
+                running_var,
+                epsilon,
+                momentum,
+                act,
+            );
+            (all, None)
+        } else {
+            fused_bn::forward(
+                x,
+                gamma,
+                beta,
+                running_mean,
+                running_var,
+                epsilon as f32,
+                momentum as f32,
+                act,
+                operand,
+            )
+        };
         (out, mean, var, new_mean, new_var, operand)
     }
     fn bn_act_train_backward(
@@ -252,46 +268,6 @@ impl FastOps for burn_cubecl::CubeBackend {
     ) -> FloatTensor<Self> {
         conv::gemm::x_backward_in(x, weight, grad, options, dtype)
     }
-}
-
-/// `(y, mean, var, running mean', running var')` of the fused BatchNorm + SiLU (the staged
-/// operations under [`ConvBnOps::Staged`]), and with `operand` `(channels, dtype)` the next
-/// convolution's input operand where the fused kernels make it (`kernels/batch_norm.rs::forward`).
-#[allow(clippy::too_many_arguments)]
-fn bn_forward(
-    x: CubeTensor,
-    gamma: CubeTensor,
-    beta: CubeTensor,
-    [running_mean, running_var]: [CubeTensor; 2],
-    epsilon: f64,
-    momentum: f64,
-    act: bool,
-    operand: Option<(usize, burn::tensor::DType)>,
-) -> ([CubeTensor; 5], Option<CubeTensor>) {
-    if conv_bn_ops() == ConvBnOps::Staged {
-        let all = batch_norm::act_train::<burn_cubecl::CubeBackend>(
-            x,
-            gamma,
-            beta,
-            running_mean,
-            running_var,
-            epsilon,
-            momentum,
-            act,
-        );
-        return (all, None);
-    }
-    fused_bn::forward(
-        x,
-        gamma,
-        beta,
-        running_mean,
-        running_var,
-        epsilon as f32,
-        momentum as f32,
-        act,
-        operand,
-    )
 }
 
 /// `(dx, dγ, dβ)` of the fused BatchNorm + SiLU, and with `operand` `(channels, dtype)` the

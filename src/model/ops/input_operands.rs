@@ -66,9 +66,9 @@ thread_local! {
 /// holding memory for long.
 const KEPT: usize = 4;
 
-/// Says that the next BatchNorm to run is the one with γ `key` (`None`: an unnamed one).
-pub(super) fn next(key: Option<ParamId>) {
-    NEXT.set(key.filter(|_| chosen()));
+/// Says that the next BatchNorm to run is the one with γ `key`.
+pub(super) fn next(key: ParamId) {
+    NEXT.set(Some(key).filter(|_| chosen()));
 }
 
 /// The BatchNorm named by [`next`], taken.

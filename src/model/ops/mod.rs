@@ -156,9 +156,9 @@ pub trait FastOps: Backend {
         );
         (out, mean, var, new_mean, new_var)
     }
-    /// [`FastOps::bn_act_train`], where a convolution computed in `dtype` takes the output as
-    /// its input: also that input as the convolution's GEMM takes it, where the backend makes
-    /// it with the output ([`FastOps::conv_in_given`] takes it); `None` here.
+    /// [`FastOps::bn_act_train`]; where a convolution computed in `dtype` (`Some`) takes the
+    /// output as its input, also that input as the convolution's GEMM takes it, where the
+    /// backend makes it with the output ([`FastOps::conv_in_given`] takes it); `None` here.
     #[allow(clippy::too_many_arguments, clippy::type_complexity)]
     fn bn_act_train_operand(
         x: FloatTensor<Self>,
@@ -169,7 +169,7 @@ pub trait FastOps: Backend {
         epsilon: f64,
         momentum: f64,
         act: bool,
-        _dtype: FloatDType,
+        _dtype: Option<FloatDType>,
     ) -> (
         FloatTensor<Self>,
         FloatTensor<Self>,
@@ -436,7 +436,7 @@ pub fn batch_norm_act(bn: &BatchNorm, x: Tensor<4>, act: bool) -> Tensor<4> {
     }
     let running_mean = bn.running_mean.value_sync().to_device(&device);
     let running_var = bn.running_var.value_sync().to_device(&device);
-    input_operands::next(Some(bn.gamma.id));
+    input_operands::next(bn.gamma.id);
     let (out, _mean, _var, new_mean, new_var) = Dispatch::bn_act_train(
         x.into_dispatch(),
         bn.gamma.val().into_dispatch(),
