@@ -75,7 +75,7 @@ fn batch_norm_writes_the_input_operand_channels_last_would_make_on_cuda() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn input_operands_match_native_in_one_graph_bf16() {
-    let _on = Choice::set(input_operands::choose, true, false);
+    let _on = Choice::set(input_operands::choose, true, true);
     assert_parity_of("pose-one-graph", "bf16");
 }
 
@@ -84,5 +84,5 @@ fn input_operands_match_native_in_one_graph_bf16() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn input_operands_change_no_bit() {
-    assert_hand_off_changes_no_bit(input_operands::choose, input_operands::taken, false);
+    assert_hand_off_changes_no_bit(input_operands::choose, input_operands::taken, true);
 }

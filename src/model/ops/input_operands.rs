@@ -14,10 +14,10 @@
 //! wanted ([`take`]); from then on that BatchNorm makes the operand ([`wanted`]) and the
 //! convolution takes it. So a model's first forward casts as before, and every later one,
 //! feature replay's recordings included, takes the operands. A backend that makes none (the
-//! CPU) gives nothing, and every convolution without one casts as before. Off unless chosen
-//! ([`choose`]; `bench-step --input-operands true`): GPU-run on an H100 on 2026-12-06, the same
-//! state hashes with and without, 165 `channels_last` launches fewer in the recorded seed step;
-//! its speed is not yet shown beyond one round's noise (docs/perf_log.md BB4).
+//! CPU) gives nothing, and every convolution without one casts as before. On by default
+//! ([`choose`]; `bench-step --input-operands false` turns it off): GPU-run on an H100 on
+//! 2026-12-06, the same state hashes with and without, 55 launches and ~0.43 ms of GPU time
+//! fewer a recorded seed step (docs/perf_log.md BB4, BC1).
 
 use burn::backend::Backend;
 use burn::backend::autodiff::NodeId;
@@ -29,12 +29,12 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-static CHOSEN: AtomicBool = AtomicBool::new(false);
+static CHOSEN: AtomicBool = AtomicBool::new(true);
 /// Operands taken by convolutions' forwards in this process ([`taken`]).
 static TAKEN: AtomicUsize = AtomicUsize::new(0);
 
-/// Whether BatchNorms write their convolutions' input operands (`true`) or the convolutions
-/// cast their inputs themselves (`false`, the default).
+/// Whether BatchNorms write their convolutions' input operands (`true`, the default) or the
+/// convolutions cast their inputs themselves (`false`).
 pub fn choose(on: bool) {
     CHOSEN.store(on, Ordering::Relaxed);
 }
