@@ -98,7 +98,9 @@ fn bench_step_times_unsynced_steps() {
         .find(|l| l.starts_with("unsynced: "))
         .unwrap_or_else(|| panic!("{text}"));
     assert!(
-        line.ends_with("ms per step over 3 steps (no device sync between them; 0 read late)"),
+        line.ends_with(
+            "ms per step over 3 steps (no device sync between them; 0 read late; 0 uploaded ahead)"
+        ),
         "{line}"
     );
     let ms: f64 = line["unsynced: ".len()..]

@@ -11,6 +11,8 @@ use burnpose::model::{Scale, Task, YoloConfig};
 use burnpose::train::Trainer;
 use std::path::Path;
 
+#[path = "gpu/ahead.rs"]
+mod ahead;
 #[path = "gpu/batch_norm.rs"]
 mod batch_norm;
 #[path = "gpu/bn_single.rs"]

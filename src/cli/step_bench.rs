@@ -39,6 +39,10 @@ pub struct Options {
     /// read at once).
     #[arg(long)]
     pub defer_readback: Option<bool>,
+    /// Override `replay.upload_ahead` (it applies to the `--unsynced` steps: the timed ones
+    /// upload their own batch).
+    #[arg(long)]
+    pub upload_ahead: Option<bool>,
     /// Override `optim.optimizer` (e.g. `musgd`, which `auto` picks for fits of more than
     /// 10,000 iterations).
     #[arg(long, value_enum)]
@@ -102,8 +106,8 @@ pub struct Options {
     #[arg(long)]
     pub grad_operands: Option<bool>,
     /// Have each BatchNorm whose output a convolution takes write that convolution's input as
-    /// its GEMM takes it (`true`; `model::ops::input_operands`, CUDA only), or have the
-    /// convolution cast it (`false`, the default). Both give the same bits.
+    /// its GEMM takes it (`true`, the default; `model::ops::input_operands`, CUDA only), or
+    /// have the convolution cast it (`false`). Both give the same bits.
     #[arg(long)]
     pub input_operands: Option<bool>,
     /// Also read the memory pool inside every step (at the ends of loss, backward and optimizer)
@@ -172,6 +176,9 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
     }
     if let Some(d) = o.defer_readback {
         cfg.replay.defer_readback = d;
+    }
+    if let Some(u) = o.upload_ahead {
+        cfg.replay.upload_ahead = Some(u);
     }
     if let Some(k) = o.optimizer {
         cfg.optim.optimizer = k;
@@ -408,8 +415,8 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
     if let Some(ms) = unsynced {
         println!(
             "unsynced: {ms:.2} ms per step over {} steps (no device sync between them; {} read \
-             late)",
-            o.unsynced, t.read_late
+             late; {} uploaded ahead)",
+            o.unsynced, t.read_late, t.uploaded_ahead
         );
     }
     if let Some(report) = census {
@@ -496,8 +503,8 @@ fn run_unsynced(
     let timing = t.timing.take();
     sync(t)?;
     let start = Instant::now();
-    for batch in &batches {
-        t.queue_step(batch);
+    for (i, batch) in batches.iter().enumerate() {
+        t.queue_step(batch, batches.get(i + 1));
     }
     t.finish_queued();
     let synced = sync(t);

@@ -375,6 +375,12 @@ impl Config {
         self.replay_scope() == Scope::Step && self.replay.one_graph.unwrap_or(true)
     }
 
+    /// Whether a step of the recorded step scope uploads the next batch while its graph runs:
+    /// `replay.upload_ahead`, on by default with the step scope, which it needs.
+    pub fn upload_ahead(&self) -> bool {
+        self.replay_scope() == Scope::Step && self.replay.upload_ahead.unwrap_or(true)
+    }
+
     /// The stage's scope: `replay.scope`, or the task's default.
     pub fn replay_scope(&self) -> Scope {
         self.replay.scope.unwrap_or(match self.model.task {
@@ -433,6 +439,14 @@ impl Config {
                 "replay.defer_readback",
                 "only the recorded loss is read back a step late: set replay.scope = \"step\" \
                  (with train.loss_on = \"device\") or leave replay.defer_readback off"
+                    .into(),
+            );
+        }
+        if self.replay.upload_ahead == Some(true) && self.replay_scope() != Scope::Step {
+            return bad(
+                "replay.upload_ahead",
+                "only a recorded step waits for its loss with the GPU busy: set replay.scope = \
+                 \"step\" (with train.loss_on = \"device\") or leave replay.upload_ahead unset"
                     .into(),
             );
         }

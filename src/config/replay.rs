@@ -48,9 +48,18 @@ pub struct ReplaySection {
     /// its loss results (items and the counts that decide which gradients are present) are read
     /// once the next step's replay is queued too, so the GPU runs that one while the host reads
     /// and accumulates this one (docs/replay.md, "Reading a step late"). The same decisions on
-    /// the same values as reading at once: byte-identical by design, not yet run on a GPU
-    /// (default false). Steps timed by `--report` or `--phases` read at once.
+    /// the same values as reading at once: byte-identical to native on the H100
+    /// (docs/perf_log.md AX2), no faster there yet (AX3; default false). Steps timed by `--report` or `--phases` read at once.
     pub defer_readback: bool,
+    /// With `scope = "step"`: once a step's recorded graph is queued, the next batch is uploaded
+    /// and augmented (its images made on the device, behind the graph on the same stream)
+    /// before the host waits for the step's loss results, so that the next step starts from
+    /// them instead of leaving the GPU idle while it uploads (docs/replay.md, "The next batch
+    /// uploaded ahead"). The same operations on the same bytes: byte-identical. Steps timed by
+    /// `--report` or `--phases` upload their own batch. Unset: on with the step scope
+    /// ([`Config::upload_ahead`](super::Config::upload_ahead)); `true` with another scope is
+    /// refused.
+    pub upload_ahead: Option<bool>,
 }
 
 /// What the stage of a step computes before the tape is cut (`replay.scope`).

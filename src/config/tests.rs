@@ -54,6 +54,29 @@ fn defer_readback_needs_the_step_scope() {
     );
 }
 
+/// `replay.upload_ahead` is on by default with the step scope only, can be turned off there,
+/// and is refused with another scope, with the key and what to set.
+#[test]
+fn upload_ahead_follows_the_step_scope() {
+    let step = "[replay]\nscope = \"step\"\n[train]\nloss_on = \"device\"\n";
+    assert!(parse(step).unwrap().upload_ahead());
+    assert!(!parse("").unwrap().upload_ahead());
+    assert!(
+        !parse("[replay]\nupload_ahead = false\n")
+            .unwrap()
+            .upload_ahead()
+    );
+    let off = step.replace("[train]", "upload_ahead = false\n[train]");
+    assert!(!parse(&off).unwrap().upload_ahead());
+    let e = parse("[replay]\nupload_ahead = true\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("replay.upload_ahead") && e.contains("replay.scope = \"step\""),
+        "{e}"
+    );
+}
+
 /// `replay.record_update` records the flat optimizer's update: refused without it, with the key
 /// and what to set.
 #[test]
@@ -338,12 +361,14 @@ fn the_defaults_file_holds_every_key_at_its_default() {
     every.replay.scope = Some(Scope::Features);
     every.replay.one_graph = Some(false);
     every.replay.record_update = Some(false);
+    every.replay.upload_ahead = Some(false);
     every.model.weights = Some("x.pt".into());
     assert_eq!(keys(&uncommented), keys(&every.to_toml()));
     // Only the optional keys differ from the defaults once uncommented.
     assert!(full.data.path.is_some() && full.replay.scope.is_some());
     assert_eq!(full.replay.one_graph, Some(false));
     assert_eq!(full.replay.record_update, Some(false));
+    assert_eq!(full.replay.upload_ahead, Some(false));
     assert!(full.model.weights.is_some());
     assert_eq!(
         Config {

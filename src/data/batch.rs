@@ -39,6 +39,22 @@ impl Batch {
         }
     }
 
+    /// What tells this batch value from another without hashing its pixels: where they are,
+    /// their length, 64 of them spread evenly, the HSV gains and the objects per image. Made
+    /// ahead of its step (`replay.upload_ahead`), a batch's images are taken only by a step of
+    /// a batch with the same key.
+    pub fn key(&self) -> BatchKey {
+        let bytes = self.images.as_bytes();
+        let every = (bytes.len() / 64).max(1);
+        BatchKey {
+            address: bytes.as_ptr() as usize,
+            len: bytes.len(),
+            sample: bytes.iter().step_by(every).copied().collect(),
+            hsv_gains: self.hsv_gains.clone(),
+            objects: self.samples.iter().map(|s| s.instances.len()).collect(),
+        }
+    }
+
     /// Images on `device` as floats in [0, 1], with any deferred HSV jitter applied there.
     pub fn images_f32(&self, device: &Device) -> Tensor<4> {
         self.augment(self.upload(device, Upload::default()))
@@ -65,6 +81,16 @@ impl Batch {
         };
         x / 255.0
     }
+}
+
+/// [`Batch::key`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct BatchKey {
+    address: usize,
+    len: usize,
+    sample: Vec<u8>,
+    hsv_gains: Option<Vec<[f32; 3]>>,
+    objects: Vec<usize>,
 }
 
 /// How a batch's bytes reach the device. `U8` sends the bytes as they are and widens them there
@@ -102,6 +128,26 @@ impl Batch {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A batch keeps its key when moved (as the epoch's loop moves the batch it looked ahead
+    /// at), and a copy of it, or another batch, has another.
+    #[test]
+    fn a_key_follows_the_batch_value() {
+        let batch = Batch {
+            images: TensorData::new(vec![7u8; 2 * 3 * 4 * 5], [2, 3, 4, 5]),
+            samples: Vec::new(),
+            hsv_gains: Some(vec![[0.5, 0.25, 0.75]; 2]),
+        };
+        let key = batch.key();
+        let copy = batch.clone();
+        assert_ne!(copy.key(), key);
+        let moved = vec![batch].pop().expect("one batch");
+        assert_eq!(moved.key(), key);
+        let mut other = moved.clone();
+        let before = other.key();
+        other.hsv_gains = None;
+        assert_ne!(other.key(), before, "the same bytes, other gains");
+    }
 
     /// Exactly `pixel / 255` in f32 for every byte value (any faster upload must keep this).
     #[test]

@@ -56,6 +56,11 @@ pub enum Control {
     /// getting, the statistics the recording started from.
     #[cfg(feature = "controls")]
     StatsOutOfPlace,
+    /// With `replay.upload_ahead`, a step makes its own batch's images again instead of the
+    /// next one's, and the next step takes them as its own: every step after the first trains
+    /// on the batch before it.
+    #[cfg(feature = "controls")]
+    AheadOfThisBatch,
 }
 
 /// Which control is on, as the recorder asks it.
@@ -100,6 +105,10 @@ impl Control {
     pub fn stats_out_of_place(self) -> bool {
         self == Control::StatsOutOfPlace
     }
+
+    pub fn uploads_this_batch_ahead(self) -> bool {
+        self == Control::AheadOfThisBatch
+    }
 }
 
 /// Without the `controls` feature no control exists.
@@ -142,6 +151,10 @@ impl Control {
     }
 
     pub fn stats_out_of_place(self) -> bool {
+        false
+    }
+
+    pub fn uploads_this_batch_ahead(self) -> bool {
         false
     }
 }

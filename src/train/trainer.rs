@@ -123,9 +123,14 @@ pub struct Trainer {
     /// Steps whose loss was read back after the next step's replay was queued
     /// (`replay.defer_readback`).
     pub read_late: usize,
+    /// Steps that took their images made while the step before ran (`replay.upload_ahead`).
+    pub uploaded_ahead: usize,
     /// The step [`Trainer::queue_step`] left to finish (`replay.defer_readback`).
     #[cfg(feature = "cuda")]
     queued: Option<step::Launched>,
+    /// The next batch's images, made while the last step's graph ran (`replay.upload_ahead`).
+    #[cfg(feature = "cuda")]
+    ahead: Option<step::Ahead>,
 }
 
 /// The optimizer 'auto' resolves to, with its lr0 and momentum (yolo_spec §4.2).
@@ -234,8 +239,11 @@ impl Trainer {
             pending: None,
             pending_flat: Vec::new(),
             read_late: 0,
+            uploaded_ahead: 0,
             #[cfg(feature = "cuda")]
             queued: None,
+            #[cfg(feature = "cuda")]
+            ahead: None,
             history: Vec::new(),
             loader: Loader {
                 source: Arc::new(train),
@@ -413,9 +421,19 @@ impl Trainer {
                 .prefetch(self.epoch, order, first, nb, self.mosaic(self.epoch));
         // Batch index of the next step to finish (`queue_step` may finish one a call later).
         let mut b = first;
+        // One batch ahead, so that a step may make the next one's images while it runs
+        // (`replay.upload_ahead`).
+        let mut upcoming = batches.next();
         loop {
-            let done = match batches.next() {
-                Some(batch) if !self.steps_synced() => self.paced_step(&batch?),
+            let current = upcoming.take();
+            if current.is_some() {
+                upcoming = batches.next();
+            }
+            let done = match current {
+                Some(batch) if !self.steps_synced() => {
+                    let next = upcoming.as_ref().and_then(|r| r.as_ref().ok());
+                    self.paced_step(&batch?, next)
+                }
                 Some(batch) => vec![self.timed_step(&batch?)?],
                 None => match self.finish_queued() {
                     Some(items) => vec![items],

@@ -94,7 +94,7 @@ fn empty_late(replayed: bool, control: Control) -> (StateHashes, Vec<[f32; 6]>, 
             2 | 3 => super::common::empty_batch::without_objects(&t, &order, b),
             _ => t.batch(&order, b).unwrap(),
         };
-        finished += t.queue_step(&batch).len();
+        finished += t.queue_step(&batch, None).len();
     }
     finished += t.finish_queued().into_iter().count();
     assert_eq!(finished, 5, "every step finished once");

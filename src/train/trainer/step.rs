@@ -175,7 +175,7 @@ impl Trainer {
     /// One micro-batch: forward, assignment, loss, backward, and — when enough micro-batches
     /// are accumulated — clip, optimizer step and EMA update. Returns the logged loss items.
     pub fn train_step(&mut self, batch: &Batch) -> [f32; 6] {
-        let mut done = self.step(batch, false);
+        let mut done = self.step(batch, None, false);
         done.pop()
             .expect("a step that is not left queued is finished")
     }
@@ -183,23 +183,25 @@ impl Trainer {
     /// [`Trainer::train_step`], except that with `replay.defer_readback` (and no timing, no
     /// data-parallel group) a replayed step that ends without an optimizer step is left
     /// queued: its loss is read back and its gradients accumulated by the next call, once that
-    /// call's replay is queued behind it, or by [`Trainer::finish_queued`]. Returns the logged
-    /// items of every step this call finished, oldest first.
-    pub fn queue_step(&mut self, batch: &Batch) -> Vec<[f32; 6]> {
+    /// call's replay is queued behind it, or by [`Trainer::finish_queued`]. `next`: the batch
+    /// the next call will bring, whose images a recorded step makes while its graph runs
+    /// (`replay.upload_ahead`). Returns the logged items of every step this call finished,
+    /// oldest first.
+    pub fn queue_step(&mut self, batch: &Batch, next: Option<&Batch>) -> Vec<[f32; 6]> {
         // Only a recorded loss is read late, and never on the step that records it.
         let defer = self.cfg.replay.defer_readback
             && !self.steps_synced()
             && self.collective.is_none()
             && self.stage.records_loss()
             && !self.stage.records_next();
-        self.step(batch, defer)
+        self.step(batch, next, defer)
     }
 
     /// [`Trainer::queue_step`], its call timed by the host's clock alone when
     /// [`StepTiming::unsynced`](super::StepTiming::unsynced) (with the pool's bytes after it).
-    pub fn paced_step(&mut self, batch: &Batch) -> Vec<[f32; 6]> {
+    pub fn paced_step(&mut self, batch: &Batch, next: Option<&Batch>) -> Vec<[f32; 6]> {
         let start = std::time::Instant::now();
-        let done = self.queue_step(batch);
+        let done = self.queue_step(batch, next);
         let ms = start.elapsed().as_secs_f64() * 1e3;
         if self.timing.as_ref().is_some_and(|t| t.unsynced) {
             let usage = self.pool_usage();
@@ -222,7 +224,43 @@ impl Trainer {
             .map(|u| (u.bytes_in_use, u.bytes_reserved))
     }
 
-    fn step(&mut self, batch: &Batch, defer: bool) -> Vec<[f32; 6]> {
+    /// The images of `batch` on the device: those [`Trainer::upload_ahead`] made, when it made
+    /// them of this batch, else uploaded and augmented now (the phases marked on `clock`).
+    fn images(&mut self, batch: &Batch, clock: &mut PhaseClock) -> Tensor<4> {
+        #[cfg(feature = "cuda")]
+        if let Some(ahead) = self.ahead.take()
+            && ahead.key == batch.key()
+        {
+            clock.mark(Phase::Upload);
+            self.uploaded_ahead += 1;
+            return ahead.images;
+        }
+        let how = self.timing.as_ref().map(|t| t.upload).unwrap_or_default();
+        let pixels = batch.upload(&self.device, how);
+        clock.mark(Phase::Upload);
+        batch.augment(pixels)
+    }
+
+    /// `replay.upload_ahead`: `next`'s images made now, behind the graph just queued, for
+    /// the next step to take ([`Trainer::images`]). With the negative control
+    /// `Control::AheadOfThisBatch` it makes `current`'s instead, under `next`'s key.
+    #[cfg(feature = "cuda")]
+    fn upload_ahead(&mut self, current: &Batch, next: &Batch) {
+        let of = if self.stage.control().uploads_this_batch_ahead() {
+            current
+        } else {
+            next
+        };
+        let _reduced = autocast(self.cfg.train.precision.compute_dtype());
+        let how = self.timing.as_ref().map(|t| t.upload).unwrap_or_default();
+        let images = of.augment(of.upload(&self.device, how));
+        self.ahead = Some(Ahead {
+            key: next.key(),
+            images,
+        });
+    }
+
+    fn step(&mut self, batch: &Batch, next: Option<&Batch>, defer: bool) -> Vec<[f32; 6]> {
         let labels: Vec<Vec<Instance>> =
             batch.samples.iter().map(|s| s.instances.clone()).collect();
         let mut clock = PhaseClock::new(self.timing.as_ref(), &self.device);
@@ -232,10 +270,7 @@ impl Trainer {
         let dtype = self.cfg.train.precision.compute_dtype();
         let features = {
             let _reduced = autocast(dtype);
-            let how = self.timing.as_ref().map(|t| t.upload).unwrap_or_default();
-            let pixels = batch.upload(&self.device, how);
-            clock.mark(Phase::Upload);
-            let images = batch.augment(pixels);
+            let images = self.images(batch, &mut clock);
             clock.mark(Phase::Augment);
             let features = self.stage.forward(&mut self.model, images);
             clock.mark(Phase::Features);
@@ -253,6 +288,12 @@ impl Trainer {
             #[cfg(feature = "cuda")]
             {
                 let launched = self.launch_recorded(features, &labels, &mut clock, queue);
+                // Read at once, this step waits for its graph below: the next batch's upload
+                // and augmentation go behind the graph first, so the GPU runs them then
+                // instead of idling while the next step starts.
+                if let Some(next) = next.filter(|_| !queue && self.cfg.upload_ahead()) {
+                    self.upload_ahead(batch, next);
+                }
                 // The step queued before this one accumulates first, while this one runs.
                 done.extend(self.finish_queued());
                 if queue {
@@ -268,7 +309,7 @@ impl Trainer {
             }
             #[cfg(not(feature = "cuda"))]
             {
-                let _ = queue;
+                let _ = (queue, next);
                 unreachable!("only a replayed stage records the loss")
             }
         } else {
@@ -325,6 +366,14 @@ pub(crate) struct Launched {
     /// The network's parameter gradients (the recorder's buffer, or a copy of it).
     grads: FlatGrads,
     pending: crate::replay::loss::PendingLoss,
+}
+
+/// The next batch's images, made on the device while a recorded step's graph ran
+/// ([`Trainer::upload_ahead`]), and the key of the batch they were made for.
+#[cfg(feature = "cuda")]
+pub(crate) struct Ahead {
+    key: crate::data::batch::BatchKey,
+    images: Tensor<4>,
 }
 
 /// A step's logged loss items: read back already, or still on the device.
