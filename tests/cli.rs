@@ -88,11 +88,26 @@ fn bench_step_times_unsynced_steps() {
         &[
             &["bench-step", cfg.to_str().unwrap()][..],
             &args,
-            &["--unsynced", "3"],
+            &["--unsynced", "3", "--spans"],
         ]
         .concat(),
     );
     assert!(ok, "{text}");
+    // The spans of the three steps: the images, stage and accumulation of each (the CPU's
+    // loss runs in autodiff, no span of the recorded step's).
+    let spans = text
+        .lines()
+        .find(|l| l.starts_with("host ms per unsynced step by span (runs): "))
+        .unwrap_or_else(|| panic!("{text}"));
+    for part in ["images ", "stage ", "accumulate "] {
+        let runs = spans
+            .split(part)
+            .nth(1)
+            .and_then(|r| r.split(['(', ')']).nth(1))
+            .unwrap_or_else(|| panic!("{part}: {spans}"));
+        assert_eq!(runs, "3", "{part}: {spans}");
+    }
+    assert!(spans.contains("loss 0.00 (0)"), "{spans}");
     let line = text
         .lines()
         .find(|l| l.starts_with("unsynced: "))
@@ -112,6 +127,15 @@ fn bench_step_times_unsynced_steps() {
     assert!(ms > 0.0, "{line}");
     let (ok, text) = burnpose(&[&["bench-step", cfg.to_str().unwrap()][..], &args].concat());
     assert!(ok && !text.contains("unsynced"), "{text}");
+    let (ok, text) = burnpose(
+        &[
+            &["bench-step", cfg.to_str().unwrap()][..],
+            &args,
+            &["--spans"],
+        ]
+        .concat(),
+    );
+    assert!(!ok && text.contains("--unsynced"), "--spans alone: {text}");
     std::fs::remove_dir_all(&dir).ok();
 }
 

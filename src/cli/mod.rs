@@ -12,6 +12,7 @@ mod predict;
 mod profile;
 mod smoke;
 mod step_bench;
+mod step_report;
 mod val;
 mod warmup;
 

@@ -141,6 +141,10 @@ pub struct Options {
     /// GPU (the timed steps sync before and after each step).
     #[arg(long, default_value_t = 0)]
     pub unsynced: usize,
+    /// With `--unsynced`: also sum the host's wall time in each part of those steps
+    /// (`train::spans`) and print it per step.
+    #[arg(long, requires = "unsynced")]
+    pub spans: bool,
     /// How batches reach the device: bytes widened there (u8) or on the host (i32).
     #[arg(long, value_enum, default_value = "u8")]
     pub upload: crate::data::batch::Upload,
@@ -302,13 +306,14 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
         );
     }
     let unsynced = if o.unsynced > 0 {
-        Some(run_unsynced(
-            &mut t,
-            &order,
-            nb,
-            o.skip + o.steps,
-            o.unsynced,
-        )?)
+        if o.spans {
+            crate::train::spans::start();
+        }
+        let ms = run_unsynced(&mut t, &order, nb, o.skip + o.steps, o.unsynced);
+        if o.spans {
+            super::step_report::print_spans(&crate::train::spans::stop(), o.unsynced);
+        }
+        Some(ms?)
     } else {
         None
     };
@@ -427,7 +432,7 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
             ms.push(f64::NAN);
             ms
         });
-        print_census(&report, host.as_deref(), o.census_csv.as_deref())?;
+        super::step_report::print_census(&report, host.as_deref(), o.census_csv.as_deref())?;
     }
     if let Some(why) = &t.replay_off {
         println!("stage native (no replay): {why}");
@@ -548,35 +553,6 @@ fn run_census(
     // The census steps are not timed steps: the medians stay the timed ones'.
     timing.drop_last(n);
     Ok(report)
-}
-
-fn print_census(
-    r: &crate::train::census::CensusReport,
-    host_ms: Option<&[f64]>,
-    csv: Option<&std::path::Path>,
-) -> anyhow::Result<()> {
-    println!(
-        "launch census, per step over {} steps (phase-synced):",
-        r.steps
-    );
-    print!("{}", r.table(host_ms));
-    println!("driver calls per step, most first:");
-    for (name, n) in r.calls.iter().take(16) {
-        println!("  {n:>9.1}  {name}");
-    }
-    println!("kernels by GPU time per step (phase, runs, ms):");
-    for k in r.kernels.iter().take(30) {
-        println!(
-            "  {:<16} {:>7.1} {:>8.3}  {}",
-            k.phase, k.runs, k.gpu_ms, k.name
-        );
-    }
-    if let Some(path) = csv {
-        std::fs::write(path, r.kernels_csv())
-            .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
-        println!("census per kernel: {}", path.display());
-    }
-    Ok(())
 }
 
 /// The `f` quantile (nearest rank) of ascending `sorted`.

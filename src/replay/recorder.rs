@@ -37,6 +37,7 @@ use crate::optim::grads::FlatGrads;
 use crate::optim::groups::ParamInfo;
 use crate::optim::layout::Layout;
 use crate::optim::tensors::{float_tensors, replace_float_tensors};
+use crate::train::spans::{self, Span};
 use burn::backend::{Backend, BackendTensor, Dispatch, DispatchTensorKind};
 use burn::prelude::*;
 use burn::tensor::FloatDType;
@@ -490,21 +491,24 @@ impl Recorder {
         }
         let (weight, scale) = self.loss_values(loss, scale);
         let r = self.state.as_mut().expect("recorded");
-        r.sources.refresh(model, self.control.stale_sources());
-        write(images, &r.input);
+        let stale = self.control.stale_sources();
+        spans::time(Span::LossSources, || r.sources.refresh(model, stale));
+        spans::time(Span::LossImages, || write(images, &r.input));
         let Graphs::One { step, loss: inputs } = &mut r.graphs else {
             unreachable!("one graph")
         };
-        inputs.write(
-            labels,
-            weight,
-            scale,
-            model.head.flow.as_ref(),
-            &self.device,
-        );
-        replay(&self.device, step);
+        spans::time(Span::LossLabels, || {
+            inputs.write(
+                labels,
+                weight,
+                scale,
+                model.head.flow.as_ref(),
+                &self.device,
+            )
+        });
+        spans::time(Span::LossLaunch, || replay(&self.device, step));
         let pending = inputs.pending();
-        r.statistics_into(model);
+        spans::time(Span::LossStatistics, || r.statistics_into(model));
         pending
     }
 
@@ -558,7 +562,9 @@ impl Recorded {
             self.sources.written[*i] = Some(cube(view.clone()));
             stats.insert(self.sources.buffers[*i].0.clone(), Tensor::from_inner(view));
         }
-        let (updated, missing) = replace_float_tensors(model.clone(), &mut stats);
+        let (updated, missing) = spans::time(Span::StatisticsReplace, || {
+            replace_float_tensors(model.clone(), &mut stats)
+        });
         assert!(
             missing.is_empty(),
             "running statistics not in the model: {missing:?}"

@@ -20,6 +20,7 @@ use crate::optim::groups::ParamInfo;
 use crate::optim::groups::param_table;
 use crate::optim::layout::{Layout, padded};
 use crate::optim::tensors::float_tensors;
+use crate::train::spans::{self, Span};
 use burn::module::Module;
 use burn::prelude::*;
 use burn::tensor::DType;
@@ -216,8 +217,10 @@ impl Sources {
     /// the buffer already equals it (the same allocation region, held there so it cannot
     /// change); `stale` (the `StaleSources` control) copies each only once.
     pub(super) fn refresh<M: Module>(&mut self, module: &M, stale: bool) {
-        let current: HashMap<String, Tensor<1>> =
-            float_tensors(&module.valid()).into_iter().collect();
+        let current: HashMap<String, Tensor<1>> = spans::time(Span::SourcesWalk, || {
+            float_tensors(&module.valid()).into_iter().collect()
+        });
+        let segments_start = std::time::Instant::now();
         let mut done = vec![false; self.buffers.len()];
         // A flat optimizer step written in place leaves the parameters the same tensors with
         // new values: every parameter is copied again then (not under the control, which
@@ -270,6 +273,8 @@ impl Sources {
                 i = j;
             }
         }
+        spans::since(Span::SourcesSegments, segments_start);
+        let _rest = spans::Timer::new(Span::SourcesRest);
         for (((path, buffer), written), done) in
             self.buffers.iter().zip(&mut self.written).zip(done)
         {

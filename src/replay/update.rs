@@ -28,6 +28,7 @@ use crate::optim::layout::Layout;
 use crate::optim::optimizer::Stepped;
 use crate::optim::tensors::{float_tensors, write_in_place};
 use crate::optim::{Ema, Hyper, Optimizer};
+use crate::train::spans::{self, Span};
 use burn::backend::{Backend, Dispatch};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
@@ -289,6 +290,7 @@ pub fn update(
     if !ready {
         return Err(inputs.grads);
     }
+    let inputs_made = std::time::Instant::now();
     let table = optimizer.table.clone();
     let constants = optimizer.constants();
     let parts: Vec<Option<Tensor<1>>> = table
@@ -310,6 +312,7 @@ pub fn update(
     let current = ema_parts(inputs.model, &paths);
     let flat = optimizer.in_place_buffers().expect("checked above");
     let scaled = inputs.loss_scale.is_some();
+    spans::since(Span::UpdateInputs, inputs_made);
     if !graph
         .as_ref()
         .is_some_and(|g| g.fits(flat, &averaged, scaled))
@@ -330,15 +333,17 @@ pub fn update(
         *graph = Some(recorded.unwrap_or_else(|e| panic!("{e}")));
     }
     let g = graph.as_ref().expect("recorded");
-    g.write_inputs(
-        &host,
-        decay,
-        &parts,
-        &current,
-        &flat.layout,
-        !control.freezes_update_scalars(),
-    );
-    replay(&flat.p.device(), &g.graph);
+    spans::time(Span::UpdateWrite, || {
+        g.write_inputs(
+            &host,
+            decay,
+            &parts,
+            &current,
+            &flat.layout,
+            !control.freezes_update_scalars(),
+        )
+    });
+    spans::time(Span::UpdateLaunch, || replay(&flat.p.device(), &g.graph));
     count_in_place_step();
     ema.count_update();
     let finite = match &g.finite {

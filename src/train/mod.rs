@@ -9,6 +9,7 @@ pub mod pictures;
 pub mod plot;
 pub mod precompile;
 pub mod report;
+pub mod spans;
 pub mod timing;
 pub mod trainer;
 pub mod validate;

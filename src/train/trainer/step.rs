@@ -2,6 +2,7 @@
 //! autodiff or recorded (`replay.scope = "step"`) — then accumulation, the optimizer and the EMA.
 
 use super::*;
+use crate::train::spans::{Span, time};
 
 impl Trainer {
     /// The loss and the backward in Burn autodiff (the stage's own backward from the seeds
@@ -270,9 +271,9 @@ impl Trainer {
         let dtype = self.cfg.train.precision.compute_dtype();
         let features = {
             let _reduced = autocast(dtype);
-            let images = self.images(batch, &mut clock);
+            let images = time(Span::Images, || self.images(batch, &mut clock));
             clock.mark(Phase::Augment);
-            let features = self.stage.forward(&mut self.model, images);
+            let features = time(Span::Stage, || self.stage.forward(&mut self.model, images));
             clock.mark(Phase::Features);
             features
         };
@@ -287,15 +288,17 @@ impl Trainer {
             clock.mark(Phase::Head);
             #[cfg(feature = "cuda")]
             {
-                let launched = self.launch_recorded(features, &labels, &mut clock, queue);
+                let launched = time(Span::Loss, || {
+                    self.launch_recorded(features, &labels, &mut clock, queue)
+                });
                 // Read at once, this step waits for its graph below: the next batch's upload
                 // and augmentation go behind the graph first, so the GPU runs them then
                 // instead of idling while the next step starts.
                 if let Some(next) = next.filter(|_| !queue && self.cfg.upload_ahead()) {
-                    self.upload_ahead(batch, next);
+                    time(Span::Ahead, || self.upload_ahead(batch, next));
                 }
                 // The step queued before this one accumulates first, while this one runs.
-                done.extend(self.finish_queued());
+                done.extend(time(Span::Read, || self.finish_queued()));
                 if queue {
                     self.queued = Some(launched);
                     self.read_late += 1;
@@ -305,7 +308,7 @@ impl Trainer {
                     self.ni += 1;
                     return done;
                 }
-                self.finish_recorded(launched, &mut clock)
+                time(Span::Read, || self.finish_recorded(launched, &mut clock))
             }
             #[cfg(not(feature = "cuda"))]
             {
@@ -328,7 +331,7 @@ impl Trainer {
             // Before the optimizer step, so the EMA copies rank 0's statistics too.
             self.model = broadcast_buffers(c.as_ref(), self.model.clone(), &self.device);
         }
-        self.accumulate(grads, flats, !stepped);
+        time(Span::Accumulate, || self.accumulate(grads, flats, !stepped));
         let queued = if stepped {
             self.last_opt_step = self.ni as i64;
             Some(self.optimizer_and_ema(&mut clock))
@@ -338,10 +341,12 @@ impl Trainer {
             None
         };
         self.ni += 1;
-        if let Some(q) = queued {
-            self.settle(q);
-        }
-        let items = items.read();
+        let items = time(Span::Settle, || {
+            if let Some(q) = queued {
+                self.settle(q);
+            }
+            items.read()
+        });
         clock.mark(Phase::Readback);
         if let Some(t) = self.timing.as_mut() {
             t.optimizer_step.push(stepped);
