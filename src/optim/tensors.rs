@@ -15,6 +15,23 @@ pub fn float_tensors<M: Module>(module: &M) -> Vec<(String, Tensor<1>)> {
         .collect()
 }
 
+/// The tensors [`float_tensors`]`(&module.valid())` gives, in its order, without their paths:
+/// each float tensor of `module` without autodiff, flattened, visited in place (no module
+/// mapped, no path built).
+pub fn float_values<M: Module>(module: &M) -> Vec<Tensor<1>> {
+    struct Values(Vec<Tensor<1>>);
+    impl burn::module::ModuleVisitor for Values {
+        fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<Tensor<D>>) {
+            let t = param.val().without_autodiff();
+            let n = t.shape().num_elements();
+            self.0.push(t.reshape([n]));
+        }
+    }
+    let mut values = Values(Vec::new());
+    module.visit(&mut values);
+    values.0
+}
+
 /// [`float_tensors`] with whether each tensor requires a gradient (read before flattening).
 pub fn visit_floats<M: Module>(module: &M) -> Vec<(String, Tensor<1>, bool)> {
     struct Floats(Vec<(String, Tensor<1>, bool)>);
@@ -87,4 +104,33 @@ pub fn write_in_place(src: &Tensor<1>, dst: &Tensor<1>) -> bool {
     }
     let _ = (src, dst);
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Scale, Task, YoloConfig};
+
+    /// The walk without paths gives, from a module still in autodiff, the tensors the walk by
+    /// path gives from its `valid()` copy, in the same order (replay's sources find theirs by
+    /// that index): the same shapes and values, without autodiff.
+    #[test]
+    fn float_values_are_the_valid_modules_tensors_in_order() {
+        let device = Device::flex();
+        device.seed(3);
+        let model = YoloConfig::new(Scale::N, Task::Pose).init(&device).train();
+        assert!(
+            float_tensors(&model)[0].1.is_autodiff(),
+            "the model is in autodiff"
+        );
+        let by_path = float_tensors(&model.valid());
+        let values = float_values(&model);
+        assert_eq!(values.len(), by_path.len());
+        assert!(values.len() > 500, "{} tensors", values.len());
+        for ((path, a), b) in by_path.iter().zip(&values) {
+            assert!(!b.is_autodiff(), "{path}");
+            assert_eq!(a.shape(), b.shape(), "{path}");
+            assert_eq!(a.to_data().as_bytes(), b.to_data().as_bytes(), "{path}");
+        }
+    }
 }

@@ -19,7 +19,7 @@ use crate::optim::flat::in_place_steps;
 use crate::optim::groups::ParamInfo;
 use crate::optim::groups::param_table;
 use crate::optim::layout::{Layout, padded};
-use crate::optim::tensors::float_tensors;
+use crate::optim::tensors::{float_tensors, float_values};
 use crate::train::spans::{self, Span};
 use burn::module::Module;
 use burn::prelude::*;
@@ -39,6 +39,18 @@ pub(super) struct Sources {
     /// The flat optimizer's in-place step count at the last refresh
     /// (`optim::flat::in_place_steps`).
     steps_seen: u64,
+    /// Where each buffer's path falls in the module's visiting order ([`Visits`]), learnt on
+    /// the first refresh.
+    visits: Option<Visits>,
+}
+
+/// Per buffer, the index of its tensor among `float_values(module)` (`None`: no such path),
+/// for a module with `count` float tensors. The module's structure does not change during a
+/// fit, so a walk without paths finds each buffer's tensor at the same index; a module with
+/// another count is looked up by path again.
+struct Visits {
+    count: usize,
+    index: Vec<Option<usize>>,
 }
 
 /// Buffers that are segments of `flat` at `layout`: segment `k` is buffer `members[k]`.
@@ -161,6 +173,7 @@ impl Sources {
             buffers,
             params: None,
             steps_seen: in_place_steps(),
+            visits: None,
         }
     }
 
@@ -217,9 +230,7 @@ impl Sources {
     /// the buffer already equals it (the same allocation region, held there so it cannot
     /// change); `stale` (the `StaleSources` control) copies each only once.
     pub(super) fn refresh<M: Module>(&mut self, module: &M, stale: bool) {
-        let current: HashMap<String, Tensor<1>> = spans::time(Span::SourcesWalk, || {
-            float_tensors(&module.valid()).into_iter().collect()
-        });
+        let current = spans::time(Span::SourcesWalk, || self.current(module));
         let segments_start = std::time::Instant::now();
         let mut done = vec![false; self.buffers.len()];
         // A flat optimizer step written in place leaves the parameters the same tensors with
@@ -232,11 +243,8 @@ impl Sources {
             (!moved || is_running_stat(path)) && up_to_date(written, now, stale)
         };
         if let Some(seg) = &self.params {
-            let parts: Vec<Option<Tensor<1>>> = seg
-                .members
-                .iter()
-                .map(|&b| current.get(&self.buffers[b].0).cloned())
-                .collect();
+            let parts: Vec<Option<Tensor<1>>> =
+                seg.members.iter().map(|&b| current[b].clone()).collect();
             let (offsets, sizes) = (&seg.layout.offsets, &seg.layout.sizes);
             let mut i = 0;
             while i < parts.len() {
@@ -275,19 +283,50 @@ impl Sources {
         }
         spans::since(Span::SourcesSegments, segments_start);
         let _rest = spans::Timer::new(Span::SourcesRest);
-        for (((path, buffer), written), done) in
-            self.buffers.iter().zip(&mut self.written).zip(done)
+        for (b, (((path, buffer), written), done)) in self
+            .buffers
+            .iter()
+            .zip(&mut self.written)
+            .zip(done)
+            .enumerate()
         {
             if done {
                 continue;
             }
-            let now = cube(current[path].clone());
+            let now = cube(
+                current[b]
+                    .clone()
+                    .unwrap_or_else(|| panic!("feature replay: no tensor at {path}")),
+            );
             if fresh(path, written.as_ref(), &now) {
                 continue;
             }
             copy_into(now.clone(), &cube(buffer.clone()));
             *written = Some(now);
         }
+    }
+}
+
+impl Sources {
+    /// Per buffer, `module`'s tensor at its path now, without autodiff and flattened (`None`:
+    /// no such path): found by a walk without paths ([`float_values`]) at the indices the
+    /// first walk by path learnt.
+    fn current<M: Module>(&mut self, module: &M) -> Vec<Option<Tensor<1>>> {
+        let values = float_values(module);
+        if self.visits.as_ref().is_none_or(|v| v.count != values.len()) {
+            let at: HashMap<String, usize> = float_tensors(&module.valid())
+                .into_iter()
+                .enumerate()
+                .map(|(i, (path, _))| (path, i))
+                .collect();
+            let index = self.buffers.iter().map(|(p, _)| at.get(p).copied());
+            self.visits = Some(Visits {
+                count: values.len(),
+                index: index.collect(),
+            });
+        }
+        let index = &self.visits.as_ref().expect("set above").index;
+        index.iter().map(|i| i.map(|i| values[i].clone())).collect()
     }
 }
 
