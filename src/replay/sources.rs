@@ -282,7 +282,7 @@ impl Sources {
             }
         }
         spans::since(Span::SourcesSegments, segments_start);
-        let _rest = spans::Timer::new(Span::SourcesRest);
+        let rest_start = std::time::Instant::now();
         for (b, (((path, buffer), written), done)) in self
             .buffers
             .iter()
@@ -304,6 +304,7 @@ impl Sources {
             copy_into(now.clone(), &cube(buffer.clone()));
             *written = Some(now);
         }
+        spans::since(Span::SourcesRest, rest_start);
     }
 }
 

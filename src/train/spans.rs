@@ -154,21 +154,6 @@ pub fn since(span: Span, start: Instant) {
     }
 }
 
-/// Adds its lifetime to a span's while counting (for a span that ends where a scope does).
-pub struct Timer(Span, Instant);
-
-impl Timer {
-    pub fn new(span: Span) -> Self {
-        Self(span, Instant::now())
-    }
-}
-
-impl Drop for Timer {
-    fn drop(&mut self) {
-        since(self.0, self.1);
-    }
-}
-
 /// `f()`, its wall time added to `span`'s while counting.
 pub fn time<T>(span: Span, f: impl FnOnce() -> T) -> T {
     if !ON.load(Ordering::Relaxed) {
