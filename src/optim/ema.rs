@@ -152,10 +152,7 @@ impl<M: Module> Ema<M> {
 }
 
 /// The tensors of `current` (the model's, by path) at `paths`, in that order.
-pub(crate) fn in_order(
-    current: &mut HashMap<String, Tensor<1>>,
-    paths: &[String],
-) -> Vec<Option<Tensor<1>>> {
+fn in_order(current: &mut HashMap<String, Tensor<1>>, paths: &[String]) -> Vec<Option<Tensor<1>>> {
     paths
         .iter()
         .map(|p| {

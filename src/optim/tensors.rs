@@ -32,6 +32,43 @@ pub fn float_values<M: Module>(module: &M) -> Vec<Tensor<1>> {
     values.0
 }
 
+/// Where some paths fall among a module's float tensors in visiting order, learnt by one walk
+/// by path: later lookups walk the module without paths ([`float_values`]) and take each path's
+/// tensor at its index. A module's structure does not change during a fit; one with another
+/// count of float tensors, or asked for another count of paths, is looked up by path again.
+#[derive(Default)]
+pub struct FloatIndex {
+    /// `(float tensors in the module, per path its index or None)`.
+    learnt: Option<(usize, Vec<Option<usize>>)>,
+}
+
+impl FloatIndex {
+    /// `module`'s tensors at `paths` (`None`: no such path), as [`float_tensors`]`(&module.valid())`
+    /// gives them: without autodiff, flattened. Give the same paths on every call.
+    pub fn tensors<'a, M: Module>(
+        &mut self,
+        module: &M,
+        paths: impl ExactSizeIterator<Item = &'a str>,
+    ) -> Vec<Option<Tensor<1>>> {
+        let values = float_values(module);
+        let stale = self
+            .learnt
+            .as_ref()
+            .is_none_or(|(count, index)| *count != values.len() || index.len() != paths.len());
+        if stale {
+            let at: HashMap<String, usize> = float_tensors(&module.valid())
+                .into_iter()
+                .enumerate()
+                .map(|(i, (path, _))| (path, i))
+                .collect();
+            let index = paths.map(|p| at.get(p).copied()).collect();
+            self.learnt = Some((values.len(), index));
+        }
+        let (_, index) = self.learnt.as_ref().expect("set above");
+        index.iter().map(|i| i.map(|i| values[i].clone())).collect()
+    }
+}
+
 /// [`float_tensors`] with whether each tensor requires a gradient (read before flattening).
 pub fn visit_floats<M: Module>(module: &M) -> Vec<(String, Tensor<1>, bool)> {
     struct Floats(Vec<(String, Tensor<1>, bool)>);
@@ -132,5 +169,53 @@ mod tests {
             assert_eq!(a.shape(), b.shape(), "{path}");
             assert_eq!(a.to_data().as_bytes(), b.to_data().as_bytes(), "{path}");
         }
+    }
+
+    /// A [`FloatIndex`] gives the tensors at its paths as the walk by path does: on the first
+    /// lookup, after the module's tensors were replaced (the new ones), and for a module of
+    /// another structure (learnt again); a path the module lacks gives `None`.
+    #[test]
+    fn a_float_index_finds_the_tensors_at_its_paths() {
+        let device = Device::flex();
+        device.seed(4);
+        let by_path = |m: &crate::model::Yolo| -> HashMap<String, Tensor<1>> {
+            float_tensors(&m.valid()).into_iter().collect()
+        };
+        let check = |index: &mut FloatIndex, m: &crate::model::Yolo, paths: &[String]| {
+            let want = by_path(m);
+            let got = index.tensors(m, paths.iter().map(String::as_str));
+            assert_eq!(got.len(), paths.len());
+            for (p, t) in paths.iter().zip(got) {
+                match (want.get(p), t) {
+                    (None, None) => {}
+                    (Some(a), Some(b)) => {
+                        assert_eq!(a.to_data().as_bytes(), b.to_data().as_bytes(), "{p}")
+                    }
+                    (a, b) => panic!("{p}: by path {:?}, by index {:?}", a.is_some(), b.is_some()),
+                }
+            }
+        };
+        let pose = YoloConfig::new(Scale::N, Task::Pose).init(&device).train();
+        let all: Vec<String> = float_tensors(&pose).into_iter().map(|(p, _)| p).collect();
+        // Some paths out of visiting order, and one the model lacks.
+        let mut paths: Vec<String> = all.iter().rev().step_by(7).cloned().collect();
+        paths.push("no.such.tensor".into());
+        let mut index = FloatIndex::default();
+        check(&mut index, &pose, &paths);
+        let mut changed: HashMap<String, Tensor<1>> = paths[..3]
+            .iter()
+            .map(|p| {
+                let t = by_path(&pose)[p].clone();
+                (p.clone(), t + 1.0)
+            })
+            .collect();
+        let (pose, missing) = replace_float_tensors(pose, &mut changed);
+        assert!(missing.is_empty());
+        check(&mut index, &pose, &paths);
+        let detect = YoloConfig::new(Scale::N, Task::Detect)
+            .init(&device)
+            .train();
+        assert_ne!(float_tensors(&detect).len(), all.len());
+        check(&mut index, &detect, &paths);
     }
 }

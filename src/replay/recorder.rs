@@ -70,6 +70,8 @@ pub struct Recorder {
     /// `replay.record_update`: the optimizer step and the EMA update as one more graph, and
     /// how many updates went through it.
     update: Option<super::update::UpdateGraph>,
+    /// Where the EMA's tensors fall among the model's ([`super::update::update`]).
+    ema_index: crate::optim::tensors::FloatIndex,
     update_replays: usize,
 }
 
@@ -206,6 +208,7 @@ impl Recorder {
             images: None,
             dtype: None,
             update: None,
+            ema_index: Default::default(),
             update_replays: 0,
         }
     }
@@ -521,8 +524,14 @@ impl Recorder {
         ema: &mut crate::optim::Ema<Yolo>,
         inputs: super::update::UpdateInputs,
     ) -> Result<crate::optim::optimizer::Stepped, burn::optim::GradientsParams> {
-        let stepped =
-            super::update::update(&mut self.update, self.control, optimizer, ema, inputs)?;
+        let stepped = super::update::update(
+            &mut self.update,
+            &mut self.ema_index,
+            self.control,
+            optimizer,
+            ema,
+            inputs,
+        )?;
         self.update_replays += 1;
         Ok(stepped)
     }

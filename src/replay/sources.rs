@@ -19,7 +19,7 @@ use crate::optim::flat::in_place_steps;
 use crate::optim::groups::ParamInfo;
 use crate::optim::groups::param_table;
 use crate::optim::layout::{Layout, padded};
-use crate::optim::tensors::{float_tensors, float_values};
+use crate::optim::tensors::FloatIndex;
 use crate::train::spans::{self, Span};
 use burn::module::Module;
 use burn::prelude::*;
@@ -39,18 +39,9 @@ pub(super) struct Sources {
     /// The flat optimizer's in-place step count at the last refresh
     /// (`optim::flat::in_place_steps`).
     steps_seen: u64,
-    /// Where each buffer's path falls in the module's visiting order ([`Visits`]), learnt on
-    /// the first refresh.
-    visits: Option<Visits>,
-}
-
-/// Per buffer, the index of its tensor among `float_values(module)` (`None`: no such path),
-/// for a module with `count` float tensors. The module's structure does not change during a
-/// fit, so a walk without paths finds each buffer's tensor at the same index; a module with
-/// another count is looked up by path again.
-struct Visits {
-    count: usize,
-    index: Vec<Option<usize>>,
+    /// Where each buffer's path falls among the module's float tensors, learnt on the first
+    /// refresh.
+    index: FloatIndex,
 }
 
 /// Buffers that are segments of `flat` at `layout`: segment `k` is buffer `members[k]`.
@@ -173,7 +164,7 @@ impl Sources {
             buffers,
             params: None,
             steps_seen: in_place_steps(),
-            visits: None,
+            index: FloatIndex::default(),
         }
     }
 
@@ -230,7 +221,8 @@ impl Sources {
     /// the buffer already equals it (the same allocation region, held there so it cannot
     /// change); `stale` (the `StaleSources` control) copies each only once.
     pub(super) fn refresh<M: Module>(&mut self, module: &M, stale: bool) {
-        let current = spans::time(Span::SourcesWalk, || self.current(module));
+        let paths = self.buffers.iter().map(|(p, _)| p.as_str());
+        let current = spans::time(Span::SourcesWalk, || self.index.tensors(module, paths));
         let segments_start = std::time::Instant::now();
         let mut done = vec![false; self.buffers.len()];
         // A flat optimizer step written in place leaves the parameters the same tensors with
@@ -305,29 +297,6 @@ impl Sources {
             *written = Some(now);
         }
         spans::since(Span::SourcesRest, rest_start);
-    }
-}
-
-impl Sources {
-    /// Per buffer, `module`'s tensor at its path now, without autodiff and flattened (`None`:
-    /// no such path): found by a walk without paths ([`float_values`]) at the indices the
-    /// first walk by path learnt.
-    fn current<M: Module>(&mut self, module: &M) -> Vec<Option<Tensor<1>>> {
-        let values = float_values(module);
-        if self.visits.as_ref().is_none_or(|v| v.count != values.len()) {
-            let at: HashMap<String, usize> = float_tensors(&module.valid())
-                .into_iter()
-                .enumerate()
-                .map(|(i, (path, _))| (path, i))
-                .collect();
-            let index = self.buffers.iter().map(|(p, _)| at.get(p).copied());
-            self.visits = Some(Visits {
-                count: values.len(),
-                index: index.collect(),
-            });
-        }
-        let index = &self.visits.as_ref().expect("set above").index;
-        index.iter().map(|i| i.map(|i| values[i].clone())).collect()
     }
 }
 

@@ -18,7 +18,7 @@ use super::control::Control;
 use super::recorder::{Graph, RecordError, copy_of, replay};
 use crate::model::Yolo;
 use crate::model::ops::storage;
-use crate::optim::ema::{average, in_order};
+use crate::optim::ema::average;
 use crate::optim::flat::{
     DeviceInputs, Finite, FlatState, HostInputs, count_in_place_step, device_update, pair,
 };
@@ -26,14 +26,13 @@ use crate::optim::grads::take_flat;
 use crate::optim::groups::ParamInfo;
 use crate::optim::layout::Layout;
 use crate::optim::optimizer::Stepped;
-use crate::optim::tensors::{float_tensors, write_in_place};
+use crate::optim::tensors::{FloatIndex, write_in_place};
 use crate::optim::{Ema, Hyper, Optimizer};
 use crate::train::spans::{self, Span};
 use burn::backend::{Backend, Dispatch};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::DType;
-use std::collections::HashMap;
 
 /// Eager runs of the update (on scratch copies of the buffers) before recording it.
 const WARMUPS: usize = 3;
@@ -61,11 +60,14 @@ pub struct UpdateInputs<'a> {
     pub loss_scale: Option<f32>,
 }
 
-/// The EMA's current value of each of its tensors (`paths`), from `model`.
-fn ema_parts(model: &Yolo, paths: &[String]) -> Vec<Option<Tensor<1>>> {
-    let mut current: HashMap<String, Tensor<1>> =
-        float_tensors(&model.valid()).into_iter().collect();
-    in_order(&mut current, paths)
+/// The EMA's current value of each of its tensors (`paths`), from `model`, found through
+/// `index` (learnt on the first call).
+fn ema_parts(model: &Yolo, paths: &[String], index: &mut FloatIndex) -> Vec<Option<Tensor<1>>> {
+    let parts = index.tensors(model, paths.iter().map(String::as_str));
+    for (p, t) in paths.iter().zip(&parts) {
+        assert!(t.is_some(), "EMA: the model has no tensor {p}");
+    }
+    parts
 }
 
 /// The items of `all` the host writes (`host_written`), in order: the parts (or sizes) of the
@@ -281,6 +283,7 @@ impl UpdateGraph {
 /// the caller runs them eagerly then.
 pub fn update(
     graph: &mut Option<UpdateGraph>,
+    index: &mut FloatIndex,
     control: Control,
     optimizer: &mut Optimizer,
     ema: &mut Ema<Yolo>,
@@ -309,7 +312,7 @@ pub fn update(
     let decay = ema.next_decay();
     let (paths, ema_layout, averaged) = ema.flat_buffer().expect("checked above");
     let (paths, ema_layout, averaged) = (paths.to_vec(), ema_layout.clone(), averaged.clone());
-    let current = ema_parts(inputs.model, &paths);
+    let current = ema_parts(inputs.model, &paths, index);
     let flat = optimizer.in_place_buffers().expect("checked above");
     let scaled = inputs.loss_scale.is_some();
     spans::since(Span::UpdateInputs, inputs_made);
