@@ -42,7 +42,8 @@ pub struct Options {
     #[arg(long, default_value_t = 16)]
     pub top: usize,
     /// Split the weight gradients' im2col products into matmul batches of at least this many
-    /// output pixels (default 1,024; `model::ops::wgrad::choose_chunk`).
+    /// output pixels (default: by the map's size, `model::ops::wgrad::by_size`; see
+    /// `model::ops::wgrad::choose_chunk`).
     #[arg(long)]
     pub wgrad_chunk: Option<usize>,
     /// Pad the reduced-precision convolutions' operands whose channel count is not a multiple
@@ -83,18 +84,16 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
     super::choose_conv_padding(o.conv_padding)?;
     let calls = step_convolutions(&cfg);
     let gpu_clock = Census::available().is_ok();
+    let chunk = crate::model::ops::wgrad::chunk()
+        .map_or_else(|| "by the map's size".to_string(), |c| c.to_string());
     #[cfg(feature = "cuda")]
     let routine = format!(
-        ", routine {}, matmul routine {}, weight-gradient chunk {}",
+        ", routine {}, matmul routine {}, weight-gradient chunk {chunk}",
         crate::model::ops::conv::routine::chosen(),
         crate::model::ops::matmul::chosen(),
-        crate::model::ops::wgrad::chunk()
     );
     #[cfg(not(feature = "cuda"))]
-    let routine = format!(
-        ", weight-gradient chunk {}",
-        crate::model::ops::wgrad::chunk()
-    );
+    let routine = format!(", weight-gradient chunk {chunk}");
     println!(
         "bench-conv: {} ({what}{routine}), batch {}, {} px, {:?}: {} distinct convolutions, {} runs \
          of each pass; time = {}",

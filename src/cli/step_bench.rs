@@ -65,7 +65,8 @@ pub struct Options {
     #[arg(long)]
     pub matmul_routine: Option<String>,
     /// Split the weight gradients' im2col products into matmul batches of at least this many
-    /// output pixels (default 1,024; `model::ops::wgrad::choose_chunk`).
+    /// output pixels (default: by the map's size, `model::ops::wgrad::by_size`; see
+    /// `model::ops::wgrad::choose_chunk`).
     #[arg(long)]
     pub wgrad_chunk: Option<usize>,
     /// Pad the reduced-precision convolutions' operands whose channel count is not a multiple

@@ -14,16 +14,15 @@ use burn::backend::tensor::FloatTensor;
 use burn::backend::{Backend, DType, Flex, FloatDType, Shape, Slice, TensorMetadata};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-/// Output pixels per matmul batch, at least (fewer only when a layer has fewer in all), unless
-/// [`choose_chunk`] chose another.
-const CHUNK: usize = 1024;
-
-static CHOSEN_CHUNK: AtomicUsize = AtomicUsize::new(CHUNK);
+/// Output pixels per matmul batch, at least, unless [`choose_chunk`] chose a fixed count: by
+/// the map's pixels per image ([`by_size`]).
+static CHOSEN_CHUNK: AtomicUsize = AtomicUsize::new(0);
 
 /// Splits every later weight gradient of this process into matmul batches of at least `pixels`
-/// output pixels (`bench-step --wgrad-chunk`, `bench-conv --wgrad-chunk`): fewer pixels make more
-/// batches, hence more of the GPU busy on small layers, and a longer sum of the batches after.
-/// The chunks change the order of the additions, hence the last bits.
+/// output pixels (`bench-step --wgrad-chunk`, `bench-conv --wgrad-chunk`) instead of a count by
+/// the map's size: fewer pixels make more batches, hence more of the GPU busy on small layers,
+/// and a longer sum of the batches after. The chunks change the order of the additions, hence
+/// the last bits.
 pub fn choose_chunk(pixels: usize) -> Result<(), String> {
     if pixels == 0 {
         return Err("the weight gradient's chunk must hold at least one pixel".into());
@@ -32,9 +31,26 @@ pub fn choose_chunk(pixels: usize) -> Result<(), String> {
     Ok(())
 }
 
-/// The chunk in use ([`choose_chunk`]).
-pub fn chunk() -> usize {
-    CHOSEN_CHUNK.load(Ordering::Relaxed)
+/// The fixed chunk in use, if [`choose_chunk`] chose one (else [`by_size`]).
+pub fn chunk() -> Option<usize> {
+    match CHOSEN_CHUNK.load(Ordering::Relaxed) {
+        0 => None,
+        c => Some(c),
+    }
+}
+
+/// The chunk for a map of `pixels` output pixels per image: about 8 of its rows for a square
+/// map, in powers of two. `bench-conv` on the H100 (docs/perf_log.md BD7) put the fastest
+/// weight gradients of the seed shape's 40×40 maps at 256 pixels (against 1,024: up to 2.6×
+/// faster), the 80×80 ones at 512, the 160×160 ones at 1,024 and the 320×320 one at 2,048;
+/// 20×20 maps make one batch per image at any of them.
+pub fn by_size(pixels: usize) -> usize {
+    match pixels {
+        0..=2_048 => 256,
+        2_049..=8_192 => 512,
+        8_193..=32_768 => 1_024,
+        _ => 2_048,
+    }
 }
 
 /// How the columns are made: [`columns`], or one kernel on CUDA (`kernels/im2col.rs`); the
@@ -113,10 +129,10 @@ fn chunked<B: Backend>(t: FloatTensor<B>, n: usize, rows: usize, chunks: usize) 
     B::float_permute(t, &[0, 2, 1, 3])
 }
 
-/// The number of matmul batches `pixels` output pixels are split into ([`split`] by the chunk
-/// in use).
+/// The number of matmul batches a map of `pixels` output pixels per image is split into
+/// ([`split`] by the chunk in use).
 fn chunks(pixels: usize) -> usize {
-    split(pixels, chunk())
+    split(pixels, chunk().unwrap_or_else(|| by_size(pixels)))
 }
 
 /// The largest number of chunks ≤ `pixels / chunk` that divides `pixels` evenly.
@@ -327,12 +343,17 @@ fn host_columns(
 mod tests {
     use super::*;
 
-    /// Chunks of at least `chunk` pixels that split the positions evenly: 80×80 maps in five
-    /// chunks of 1,280 by default, a 20×20 map in one, or in two of 200 with chunks of 128.
+    /// Chunks of at least `chunk` pixels that split the positions evenly: by size, 80×80 maps
+    /// in ten chunks of 640, 40×40 ones in five of 320, a 20×20 map in one, or in two of 200
+    /// with chunks of 128.
     #[test]
     fn chunks_split_the_positions_evenly() {
-        assert_eq!(split(6400, CHUNK), 5);
-        assert_eq!(split(400, CHUNK), 1);
+        assert_eq!(split(6400, by_size(6400)), 10);
+        assert_eq!(split(1600, by_size(1600)), 5);
+        assert_eq!(split(400, by_size(400)), 1);
+        assert_eq!(split(25_600, by_size(25_600)), 25);
+        assert_eq!(split(102_400, by_size(102_400)), 50);
+        assert_eq!(split(6400, 1024), 5);
         assert_eq!(split(400, 128), 2);
         assert_eq!(split(97, 8), 1, "a prime count stays whole");
         assert!(choose_chunk(0).is_err());
