@@ -336,8 +336,14 @@ mod tests {
         ] {
             let m = C3k2Config::new(16, 24, inner).with_n(n).init(&d).train();
             let shape = [3, 16, 7, 9];
-            let x = Tensor::<4>::random(shape, burn::tensor::Distribution::Default, &d);
-            let probe = Tensor::<4>::random([3, 24, 7, 9], burn::tensor::Distribution::Default, &d);
+            // Fixed values (the device's generator is shared with tests running beside this one).
+            let fill = |dims: [usize; 4], k: f32| {
+                let n: usize = dims.iter().product();
+                let v: Vec<f32> = (0..n).map(|i| (i as f32 * k).sin()).collect();
+                Tensor::<1>::from_floats(v.as_slice(), &d).reshape(dims)
+            };
+            let x = fill(shape, 0.37);
+            let probe = fill([3, 24, 7, 9], 0.61);
             let run = |f: &dyn Fn(Tensor<4>) -> Tensor<4>| {
                 let x = x.clone().require_grad();
                 let y = f(x.clone());
@@ -367,9 +373,23 @@ mod tests {
             // The output is the same bits. The gradient of `cv1`'s output gathers the same
             // terms in another association (a block's input gradient is summed before it
             // meets the concatenation's), so it and what follows from it may differ by rounding.
+            // Rounding is measured against each tensor's largest value: BatchNorm's backward
+            // subtracts means, so a small element may carry a larger relative error.
             ours[0].assert_eq(&theirs[0], true);
-            for (a, b) in ours.iter().zip(&theirs).skip(1) {
-                a.assert_approx_eq::<f32>(b, burn::tensor::Tolerance::rel_abs(1e-4, 1e-6));
+            for (i, (a, b)) in ours.iter().zip(&theirs).enumerate().skip(1) {
+                let (a, b) = (
+                    a.try_to_vec::<f32>().unwrap(),
+                    b.try_to_vec::<f32>().unwrap(),
+                );
+                let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let diff = a
+                    .iter()
+                    .zip(&b)
+                    .fold(0f32, |m, (p, q)| m.max((p - q).abs()));
+                assert!(
+                    diff <= 1e-4 * scale,
+                    "{inner:?}: gradient {i} differs by {diff:e} of a largest value {scale:e}"
+                );
             }
         }
     }
