@@ -1,7 +1,8 @@
 //! The host's wall time in the parts of a training step, summed over the steps run while
 //! counting (`bench-step --spans`, with `--unsynced`): where a step's host time goes when
 //! nothing syncs the device but the step itself (the wait for a recorded step's loss is in the
-//! `read` span). Off, a span costs one relaxed load.
+//! `read` span). Off, a span costs one relaxed load (a [`since`] span also its caller's
+//! `Instant::now`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
@@ -19,7 +20,7 @@ pub enum Span {
     /// Within `Loss`, one graph: the recorder's copies of the parameters and statistics
     /// brought up to date.
     LossSources,
-    /// Within `LossSources`: the trainer's model walked for its tensors by path.
+    /// Within `LossSources`: the trainer's model walked for its tensors (`FloatIndex`).
     SourcesWalk,
     /// Within `LossSources`: the parameters' segments compared and copied where they moved.
     SourcesSegments,
@@ -183,6 +184,10 @@ mod tests {
         let names: Vec<&str> = counted.iter().map(|c| c.0.name()).collect();
         assert_eq!(names.first(), Some(&"images"));
         assert_eq!(names.len(), 19);
+        // `since` indexes the counters by the enum's discriminant: the list must follow it.
+        for (i, s) in SPANS.iter().enumerate() {
+            assert_eq!(*s as usize, i, "{}", s.name());
+        }
         let read = counted.iter().find(|c| c.0 == Span::Read).unwrap();
         assert!(read.2 >= 1 && read.1 >= 2.0, "{read:?}");
         let images = counted.iter().find(|c| c.0 == Span::Images).unwrap();
