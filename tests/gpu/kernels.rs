@@ -388,8 +388,8 @@ fn channel_sums_give_burns_bias_gradient_on_cuda() {
     }
 }
 
-/// SiLU as one kernel each way equals Burn's `silu` in value and gradient, on a contiguous, a
-/// transposed and an odd-sized input.
+/// SiLU as one kernel each way equals Burn's `silu` in value and gradient, on a contiguous
+/// input (read at each value's index), a transposed and an odd-sized one (read by strides).
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn silu_matches_burns_on_cuda() {
