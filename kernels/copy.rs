@@ -9,8 +9,11 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 use cubecl::{CubeCount, CubeDim, calculate_cube_count_elemwise};
 
+/// One unit per value. Both sides by their own strides (Burn hands out NHWC-strided conv
+/// outputs and views), or (`dense`: both contiguous) at the value's own index, without the
+/// divisions that locate a strided value.
 #[cube(launch_unchecked)]
-fn copy_kernel(src: &Tensor<f32>, dst: &mut Tensor<f32>) {
+fn copy_kernel(src: &Tensor<f32>, dst: &mut Tensor<f32>, #[comptime] dense: bool) {
     let rank = dst.rank();
     let mut numel = 1;
     for d in 0..rank {
@@ -19,16 +22,19 @@ fn copy_kernel(src: &Tensor<f32>, dst: &mut Tensor<f32>) {
     if ABSOLUTE_POS >= numel {
         terminate!();
     }
-    // Both sides by their own strides: Burn hands out NHWC-strided conv outputs and views.
-    let mut rest = ABSOLUTE_POS;
-    let mut from = 0;
-    let mut to = 0;
-    for i in 0..rank {
-        let d = rank - 1 - i;
-        let c = rest % dst.shape(d);
-        rest /= dst.shape(d);
-        from += c * src.stride(d);
-        to += c * dst.stride(d);
+    let mut from = ABSOLUTE_POS;
+    let mut to = ABSOLUTE_POS;
+    if !dense {
+        let mut rest = ABSOLUTE_POS;
+        from = 0;
+        to = 0;
+        for i in 0..rank {
+            let d = rank - 1 - i;
+            let c = rest % dst.shape(d);
+            rest /= dst.shape(d);
+            from += c * src.stride(d);
+            to += c * dst.stride(d);
+        }
     }
     dst[to] = src[from];
 }
@@ -51,6 +57,9 @@ pub fn copy_into(src: CubeTensor, dst: &CubeTensor) {
     let n = shape.num_elements();
     let cube_dim = CubeDim::new(&src.client, n);
     let cube_count: CubeCount = calculate_cube_count_elemwise(&src.client, n, cube_dim);
+    let dense = src.is_contiguous() && dst.is_contiguous();
+    // SAFETY: units are bounded by the shape's length; both sides are read and written through
+    // their own strides, or at the value's index where both are contiguous.
     unsafe {
         copy_kernel::launch_unchecked(
             &dst.client,
@@ -58,6 +67,7 @@ pub fn copy_into(src: CubeTensor, dst: &CubeTensor) {
             cube_dim,
             src.into_tensor_arg(),
             dst.clone().into_tensor_arg(),
+            dense,
         );
     }
 }
