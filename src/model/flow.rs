@@ -1,10 +1,26 @@
 //! RealNVP flow used by the RLE keypoint loss (yolo_spec §2.5). It has no part in the forward
 //! pass of the network; the loss calls [`RealNvp::log_prob`].
 
-use super::ops::silu;
+use super::ops::{coupling_net, silu};
 use burn::module::Initializer;
 use burn::nn::{Linear, LinearConfig};
 use burn::prelude::*;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+static FUSED: AtomicBool = AtomicBool::new(false);
+
+/// Runs every later grouped coupling net of this process as one operation with its backward
+/// written by hand (`ops::coupling_net`: one autodiff node per net instead of ~11) or as the
+/// module's layers (`false`, the default until the operation has kernels of its own on CUDA
+/// and is measured there; the bodies today are the same tensor operations).
+pub fn choose_fused(fused: bool) {
+    FUSED.store(fused, Ordering::Relaxed);
+}
+
+/// Whether the coupling nets run as one operation ([`choose_fused`]).
+pub fn fused() -> bool {
+    FUSED.load(Ordering::Relaxed)
+}
 
 /// Number of affine coupling layers.
 pub const COUPLINGS: usize = 6;
@@ -68,6 +84,14 @@ impl CouplingNet {
     /// Here the bias is expanded over the groups first, so its gradient reduces the points of
     /// each group (in parallel), then the groups.
     pub fn forward_grouped(&self, x: Tensor<3>) -> Tensor<3> {
+        if fused() {
+            let biases =
+                [&self.fc1, &self.fc2, &self.fc3].map(|l| l.bias.as_ref().map(|b| b.val()));
+            if let [Some(b1), Some(b2), Some(b3)] = biases {
+                let weights = [&self.fc1, &self.fc2, &self.fc3].map(|l| l.weight.val());
+                return coupling_net(x, weights, [b1, b2, b3]);
+            }
+        }
         let layer = |l: &Linear, x: Tensor<3>| {
             let w = l.weight.val();
             let y = x.matmul(w.unsqueeze::<3>());
@@ -177,6 +201,70 @@ mod tests {
         let x = Tensor::<1>::from_floats(pts.as_slice(), &d).reshape([k * k, 2]);
         let mass = flow.log_prob(x).exp().sum().into_scalar::<f32>() * step * step;
         assert!((mass - 1.0).abs() < 1e-3, "density integrates to {mass}");
+    }
+
+    /// The coupling net as one operation (`ops::coupling_net`, its backward by hand) gives the
+    /// module's layers' output and, through autodiff, their gradients for the input and every
+    /// parameter, at weights far from the near-identity start.
+    #[test]
+    fn the_fused_coupling_net_equals_its_layers_with_gradients() {
+        use burn::tensor::Distribution;
+        let d = Device::flex().autodiff();
+        d.seed(29);
+        let net = CouplingNetConfig::new(16).init(&d);
+        let net = crate::optim::tensors::replace_float_tensors(
+            net.clone(),
+            &mut crate::optim::tensors::float_tensors(&net)
+                .into_iter()
+                .map(|(p, t)| {
+                    let n = t.dims()[0];
+                    (
+                        p,
+                        Tensor::<1>::random([n], Distribution::Normal(0.0, 0.5), &d),
+                    )
+                })
+                .collect(),
+        )
+        .0;
+        let x0 = Tensor::<3>::random([3, 11, 2], Distribution::Normal(0.0, 2.0), &d);
+        let probe = Tensor::<3>::random([3, 11, 2], Distribution::Normal(0.0, 1.0), &d);
+        let run = |fused: bool| {
+            let x = x0.clone().detach().require_grad();
+            let y = if fused {
+                let w = [&net.fc1, &net.fc2, &net.fc3].map(|l| l.weight.val());
+                let b = [&net.fc1, &net.fc2, &net.fc3].map(|l| l.bias.as_ref().unwrap().val());
+                coupling_net(x.clone(), w, b)
+            } else {
+                net.forward_grouped(x.clone())
+            };
+            let grads = (y.clone() * probe.clone()).sum().backward();
+            let mut out = vec![y.inner().reshape([66])];
+            out.push(x.grad(&grads).unwrap().reshape([66]));
+            for l in [&net.fc1, &net.fc2, &net.fc3] {
+                let w = l.weight.val().grad(&grads).unwrap();
+                let n = w.dims()[0] * w.dims()[1];
+                out.push(w.reshape([n]));
+                out.push(l.bias.as_ref().unwrap().val().grad(&grads).unwrap());
+            }
+            out
+        };
+        assert!(!fused(), "the switch is never turned on in the tests");
+        let (layers, fused_op) = (run(false), run(true));
+        let names = ["y", "dx", "dw1", "db1", "dw2", "db2", "dw3", "db3"];
+        for ((name, a), b) in names.iter().zip(layers).zip(fused_op) {
+            let (a, b) = (
+                a.into_data().try_to_vec::<f32>().unwrap(),
+                b.into_data().try_to_vec::<f32>().unwrap(),
+            );
+            let scale = a.iter().fold(1e-12f32, |m, v| m.max(v.abs()));
+            let err = a
+                .iter()
+                .zip(&b)
+                .fold(0f32, |m, (p, q)| m.max((p - q).abs()))
+                / scale;
+            assert!(err < 1e-5, "{name}: {err}");
+            assert!(a.iter().any(|v| *v != 0.0), "{name}: all zero");
+        }
     }
 
     /// The grouped pass gives every point the density of the plain one.

@@ -156,6 +156,38 @@ impl<B: Backend + FastOps> Backward<B, 1> for SiluOp {
     }
 }
 
+/// [`FastOps::coupling_net`]: the input and the six parameters are checkpointed; the backward
+/// is [`FastOps::coupling_net_backward`], which recomputes the hidden layers.
+#[derive(Debug)]
+struct CouplingNetOp;
+
+impl<B: Backend + FastOps> Backward<B, 7> for CouplingNetOp {
+    type State = [NodeId; 7];
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 7>,
+        grads: &mut Gradients,
+        checkpointer: &mut Checkpointer,
+    ) {
+        let grad = grads.consume::<B>(&ops.node);
+        let [x, w1, b1, w2, b2, w3, b3] = ops
+            .state
+            .map(|id| checkpointer.retrieve_node_output::<FloatTensor<B>>(id));
+        let (dx, dw1, db1, dw2, db2, dw3, db3) =
+            B::coupling_net_backward(x, w1, b1, w2, b2, w3, b3, grad);
+        for (node, g) in ops
+            .parents
+            .into_iter()
+            .zip([dx, dw1, db1, dw2, db2, dw3, db3])
+        {
+            if let Some(node) = node {
+                grads.register::<B>(node.id, g);
+            }
+        }
+    }
+}
+
 /// [`FastOps::add_bias`]: the input's gradient passes through, the bias's is
 /// [`FastOps::channel_sums`] of it (one reduction of ours on CUDA, where the broadcast's backward
 /// took three strided ones: 6 ms of a seed-shape step on the H200, docs/perf_log.md).
@@ -350,6 +382,49 @@ impl<B: Backend + FastOps, C: CheckpointStrategy> FastOps for Autodiff<B, C> {
         dtype: FloatDType,
     ) -> FloatTensor<Self> {
         tracked_conv::<B, C>(x, weight, options, Some(dtype))
+    }
+    fn coupling_net(
+        x: FloatTensor<Self>,
+        w1: FloatTensor<Self>,
+        b1: FloatTensor<Self>,
+        w2: FloatTensor<Self>,
+        b2: FloatTensor<Self>,
+        w3: FloatTensor<Self>,
+        b3: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let inputs = [x, w1, b1, w2, b2, w3, b3];
+        let nodes = inputs.each_ref().map(|t| t.node());
+        match CouplingNetOp.prepare::<C>(nodes).compute_bound().stateful() {
+            OpsKind::Tracked(mut prep) => {
+                let state = inputs.each_ref().map(|t| prep.checkpoint(t));
+                let [x, w1, b1, w2, b2, w3, b3] = inputs.map(|t| t.into_primitive());
+                prep.finish(state, B::coupling_net(x, w1, b1, w2, b2, w3, b3))
+            }
+            OpsKind::UnTracked(prep) => {
+                let [x, w1, b1, w2, b2, w3, b3] = inputs.map(|t| t.into_primitive());
+                prep.finish(B::coupling_net(x, w1, b1, w2, b2, w3, b3))
+            }
+        }
+    }
+    fn coupling_net_backward(
+        _x: FloatTensor<Self>,
+        _w1: FloatTensor<Self>,
+        _b1: FloatTensor<Self>,
+        _w2: FloatTensor<Self>,
+        _b2: FloatTensor<Self>,
+        _w3: FloatTensor<Self>,
+        _b3: FloatTensor<Self>,
+        _grad: FloatTensor<Self>,
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+    ) {
+        panic!("coupling_net_backward is first-order only")
     }
     fn silu(x: FloatTensor<Self>) -> FloatTensor<Self> {
         match SiluOp.prepare::<C>([x.node()]).compute_bound().stateful() {

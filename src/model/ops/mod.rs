@@ -25,6 +25,8 @@ mod channels;
 #[cfg(all(test, feature = "cuda"))]
 mod compile_check;
 pub mod conv;
+mod coupling;
+pub use coupling::coupling_net;
 mod cpu;
 mod cpu_batch_norm;
 mod cpu_depthwise;
@@ -281,6 +283,46 @@ pub trait FastOps: Backend {
     /// `grad · σ(x) · (1 + x · (1 − σ(x)))`.
     fn silu_backward(x: FloatTensor<Self>, grad: FloatTensor<Self>) -> FloatTensor<Self> {
         silu_backward_ops::<Self>(x, grad)
+    }
+    /// The flow's coupling net on points `x` (`[G, M, 2]`): `Linear(2, h) → SiLU → Linear(h, h)
+    /// → SiLU → Linear(h, 2)`, weights `[in, out]` as Burn's `Linear` keeps them, biases
+    /// `[out]` (`coupling.rs`).
+    #[allow(clippy::too_many_arguments)]
+    fn coupling_net(
+        x: FloatTensor<Self>,
+        w1: FloatTensor<Self>,
+        b1: FloatTensor<Self>,
+        w2: FloatTensor<Self>,
+        b2: FloatTensor<Self>,
+        w3: FloatTensor<Self>,
+        b3: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        coupling::forward::<Self>(x, [w1, b1, w2, b2, w3, b3])
+    }
+    /// Gradients of [`FastOps::coupling_net`] for the incoming `grad` (`[G, M, 2]`):
+    /// `(dx, dw1, db1, dw2, db2, dw3, db3)`, each parameter's summed over every point.
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    fn coupling_net_backward(
+        x: FloatTensor<Self>,
+        w1: FloatTensor<Self>,
+        b1: FloatTensor<Self>,
+        w2: FloatTensor<Self>,
+        b2: FloatTensor<Self>,
+        w3: FloatTensor<Self>,
+        b3: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+    ) {
+        let (dx, [dw1, db1, dw2, db2, dw3, db3]) =
+            coupling::backward::<Self>(x, [w1, b1, w2, b2, w3, b3], grad);
+        (dx, dw1, db1, dw2, db2, dw3, db3)
     }
     /// `y + bias` for each channel of `[N, C, H, W]` `y` (`bias` `[C]`).
     fn add_bias(y: FloatTensor<Self>, bias: FloatTensor<Self>) -> FloatTensor<Self> {
