@@ -9,5 +9,7 @@ pub mod model;
 pub mod optim;
 pub mod predict;
 pub mod replay;
+#[cfg(test)]
+mod test_util;
 pub mod train;
 pub mod weights;

@@ -256,12 +256,7 @@ mod tests {
                 a.into_data().try_to_vec::<f32>().unwrap(),
                 b.into_data().try_to_vec::<f32>().unwrap(),
             );
-            let scale = a.iter().fold(1e-12f32, |m, v| m.max(v.abs()));
-            let err = a
-                .iter()
-                .zip(&b)
-                .fold(0f32, |m, (p, q)| m.max((p - q).abs()))
-                / scale;
+            let err = crate::test_util::rel(&b, &a);
             assert!(err < 1e-5, "{name}: {err}");
             assert!(a.iter().any(|v| *v != 0.0), "{name}: all zero");
         }

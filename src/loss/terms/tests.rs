@@ -6,6 +6,7 @@ use crate::loss::reference::branch_terms;
 use crate::loss::{DEFAULT_GAINS, E2eLoss};
 use crate::model::flow::RealNvpConfig;
 use crate::model::{HeadOutput, Task};
+use crate::test_util::rel;
 use burn::module::Module;
 use burn::tensor::TensorData;
 
@@ -96,12 +97,6 @@ fn leaf(t: &Tensor<3>) -> Tensor<3> {
 
 fn values(t: Tensor<1>) -> Vec<f32> {
     t.into_data().try_into_vec::<f32>().unwrap()
-}
-
-/// Largest |a − b| over the largest |b|.
-fn rel(a: &[f32], b: &[f32]) -> f32 {
-    let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-12);
-    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
 }
 
 /// Relative differences of the weighted terms and of the gradients of every head output and of
