@@ -77,6 +77,14 @@ impl CouplingNet {
             .forward(silu(self.fc2.forward(silu(self.fc1.forward(x)))))
     }
 
+    /// The three layers' weights and biases, as [`coupling_net`] takes them (`None` when a
+    /// layer has no bias).
+    fn parameters(&self) -> Option<([Tensor<2>; 3], [Tensor<1>; 3])> {
+        let layers = [&self.fc1, &self.fc2, &self.fc3];
+        let [b1, b2, b3] = layers.map(|l| l.bias.as_ref().map(|b| b.val()));
+        Some((layers.map(|l| l.weight.val()), [b1?, b2?, b3?]))
+    }
+
     /// On `[G, M, in]` points in groups, each layer a matmul batched over the groups. Burn's
     /// `Linear` folds the groups into one `[G·M, in]` matrix, and a bias broadcast over both
     /// leading dimensions is reduced in one go too: either way its gradient is one reduction
@@ -84,13 +92,10 @@ impl CouplingNet {
     /// Here the bias is expanded over the groups first, so its gradient reduces the points of
     /// each group (in parallel), then the groups.
     pub fn forward_grouped(&self, x: Tensor<3>) -> Tensor<3> {
-        if fused() {
-            let biases =
-                [&self.fc1, &self.fc2, &self.fc3].map(|l| l.bias.as_ref().map(|b| b.val()));
-            if let [Some(b1), Some(b2), Some(b3)] = biases {
-                let weights = [&self.fc1, &self.fc2, &self.fc3].map(|l| l.weight.val());
-                return coupling_net(x, weights, [b1, b2, b3]);
-            }
+        if fused()
+            && let Some((weights, biases)) = self.parameters()
+        {
+            return coupling_net(x, weights, biases);
         }
         let layer = |l: &Linear, x: Tensor<3>| {
             let w = l.weight.val();
@@ -231,8 +236,7 @@ mod tests {
         let run = |fused: bool| {
             let x = x0.clone().detach().require_grad();
             let y = if fused {
-                let w = [&net.fc1, &net.fc2, &net.fc3].map(|l| l.weight.val());
-                let b = [&net.fc1, &net.fc2, &net.fc3].map(|l| l.bias.as_ref().unwrap().val());
+                let (w, b) = net.parameters().expect("biased layers");
                 coupling_net(x.clone(), w, b)
             } else {
                 net.forward_grouped(x.clone())

@@ -394,16 +394,16 @@ impl<B: Backend + FastOps, C: CheckpointStrategy> FastOps for Autodiff<B, C> {
     ) -> FloatTensor<Self> {
         let inputs = [x, w1, b1, w2, b2, w3, b3];
         let nodes = inputs.each_ref().map(|t| t.node());
+        let forward = |inputs: [FloatTensor<Self>; 7]| {
+            let [x, w1, b1, w2, b2, w3, b3] = inputs.map(|t| t.into_primitive());
+            B::coupling_net(x, w1, b1, w2, b2, w3, b3)
+        };
         match CouplingNetOp.prepare::<C>(nodes).compute_bound().stateful() {
             OpsKind::Tracked(mut prep) => {
                 let state = inputs.each_ref().map(|t| prep.checkpoint(t));
-                let [x, w1, b1, w2, b2, w3, b3] = inputs.map(|t| t.into_primitive());
-                prep.finish(state, B::coupling_net(x, w1, b1, w2, b2, w3, b3))
+                prep.finish(state, forward(inputs))
             }
-            OpsKind::UnTracked(prep) => {
-                let [x, w1, b1, w2, b2, w3, b3] = inputs.map(|t| t.into_primitive());
-                prep.finish(B::coupling_net(x, w1, b1, w2, b2, w3, b3))
-            }
+            OpsKind::UnTracked(prep) => prep.finish(forward(inputs)),
         }
     }
     fn coupling_net_backward(
