@@ -19,6 +19,8 @@ mod batch_norm;
 mod bn_single;
 #[path = "gpu/depthwise.rs"]
 mod depthwise;
+#[path = "gpu/flow.rs"]
+mod flow;
 #[path = "gpu/grad_operands.rs"]
 mod grad_operands;
 #[path = "gpu/in_place.rs"]

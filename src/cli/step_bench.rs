@@ -70,7 +70,7 @@ pub struct Options {
     #[arg(long)]
     pub wgrad_chunk: Option<usize>,
     /// Run the RLE flow's coupling nets as one operation each, with their backward written by
-    /// hand (`model::flow::choose_fused`; off by default).
+    /// hand (`model::flow::choose_fused`; on by default).
     #[arg(long)]
     pub fused_flow: Option<bool>,
     /// Pad the reduced-precision convolutions' operands whose channel count is not a multiple

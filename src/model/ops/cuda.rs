@@ -1,7 +1,10 @@
 //! Our operations on CUDA: the fused BatchNorm + SiLU kernels, CubeCL's implicit GEMM with
 //! channels-last, padded operands for convolutions, the channel sums of bias gradients and SiLU.
 
-use super::{ConvBnOps, FastOps, batch_norm, channels, conv, conv_bn_ops, fused_bn, silu_kernels};
+use super::{
+    ConvBnOps, FastOps, batch_norm, channels, conv, conv_bn_ops, coupling, coupling_kernels,
+    fused_bn, silu_kernels,
+};
 use burn::backend::ops::ConvOptions;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{BackendTensor, DispatchTensor, DispatchTensorKind};
@@ -166,6 +169,47 @@ impl FastOps for burn_cubecl::CubeBackend {
             silu_kernels::silu_backward(cast(x, F32), cast(grad, F32)),
             d,
         )
+    }
+    fn coupling_net(
+        x: FloatTensor<Self>,
+        w1: FloatTensor<Self>,
+        b1: FloatTensor<Self>,
+        w2: FloatTensor<Self>,
+        b2: FloatTensor<Self>,
+        w3: FloatTensor<Self>,
+        b3: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let params = [w1, b1, w2, b2, w3, b3];
+        match coupling_kernels::supported(&x, &params) {
+            Some(h) => coupling_kernels::forward(x, params, h),
+            None => coupling::forward::<Self>(x, params),
+        }
+    }
+    fn coupling_net_backward(
+        x: FloatTensor<Self>,
+        w1: FloatTensor<Self>,
+        b1: FloatTensor<Self>,
+        w2: FloatTensor<Self>,
+        b2: FloatTensor<Self>,
+        w3: FloatTensor<Self>,
+        b3: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+    ) {
+        let params = [w1, b1, w2, b2, w3, b3];
+        let (dx, [dw1, db1, dw2, db2, dw3, db3]) =
+            match coupling_kernels::supported(&x, &params).filter(|_| grad.dtype == F32) {
+                Some(h) => coupling_kernels::backward(x, params, grad, h),
+                None => coupling::backward::<Self>(x, params, grad),
+            };
+        (dx, dw1, db1, dw2, db2, dw3, db3)
     }
     fn segment(x: FloatTensor<Self>, start: usize, len: usize, reach: usize) -> FloatTensor<Self> {
         let size = x.dtype.size();

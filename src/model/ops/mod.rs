@@ -27,6 +27,9 @@ mod compile_check;
 pub mod conv;
 mod coupling;
 pub use coupling::coupling_net;
+#[cfg(feature = "cuda")]
+#[path = "../../../kernels/coupling.rs"]
+pub mod coupling_kernels;
 mod cpu;
 mod cpu_batch_norm;
 mod cpu_depthwise;

@@ -1,0 +1,135 @@
+//! The flow's coupling net as our CUDA kernels (`kernels/coupling.rs`, reached through
+//! `ops::coupling_net`) against the net's layers on the CPU: the output and every gradient.
+
+use super::{cube, cuda, rel_values, values};
+use burn::prelude::*;
+use burn::tensor::Distribution;
+use burn::tensor::activation::silu;
+use burnpose::model::ops;
+
+/// Points, weights and biases of a width-`h` net, and a probe the output is multiplied by
+/// before the sum whose gradients are taken, all drawn on the CPU.
+struct Case {
+    x: Tensor<3>,
+    weights: [Tensor<2>; 3],
+    biases: [Tensor<1>; 3],
+    probe: Tensor<3>,
+}
+
+impl Case {
+    fn new([g, m]: [usize; 2], h: usize, cpu: &Device) -> Self {
+        let n = |s: f64| Distribution::Normal(0.0, s);
+        // Weights far from the flow's near-zero start, so both SiLUs and every product matter.
+        let w = |i: usize, o: usize| Tensor::<2>::random([i, o], n(1.0 / (i as f64).sqrt()), cpu);
+        let b = |o: usize| Tensor::<1>::random([o], n(0.5), cpu);
+        Self {
+            x: Tensor::random([g, m, 2], n(2.0), cpu),
+            weights: [w(2, h), w(h, h), w(h, 2)],
+            biases: [b(h), b(h), b(2)],
+            probe: Tensor::random([g, m, 2], n(1.0), cpu),
+        }
+    }
+}
+
+/// `y`, `dx`, `dw1`, `db1`, `dw2`, `db2`, `dw3`, `db3` of `(y · probe).sum()` on `device`
+/// (autodiff added), `x` transposed in memory when `strided`; through `ops::coupling_net` when
+/// `fused`, else as the layers (`x · w + b`, Burn's SiLU).
+fn run(case: &Case, device: &Device, fused: bool, strided: bool) -> Vec<Vec<f32>> {
+    let d = device.clone().autodiff();
+    let on = |t: Tensor<2>| Tensor::<2>::from_data(t.into_data(), &d).require_grad();
+    let on1 = |t: Tensor<1>| Tensor::<1>::from_data(t.into_data(), &d).require_grad();
+    let x = if strided {
+        // The same values, laid out `[2, M, G]` in memory.
+        let t = case.x.clone().permute([2, 1, 0]).into_data();
+        Tensor::<3>::from_data(t, &d).permute([2, 1, 0])
+    } else {
+        Tensor::<3>::from_data(case.x.to_data(), &d)
+    };
+    let x = x.detach().require_grad();
+    let [w1, w2, w3] = case.weights.clone().map(on);
+    let [b1, b2, b3] = case.biases.clone().map(on1);
+    let y = if fused {
+        ops::coupling_net(
+            x.clone(),
+            [w1.clone(), w2.clone(), w3.clone()],
+            [b1.clone(), b2.clone(), b3.clone()],
+        )
+    } else {
+        let layer = |x: Tensor<3>, w: &Tensor<2>, b: &Tensor<1>| {
+            let o = b.dims()[0];
+            x.matmul(w.clone().unsqueeze::<3>()) + b.clone().reshape([1, 1, o])
+        };
+        let h = silu(layer(x.clone(), &w1, &b1));
+        let h = silu(layer(h, &w2, &b2));
+        layer(h, &w3, &b3)
+    };
+    let probe = Tensor::<3>::from_data(case.probe.to_data(), &d);
+    let grads = (y.clone() * probe).sum().backward();
+    let flat2 = |t: &Tensor<2>| values(t.grad(&grads).expect("a weight gradient"));
+    let flat1 = |t: &Tensor<1>| values(t.grad(&grads).expect("a bias gradient"));
+    vec![
+        values(y.inner()),
+        values(x.grad(&grads).expect("the points' gradient")),
+        flat2(&w1),
+        flat1(&b1),
+        flat2(&w2),
+        flat1(&b2),
+        flat2(&w3),
+        flat1(&b3),
+    ]
+}
+
+/// Whether the CUDA kernels (not the tensor operations) run a net of this case.
+fn kernels_take(case: &Case, gpu: &Device) -> bool {
+    let on = |t: Tensor<2>| cube(Tensor::<2>::from_data(t.into_data(), gpu));
+    let on1 = |t: Tensor<1>| cube(Tensor::<1>::from_data(t.into_data(), gpu));
+    let [w1, w2, w3] = case.weights.clone().map(on);
+    let [b1, b2, b3] = case.biases.clone().map(on1);
+    let x = cube(Tensor::<3>::from_data(case.x.to_data(), gpu));
+    ops::coupling_kernels::supported(&x, &[w1, b1, w2, b2, w3, b3]).is_some()
+}
+
+/// At the seed's flow shape (`[68, 132, 2]`, width 64), at 33 points (a second cube holding one
+/// point), at one point, at a narrow width (16) and with strided points, the kernels' output and
+/// seven gradients are within 1e-5 (relative to the largest reference value) of the layers on
+/// the CPU, and a second run gives the same bits. A width whose backward does not fit the
+/// kernels' shared memory (128) runs the tensor operations instead: Burn's FP32 matmuls, which
+/// round their operands to TF32 on the tensor cores, so within 2e-3 (measured: ≤ 9.6e-4).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn coupling_net_kernels_match_the_layers_on_the_cpu() {
+    let (cpu, gpu) = (Device::flex(), cuda());
+    cpu.seed(41);
+    let names = ["y", "dx", "dw1", "db1", "dw2", "db2", "dw3", "db3"];
+    let mut failures = Vec::new();
+    for (points, h, strided, kernels) in [
+        ([68, 132], 64, false, true),
+        ([3, 11], 64, false, true),
+        ([1, 1], 64, false, true),
+        ([5, 13], 16, false, true),
+        ([68, 132], 64, true, true),
+        ([4, 9], 128, false, false),
+    ] {
+        let case = Case::new(points, h, &cpu);
+        assert_eq!(kernels_take(&case, &gpu), kernels, "{points:?} width {h}");
+        let reference = run(&case, &cpu, false, false);
+        let ours = run(&case, &gpu, true, strided);
+        let again = run(&case, &gpu, true, strided);
+        for ((name, a), (b, c)) in names.iter().zip(&ours).zip(reference.iter().zip(&again)) {
+            let err = rel_values(a, b);
+            let what = format!("{points:?} width {h} strided {strided}: {name}");
+            println!("coupling {what} error {err:.2e}");
+            let bound = if kernels { 1e-5 } else { 2e-3 };
+            if err.is_nan() || err >= bound {
+                failures.push(format!("{what} error {err}"));
+            }
+            if b.iter().all(|v| *v == 0.0) {
+                failures.push(format!("{what}: the reference is all zero"));
+            }
+            if a.iter().zip(c).any(|(p, q)| p.to_bits() != q.to_bits()) {
+                failures.push(format!("{what} differs between two runs"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
