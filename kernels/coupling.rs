@@ -4,13 +4,15 @@
 //! of 2 and 64 columns, bias broadcasts, SiLUs, reductions; docs/kernels.md, "The flow's
 //! coupling nets as one operation").
 //!
-//! A cube of [`POINTS`] units (one warp) takes `POINTS` consecutive points, one a unit, with
-//! every weight and bias in shared memory (a broadcast read: all units read the same weight at
-//! once). A unit keeps its first hidden layer in registers (`Array`, its loops unrolled) and
-//! walks the second layer one output at a time. The backward recomputes the hidden layers, puts
-//! each point's activations and gradients in shared memory, and each cube sums its points'
-//! products for every weight and bias in a fixed order into its row of `partial`;
-//! `coupling_sums_kernel` adds the rows in cube order. No atomics: the same bits every run.
+//! A cube takes [`POINTS`] consecutive points with [`LANES`] units each, every weight and bias
+//! in shared memory. A unit keeps its point's first hidden layer in registers (`Array`, its
+//! loops unrolled) and computes every `LANES`-th output of the second layer: a point's work is
+//! spread over `LANES` units, so that the flow's ~9k points keep ~1,100 warps busy rather than
+//! ~280 (one unit per point left the GPU waiting on each warp's chains of multiply-adds). The
+//! backward recomputes the hidden layers, puts each point's activations and gradients in
+//! shared memory, and each cube sums its points' products for every weight and bias in a
+//! fixed order into its row of `partial`; `coupling_sums_kernel` adds the rows in a fixed
+//! order. No atomics: the same bits every run.
 
 // `#[cube]` expands to `cubecl::…` paths.
 use burn::cubecl;
@@ -18,19 +20,26 @@ use burn::tensor::{DType, Shape};
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
-use cubecl::{CubeCount, CubeDim, calculate_cube_count_elemwise};
+use cubecl::{CubeCount, CubeDim};
 
-/// Points (units) of a cube.
+/// Points of a cube.
 const POINTS: usize = 32;
+/// Units of a point: each computes every `LANES`-th output of the second layer (and, in the
+/// backward, every `LANES`-th gradient of the first).
+const LANES: usize = 4;
 /// Row length of the per-point columns in shared memory: one more than [`POINTS`], so that the
 /// units of a warp reading one point of 32 different rows hit 32 different banks.
 const ROW: usize = POINTS + 1;
+/// Reads each unit has in flight while it loads the weights.
+const LOADS: usize = 8;
+/// Row groups of the partials each column's sum is split into (units of a cube of
+/// `coupling_sums_kernel`: 32 columns × `GROUPS`).
+const GROUPS: usize = 8;
 /// The most shared memory a kernel may declare statically (CUDA's 48 KiB).
 const SHARED_LIMIT: usize = 48 * 1024;
 
-/// Offsets of the weights and biases in the shared weight buffer, and in a row of the
-/// gradient partials (the same layout): `w1` `[2, h]`, `b1` `[h]`, `w2` `[h, h]`, `b2` `[h]`,
-/// `w3` `[h, 2]`, `b3` `[2]`, then the total.
+/// Offsets of the weights' and biases' gradients in a row of the partials: `w1` `[2, h]`, `b1`
+/// `[h]`, `w2` `[h, h]`, `b2` `[h]`, `w3` `[h, 2]`, `b3` `[2]`, then the total.
 const fn layout(h: usize) -> [usize; 7] {
     let w1 = 0;
     let b1 = w1 + 2 * h;
@@ -41,9 +50,21 @@ const fn layout(h: usize) -> [usize; 7] {
     [w1, b1, w2, b2, w3, b3, b3 + 2]
 }
 
+/// [`layout`] of the weights in shared memory, but `w2`'s rows `h + 1` apart, so that the
+/// units of a warp reading one column of consecutive rows hit different banks.
+const fn shared_layout(h: usize) -> [usize; 7] {
+    let w1 = 0;
+    let b1 = w1 + 2 * h;
+    let w2 = b1 + h;
+    let b2 = w2 + h * (h + 1);
+    let w3 = b2 + h;
+    let b3 = w3 + 2 * h;
+    [w1, b1, w2, b2, w3, b3, b3 + 2]
+}
+
 /// Shared memory of the backward kernel (the larger), in bytes.
 const fn backward_shared_bytes(h: usize) -> usize {
-    (layout(h)[6] + 3 * h * ROW + 4 * POINTS) * 4
+    (shared_layout(h)[6] + 3 * h * ROW + 4 * POINTS) * 4
 }
 
 #[cube]
@@ -51,16 +72,36 @@ fn sigmoid(x: f32) -> f32 {
     1.0f32 / (1.0f32 + f32::exp(-x))
 }
 
-/// `rows × cols` matrix `t` (by its strides) into `s[at..]` row-major, the cube's units in turn.
+/// `rows × cols` matrix `t` (by its strides) into `s[at..]`, rows `row` apart, the cube's units
+/// in turn, each with [`LOADS`] reads in flight before it writes them.
 #[cube]
-fn load_matrix(t: &Tensor<f32>, s: &mut Shared<[f32]>, at: usize, #[comptime] cols: usize) {
+fn load_matrix(
+    t: &Tensor<f32>,
+    s: &mut Shared<[f32]>,
+    at: usize,
+    #[comptime] cols: usize,
+    #[comptime] row: usize,
+) {
     let n = t.shape(0) * cols;
-    let mut e = UNIT_POS as usize;
-    while e < n {
-        let r = e / cols;
-        let c = e % cols;
-        s[at + e] = t[r * t.stride(0) + c * t.stride(1)];
-        e += CUBE_DIM as usize;
+    let step = CUBE_DIM as usize;
+    let mut v = Array::<f32>::new(LOADS);
+    let mut first = UNIT_POS as usize;
+    while first < n {
+        #[unroll]
+        for k in 0..LOADS {
+            let e = first + k * step;
+            if e < n {
+                v[k] = t[(e / cols) * t.stride(0) + (e % cols) * t.stride(1)];
+            }
+        }
+        #[unroll]
+        for k in 0..LOADS {
+            let e = first + k * step;
+            if e < n {
+                s[at + (e / cols) * row + e % cols] = v[k];
+            }
+        }
+        first += LOADS * step;
     }
 }
 
@@ -74,7 +115,7 @@ fn load_vector(t: &Tensor<f32>, s: &mut Shared<[f32]>, at: usize) {
     }
 }
 
-/// Every weight and bias into `s` ([`layout`]).
+/// Every weight and bias into `s` ([`shared_layout`]).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn load_weights(
@@ -87,17 +128,17 @@ fn load_weights(
     s: &mut Shared<[f32]>,
     #[comptime] h: usize,
 ) {
-    let ow1 = comptime!(layout(h)[0]);
-    let ob1 = comptime!(layout(h)[1]);
-    let ow2 = comptime!(layout(h)[2]);
-    let ob2 = comptime!(layout(h)[3]);
-    let ow3 = comptime!(layout(h)[4]);
-    let ob3 = comptime!(layout(h)[5]);
-    load_matrix(w1, s, ow1, h);
+    let ow1 = comptime!(shared_layout(h)[0]);
+    let ob1 = comptime!(shared_layout(h)[1]);
+    let ow2 = comptime!(shared_layout(h)[2]);
+    let ob2 = comptime!(shared_layout(h)[3]);
+    let ow3 = comptime!(shared_layout(h)[4]);
+    let ob3 = comptime!(shared_layout(h)[5]);
+    load_matrix(w1, s, ow1, h, h);
     load_vector(b1, s, ob1);
-    load_matrix(w2, s, ow2, h);
+    load_matrix(w2, s, ow2, h, comptime!(h + 1));
     load_vector(b2, s, ob2);
-    load_matrix(w3, s, ow3, 2usize);
+    load_matrix(w3, s, ow3, 2usize, 2usize);
     load_vector(b3, s, ob3);
 }
 
@@ -108,7 +149,30 @@ fn point(t: &Tensor<f32>, p: usize, k: usize) -> f32 {
     t[(p / m) * t.stride(0) + (p % m) * t.stride(1) + k * t.stride(2)]
 }
 
-/// Unit per point: the net's output, into contiguous `out` (`[G, M, 2]`).
+/// The first layer's pre-activation `i` of point `(x0, x1)` (one expression, so the backward
+/// recomputes the forward's bits).
+#[cube]
+fn first(s: &Shared<[f32]>, x0: f32, x1: f32, i: usize, #[comptime] h: usize) -> f32 {
+    let ow1 = comptime!(shared_layout(h)[0]);
+    let ob1 = comptime!(shared_layout(h)[1]);
+    x0 * s[ow1 + i] + x1 * s[ow1 + h + i] + s[ob1 + i]
+}
+
+/// The second layer's pre-activation `j` from the first hidden layer `h1`, in input order.
+#[cube]
+fn second(s: &Shared<[f32]>, h1: &Array<f32>, j: usize, #[comptime] h: usize) -> f32 {
+    let ow2 = comptime!(shared_layout(h)[2]);
+    let ob2 = comptime!(shared_layout(h)[3]);
+    let mut a = s[ob2 + j];
+    #[unroll]
+    for i in 0..h {
+        a += h1[i] * s[ow2 + i * (h + 1) + j];
+    }
+    a
+}
+
+/// Units `(lane, point)`: the net's output, into contiguous `out` (`[G, M, 2]`). Each unit sums
+/// its outputs' share of the last layer; the point's first unit adds the shares in lane order.
 #[cube(launch_unchecked, create_dummy_kernel)]
 #[allow(clippy::too_many_arguments)]
 fn coupling_forward_kernel(
@@ -122,40 +186,51 @@ fn coupling_forward_kernel(
     out: &mut Tensor<f32>,
     #[comptime] h: usize,
 ) {
-    let ow1 = comptime!(layout(h)[0]);
-    let ob1 = comptime!(layout(h)[1]);
-    let ow2 = comptime!(layout(h)[2]);
-    let ob2 = comptime!(layout(h)[3]);
-    let ow3 = comptime!(layout(h)[4]);
-    let ob3 = comptime!(layout(h)[5]);
-    let total = comptime!(layout(h)[6]);
-    let mut s = Shared::<[f32]>::new_slice(total);
+    let ow3 = comptime!(shared_layout(h)[4]);
+    let ob3 = comptime!(shared_layout(h)[5]);
+    let mut s = Shared::<[f32]>::new_slice(comptime!(shared_layout(h)[6]));
+    let mut ys = Shared::<[f32]>::new_slice(comptime!(2 * LANES * POINTS));
     load_weights(w1, b1, w2, b2, w3, b3, &mut s, h);
+    let lane = UNIT_POS_X as usize;
+    let pt = UNIT_POS_Y as usize;
+    let p = CUBE_POS * POINTS + pt;
+    let valid = p < x.shape(0) * x.shape(1);
+    let mut x0 = 0.0f32;
+    let mut x1 = 0.0f32;
+    if valid {
+        x0 = point(x, p, 0);
+        x1 = point(x, p, 1);
+    }
     sync_cube();
-    let p = ABSOLUTE_POS;
-    if p < x.shape(0) * x.shape(1) {
-        let x0 = point(x, p, 0);
-        let x1 = point(x, p, 1);
-        let mut h1 = Array::<f32>::new(h);
+    let mut h1 = Array::<f32>::new(h);
+    #[unroll]
+    for i in 0..h {
+        let a = first(&s, x0, x1, i, h);
+        h1[i] = a * sigmoid(a);
+    }
+    let mut y0 = 0.0f32;
+    let mut y1 = 0.0f32;
+    for jj in 0..comptime!(h / LANES) {
+        let j = jj * LANES + lane;
+        let a = second(&s, &h1, j, h);
+        let v = a * sigmoid(a);
+        y0 += v * s[ow3 + 2 * j];
+        y1 += v * s[ow3 + 2 * j + 1];
+    }
+    let at = (pt * LANES + lane) * 2;
+    ys[at] = y0;
+    ys[at + 1] = y1;
+    sync_cube();
+    if lane == 0 && valid {
+        let mut o0 = s[ob3];
+        let mut o1 = s[ob3 + 1];
         #[unroll]
-        for i in 0..h {
-            let a = x0 * s[ow1 + i] + x1 * s[ow1 + h + i] + s[ob1 + i];
-            h1[i] = a * sigmoid(a);
+        for l in 0..LANES {
+            o0 += ys[at + 2 * l];
+            o1 += ys[at + 2 * l + 1];
         }
-        let mut y0 = s[ob3];
-        let mut y1 = s[ob3 + 1];
-        for j in 0..h {
-            let mut a = s[ob2 + j];
-            #[unroll]
-            for i in 0..h {
-                a += h1[i] * s[ow2 + i * h + j];
-            }
-            let v = a * sigmoid(a);
-            y0 += v * s[ow3 + 2 * j];
-            y1 += v * s[ow3 + 2 * j + 1];
-        }
-        out[2 * p] = y0;
-        out[2 * p + 1] = y1;
+        out[2 * p] = o0;
+        out[2 * p + 1] = o1;
     }
 }
 
@@ -187,9 +262,10 @@ fn column_sum(a: &Shared<[f32]>, ia: usize, #[comptime] stride: usize) -> f32 {
     acc
 }
 
-/// Unit per point: the data gradient into contiguous `dx` (`[G, M, 2]`); cube `c` writes its
-/// points' sums of every weight's and bias's gradient into `partial[c, ..]` ([`layout`]). A
-/// unit past the last point takes a zero point with a zero gradient, which adds nothing.
+/// Units `(lane, point)`: the data gradient into contiguous `dx` (`[G, M, 2]`); cube `c` writes
+/// its points' sums of every weight's and bias's gradient into `partial[c, ..]` ([`layout`]),
+/// all the cube's units sharing the sums. A unit past the last point takes a zero point with a
+/// zero gradient, which adds nothing.
 #[cube(launch_unchecked, create_dummy_kernel)]
 #[allow(clippy::too_many_arguments)]
 fn coupling_backward_kernel(
@@ -211,9 +287,11 @@ fn coupling_backward_kernel(
     let ob2 = comptime!(layout(h)[3]);
     let ow3 = comptime!(layout(h)[4]);
     let ob3 = comptime!(layout(h)[5]);
-    let total = comptime!(layout(h)[6]);
-    let mut s = Shared::<[f32]>::new_slice(total);
-    // Per point (column `u` of row `i`): the first hidden layer, the second layer's
+    let sw1 = comptime!(shared_layout(h)[0]);
+    let sw2 = comptime!(shared_layout(h)[2]);
+    let sw3 = comptime!(shared_layout(h)[4]);
+    let mut s = Shared::<[f32]>::new_slice(comptime!(shared_layout(h)[6]));
+    // Per point (column `pt` of row `i`): the first hidden layer, the second layer's
     // pre-activation gradient, and the second hidden layer (then the first layer's
     // pre-activation gradient).
     let mut h1s = Shared::<[f32]>::new_slice(comptime!(h * ROW));
@@ -222,8 +300,11 @@ fn coupling_backward_kernel(
     // x0, x1, g0, g1 of each point, `POINTS` apart.
     let mut ps = Shared::<[f32]>::new_slice(comptime!(4 * POINTS));
     load_weights(w1, b1, w2, b2, w3, b3, &mut s, h);
-    let t = UNIT_POS as usize;
-    let p = ABSOLUTE_POS;
+    let lane = UNIT_POS_X as usize;
+    let pt = UNIT_POS_Y as usize;
+    let u = UNIT_POS as usize;
+    let units = CUBE_DIM as usize;
+    let p = CUBE_POS * POINTS + pt;
     let valid = p < x.shape(0) * x.shape(1);
     let mut x0 = 0.0f32;
     let mut x1 = 0.0f32;
@@ -235,97 +316,91 @@ fn coupling_backward_kernel(
         g0 = point(grad, p, 0);
         g1 = point(grad, p, 1);
     }
-    ps[t] = x0;
-    ps[POINTS + t] = x1;
-    ps[2 * POINTS + t] = g0;
-    ps[3 * POINTS + t] = g1;
+    if lane == 0 {
+        ps[pt] = x0;
+        ps[POINTS + pt] = x1;
+        ps[2 * POINTS + pt] = g0;
+        ps[3 * POINTS + pt] = g1;
+    }
     sync_cube();
 
+    // The point's hidden layers; this unit's share of the second layer and its gradient.
     let mut h1 = Array::<f32>::new(h);
-    let mut dh1 = Array::<f32>::new(h);
     #[unroll]
     for i in 0..h {
-        let a = x0 * s[ow1 + i] + x1 * s[ow1 + h + i] + s[ob1 + i];
+        let a = first(&s, x0, x1, i, h);
         h1[i] = a * sigmoid(a);
-        h1s[i * ROW + t] = h1[i];
-        dh1[i] = 0.0f32;
-    }
-    for j in 0..h {
-        // The forward's pre-activation, in the forward's order.
-        let mut a = s[ob2 + j];
-        #[unroll]
-        for i in 0..h {
-            a += h1[i] * s[ow2 + i * h + j];
+        if lane == comptime!(i % LANES) {
+            h1s[i * ROW + pt] = h1[i];
         }
+    }
+    for jj in 0..comptime!(h / LANES) {
+        let j = jj * LANES + lane;
+        let a = second(&s, &h1, j, h);
         let sg = sigmoid(a);
         let d =
-            (g0 * s[ow3 + 2 * j] + g1 * s[ow3 + 2 * j + 1]) * (sg * (1.0f32 + a * (1.0f32 - sg)));
-        h2s[j * ROW + t] = a * sg;
-        d2s[j * ROW + t] = d;
-        #[unroll]
-        for i in 0..h {
-            dh1[i] += d * s[ow2 + i * h + j];
-        }
-    }
-    let mut dx0 = 0.0f32;
-    let mut dx1 = 0.0f32;
-    #[unroll]
-    for i in 0..h {
-        let a = x0 * s[ow1 + i] + x1 * s[ow1 + h + i] + s[ob1 + i];
-        let sg = sigmoid(a);
-        let d = dh1[i] * (sg * (1.0f32 + a * (1.0f32 - sg)));
-        dh1[i] = d;
-        dx0 += d * s[ow1 + i];
-        dx1 += d * s[ow1 + h + i];
-    }
-    if valid {
-        dx[2 * p] = dx0;
-        dx[2 * p + 1] = dx1;
+            (g0 * s[sw3 + 2 * j] + g1 * s[sw3 + 2 * j + 1]) * (sg * (1.0f32 + a * (1.0f32 - sg)));
+        h2s[j * ROW + pt] = a * sg;
+        d2s[j * ROW + pt] = d;
     }
     sync_cube();
 
     let row = CUBE_POS * partial.stride(0);
-    let mut e = t;
+    let mut e = u;
     while e < comptime!(h * h) {
-        let v = column_dot(&h1s, e / h, &d2s, e % h, ROW);
-        partial[row + ow2 + e] = v;
-        e += POINTS;
+        partial[row + ow2 + e] = column_dot(&h1s, e / h, &d2s, e % h, ROW);
+        e += units;
     }
-    e = t;
-    while e < h {
-        partial[row + ob2 + e] = column_sum(&d2s, e, ROW);
-        e += POINTS;
+    if u < h {
+        partial[row + ob2 + u] = column_sum(&d2s, u, ROW);
     }
-    e = t;
+    e = u;
     while e < comptime!(2 * h) {
-        let v = column_dot(&h2s, e / 2, &ps, 2 + e % 2, POINTS);
-        partial[row + ow3 + e] = v;
-        e += POINTS;
+        partial[row + ow3 + e] = column_dot(&h2s, e / 2, &ps, 2 + e % 2, POINTS);
+        e += units;
     }
-    if t < 2 {
-        partial[row + ob3 + t] = column_sum(&ps, 2 + t, POINTS);
+    if u < 2 {
+        partial[row + ob3 + u] = column_sum(&ps, 2 + u, POINTS);
     }
     sync_cube();
-    #[unroll]
-    for i in 0..h {
-        h2s[i * ROW + t] = dh1[i];
+
+    // This unit's share of the first layer's pre-activation gradient, over the second layer's
+    // outputs in order, into `h2s` (read above, now free).
+    for ii in 0..comptime!(h / LANES) {
+        let i = ii * LANES + lane;
+        let mut dh = 0.0f32;
+        #[unroll]
+        for j in 0..h {
+            dh += d2s[j * ROW + pt] * s[sw2 + i * (h + 1) + j];
+        }
+        let a = first(&s, x0, x1, i, h);
+        let sg = sigmoid(a);
+        h2s[i * ROW + pt] = dh * (sg * (1.0f32 + a * (1.0f32 - sg)));
     }
     sync_cube();
-    e = t;
-    while e < comptime!(2 * h) {
-        let v = column_dot(&h2s, e % h, &ps, e / h, POINTS);
-        partial[row + ow1 + e] = v;
-        e += POINTS;
+
+    if lane < 2 && valid {
+        let mut d = 0.0f32;
+        #[unroll]
+        for i in 0..h {
+            d += h2s[i * ROW + pt] * s[sw1 + lane * h + i];
+        }
+        dx[2 * p + lane] = d;
     }
-    e = t;
-    while e < h {
-        partial[row + ob1 + e] = column_sum(&h2s, e, ROW);
-        e += POINTS;
+    e = u;
+    while e < comptime!(2 * h) {
+        partial[row + ow1 + e] = column_dot(&h2s, e % h, &ps, e / h, POINTS);
+        e += units;
+    }
+    if u < h {
+        partial[row + ob1 + u] = column_sum(&h2s, u, ROW);
     }
 }
 
-/// Unit per gradient value `e` ([`layout`]): `Σ_c partial[c, e]` in cube order, into the
-/// gradient it belongs to (each contiguous, shaped as its parameter).
+/// Cube of 32 gradient values ([`layout`]) × [`GROUPS`] row groups: unit `(x, g)` sums rows
+/// `g, g + GROUPS, …` of its value's column of `partial`, in order; the groups' sums are then
+/// added in group order into the gradient the value belongs to (each contiguous, shaped as its
+/// parameter). One unit walking all the rows of a column left the sum on 18 cubes.
 #[cube(launch_unchecked, create_dummy_kernel)]
 #[allow(clippy::too_many_arguments)]
 fn coupling_sums_kernel(
@@ -344,26 +419,39 @@ fn coupling_sums_kernel(
     let ow3 = comptime!(layout(h)[4]);
     let ob3 = comptime!(layout(h)[5]);
     let total = comptime!(layout(h)[6]);
-    let e = ABSOLUTE_POS;
-    if e >= total {
-        terminate!();
-    }
+    let mut sums = Shared::<[f32]>::new_slice(comptime!(32 * GROUPS));
+    let x = UNIT_POS_X as usize;
+    let g = UNIT_POS_Y as usize;
+    let e = CUBE_POS_X as usize * 32 + x;
     let mut acc = 0.0f32;
-    for c in 0..partial.shape(0) {
-        acc += partial[c * partial.stride(0) + e];
+    if e < total {
+        let mut r = g;
+        while r < partial.shape(0) {
+            acc += partial[r * partial.stride(0) + e];
+            r += GROUPS;
+        }
     }
-    if e < ob1 {
-        dw1[e] = acc;
-    } else if e < ow2 {
-        db1[e - ob1] = acc;
-    } else if e < ob2 {
-        dw2[e - ow2] = acc;
-    } else if e < ow3 {
-        db2[e - ob2] = acc;
-    } else if e < ob3 {
-        dw3[e - ow3] = acc;
-    } else {
-        db3[e - ob3] = acc;
+    sums[g * 32 + x] = acc;
+    sync_cube();
+    if g == 0 && e < total {
+        let mut v = sums[x];
+        #[unroll]
+        for k in 1..GROUPS {
+            v += sums[k * 32 + x];
+        }
+        if e < ob1 {
+            dw1[e] = v;
+        } else if e < ow2 {
+            db1[e - ob1] = v;
+        } else if e < ob2 {
+            dw2[e - ow2] = v;
+        } else if e < ow3 {
+            db2[e - ob2] = v;
+        } else if e < ob3 {
+            dw3[e - ow3] = v;
+        } else {
+            db3[e - ob3] = v;
+        }
     }
 }
 
@@ -384,7 +472,8 @@ pub fn supported(x: &CubeTensor, params: &[CubeTensor; 6]) -> Option<usize> {
             .zip(expected)
             .all(|(p, e)| p.meta.shape().to_vec() == e);
     let all_f32 = x.dtype == DType::F32 && params.iter().all(|p| p.dtype == DType::F32);
-    (shapes_fit && all_f32 && backward_shared_bytes(h) <= SHARED_LIMIT).then_some(h)
+    let fits = h.is_multiple_of(LANES) && backward_shared_bytes(h) <= SHARED_LIMIT;
+    (shapes_fit && all_f32 && fits).then_some(h)
 }
 
 /// A new contiguous FP32 tensor of `dims` on `like`'s device.
@@ -410,7 +499,7 @@ pub fn forward(x: CubeTensor, [w1, b1, w2, b2, w3, b3]: [CubeTensor; 6], h: usiz
         coupling_forward_kernel::launch_unchecked(
             &client,
             cubes,
-            CubeDim::new_1d(POINTS as u32),
+            CubeDim::new_2d(LANES as u32, POINTS as u32),
             x.into_tensor_arg(),
             w1.into_tensor_arg(),
             b1.into_tensor_arg(),
@@ -453,7 +542,7 @@ pub fn backward(
         coupling_backward_kernel::launch_unchecked(
             &client,
             CubeCount::Static(cubes as u32, 1, 1),
-            CubeDim::new_1d(POINTS as u32),
+            CubeDim::new_2d(LANES as u32, POINTS as u32),
             x.into_tensor_arg(),
             w1.into_tensor_arg(),
             b1.into_tensor_arg(),
@@ -467,16 +556,15 @@ pub fn backward(
             h,
         );
     }
-    let dim = CubeDim::new(&client, total);
-    let count = calculate_cube_count_elemwise(&client, total, dim);
     let [dw1, db1, dw2, db2, dw3, db3] = grads.clone();
-    // SAFETY: unit `e < total` writes value `e` of the layout, into the one gradient whose
-    // range holds it; each gradient is contiguous of its range's length.
+    // SAFETY: the units of value `e < total` read column `e` of `partial`; one writes value
+    // `e` of the layout, into the one gradient whose range holds it; each gradient is
+    // contiguous of its range's length.
     unsafe {
         coupling_sums_kernel::launch_unchecked(
             &client,
-            count,
-            dim,
+            CubeCount::Static(total.div_ceil(32) as u32, 1, 1),
+            CubeDim::new_2d(32, GROUPS as u32),
             partial.into_tensor_arg(),
             dw1.into_tensor_arg(),
             db1.into_tensor_arg(),
@@ -496,12 +584,12 @@ mod tests {
     use super::*;
 
     /// The three kernels compile for CUDA on a machine without a GPU, at the flow's width and
-    /// an odd one; the seed's width fits the static shared memory.
+    /// a narrow one; the seed's width fits the static shared memory.
     #[test]
     fn coupling_kernels_compile_for_cuda_without_a_device() {
         assert!(backward_shared_bytes(64) <= SHARED_LIMIT);
         let (props, target) = device();
-        for h in [64, 5] {
+        for h in [64, 8] {
             let x = || tensor(&[3, 11, 2]);
             let p = || {
                 [
@@ -513,7 +601,12 @@ mod tests {
                     tensor(&[2]),
                 ]
             };
-            let cubes = || (CubeCount::Static(2, 1, 1), CubeDim::new_1d(POINTS as u32));
+            let cubes = || {
+                (
+                    CubeCount::Static(2, 1, 1),
+                    CubeDim::new_2d(LANES as u32, POINTS as u32),
+                )
+            };
             let [w1, b1, w2, b2, w3, b3] = p();
             let (count, dim) = cubes();
             let k = coupling_forward_kernel::create_dummy_kernel(
