@@ -1,0 +1,230 @@
+//! The backward kernels of the coupling net (`coupling.rs`): the data gradient and each
+//! cube's weight and bias sums, then the cubes' sums added.
+
+// `#[cube]` expands to `cubecl::…` paths.
+use super::{
+    GROUPS, LANES, POINTS, ROW, first, layout, load_weights, point, second, shared_layout, sigmoid,
+};
+use burn::cubecl;
+use cubecl::prelude::*;
+
+/// `Σ_u a[ia·ROW + u] · b[ib·stride + u]` over the cube's points `u`, in order.
+#[cube]
+fn column_dot(
+    a: &Shared<[f32]>,
+    ia: usize,
+    b: &Shared<[f32]>,
+    ib: usize,
+    #[comptime] stride: usize,
+) -> f32 {
+    let mut acc = 0.0f32;
+    #[unroll]
+    for u in 0..POINTS {
+        acc += a[ia * ROW + u] * b[ib * stride + u];
+    }
+    acc
+}
+
+/// `Σ_u a[ia·stride + u]` over the cube's points `u`, in order.
+#[cube]
+fn column_sum(a: &Shared<[f32]>, ia: usize, #[comptime] stride: usize) -> f32 {
+    let mut acc = 0.0f32;
+    #[unroll]
+    for u in 0..POINTS {
+        acc += a[ia * stride + u];
+    }
+    acc
+}
+
+/// Units `(lane, point)`: the data gradient into contiguous `dx` (`[G, M, 2]`); cube `c` writes
+/// its points' sums of every weight's and bias's gradient into `partial[c, ..]` ([`layout`]),
+/// all the cube's units sharing the sums. A unit past the last point takes a zero point with a
+/// zero gradient, which adds nothing.
+#[cube(launch_unchecked, create_dummy_kernel)]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn coupling_backward_kernel(
+    x: &Tensor<f32>,
+    w1: &Tensor<f32>,
+    b1: &Tensor<f32>,
+    w2: &Tensor<f32>,
+    b2: &Tensor<f32>,
+    w3: &Tensor<f32>,
+    b3: &Tensor<f32>,
+    grad: &Tensor<f32>,
+    dx: &mut Tensor<f32>,
+    partial: &mut Tensor<f32>,
+    #[comptime] h: usize,
+) {
+    let ow1 = comptime!(layout(h)[0]);
+    let ob1 = comptime!(layout(h)[1]);
+    let ow2 = comptime!(layout(h)[2]);
+    let ob2 = comptime!(layout(h)[3]);
+    let ow3 = comptime!(layout(h)[4]);
+    let ob3 = comptime!(layout(h)[5]);
+    let sw1 = comptime!(shared_layout(h)[0]);
+    let sw2 = comptime!(shared_layout(h)[2]);
+    let sw3 = comptime!(shared_layout(h)[4]);
+    let mut s = Shared::<[f32]>::new_slice(comptime!(shared_layout(h)[6]));
+    // Per point (column `pt` of row `i`): the first hidden layer, the second layer's
+    // pre-activation gradient, and the second hidden layer (then the first layer's
+    // pre-activation gradient).
+    let mut h1s = Shared::<[f32]>::new_slice(comptime!(h * ROW));
+    let mut d2s = Shared::<[f32]>::new_slice(comptime!(h * ROW));
+    let mut h2s = Shared::<[f32]>::new_slice(comptime!(h * ROW));
+    // x0, x1, g0, g1 of each point, `POINTS` apart.
+    let mut ps = Shared::<[f32]>::new_slice(comptime!(4 * POINTS));
+    load_weights(w1, b1, w2, b2, w3, b3, &mut s, h);
+    let lane = UNIT_POS_X as usize;
+    let pt = UNIT_POS_Y as usize;
+    let u = UNIT_POS as usize;
+    let units = CUBE_DIM as usize;
+    let p = CUBE_POS * POINTS + pt;
+    let valid = p < x.shape(0) * x.shape(1);
+    let mut x0 = 0.0f32;
+    let mut x1 = 0.0f32;
+    let mut g0 = 0.0f32;
+    let mut g1 = 0.0f32;
+    if valid {
+        x0 = point(x, p, 0);
+        x1 = point(x, p, 1);
+        g0 = point(grad, p, 0);
+        g1 = point(grad, p, 1);
+    }
+    if lane == 0 {
+        ps[pt] = x0;
+        ps[POINTS + pt] = x1;
+        ps[2 * POINTS + pt] = g0;
+        ps[3 * POINTS + pt] = g1;
+    }
+    sync_cube();
+
+    // The point's hidden layers; this unit's share of the second layer and its gradient.
+    let mut h1 = Array::<f32>::new(h);
+    #[unroll]
+    for i in 0..h {
+        let a = first(&s, x0, x1, i, h);
+        h1[i] = a * sigmoid(a);
+        if lane == comptime!(i % LANES) {
+            h1s[i * ROW + pt] = h1[i];
+        }
+    }
+    for jj in 0..comptime!(h / LANES) {
+        let j = jj * LANES + lane;
+        let a = second(&s, &h1, j, h);
+        let sg = sigmoid(a);
+        let d =
+            (g0 * s[sw3 + 2 * j] + g1 * s[sw3 + 2 * j + 1]) * (sg * (1.0f32 + a * (1.0f32 - sg)));
+        h2s[j * ROW + pt] = a * sg;
+        d2s[j * ROW + pt] = d;
+    }
+    sync_cube();
+
+    let row = CUBE_POS * partial.stride(0);
+    let mut e = u;
+    while e < comptime!(h * h) {
+        partial[row + ow2 + e] = column_dot(&h1s, e / h, &d2s, e % h, ROW);
+        e += units;
+    }
+    if u < h {
+        partial[row + ob2 + u] = column_sum(&d2s, u, ROW);
+    }
+    e = u;
+    while e < comptime!(2 * h) {
+        partial[row + ow3 + e] = column_dot(&h2s, e / 2, &ps, 2 + e % 2, POINTS);
+        e += units;
+    }
+    if u < 2 {
+        partial[row + ob3 + u] = column_sum(&ps, 2 + u, POINTS);
+    }
+    sync_cube();
+
+    // This unit's share of the first layer's pre-activation gradient, over the second layer's
+    // outputs in order, into `h2s` (read above, now free).
+    for ii in 0..comptime!(h / LANES) {
+        let i = ii * LANES + lane;
+        let mut dh = 0.0f32;
+        #[unroll]
+        for j in 0..h {
+            dh += d2s[j * ROW + pt] * s[sw2 + i * (h + 1) + j];
+        }
+        let a = first(&s, x0, x1, i, h);
+        let sg = sigmoid(a);
+        h2s[i * ROW + pt] = dh * (sg * (1.0f32 + a * (1.0f32 - sg)));
+    }
+    sync_cube();
+
+    if lane < 2 && valid {
+        let mut d = 0.0f32;
+        #[unroll]
+        for i in 0..h {
+            d += h2s[i * ROW + pt] * s[sw1 + lane * h + i];
+        }
+        dx[2 * p + lane] = d;
+    }
+    e = u;
+    while e < comptime!(2 * h) {
+        partial[row + ow1 + e] = column_dot(&h2s, e % h, &ps, e / h, POINTS);
+        e += units;
+    }
+    if u < h {
+        partial[row + ob1 + u] = column_sum(&h2s, u, ROW);
+    }
+}
+
+/// Cube of 32 gradient values ([`layout`]) × [`GROUPS`] row groups: unit `(x, g)` sums rows
+/// `g, g + GROUPS, …` of its value's column of `partial`, in order; the groups' sums are then
+/// added in group order into the gradient the value belongs to (each contiguous, shaped as its
+/// parameter). One unit walking all the rows of a column left the sum on 18 cubes.
+#[cube(launch_unchecked, create_dummy_kernel)]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn coupling_sums_kernel(
+    partial: &Tensor<f32>,
+    dw1: &mut Tensor<f32>,
+    db1: &mut Tensor<f32>,
+    dw2: &mut Tensor<f32>,
+    db2: &mut Tensor<f32>,
+    dw3: &mut Tensor<f32>,
+    db3: &mut Tensor<f32>,
+    #[comptime] h: usize,
+) {
+    let ob1 = comptime!(layout(h)[1]);
+    let ow2 = comptime!(layout(h)[2]);
+    let ob2 = comptime!(layout(h)[3]);
+    let ow3 = comptime!(layout(h)[4]);
+    let ob3 = comptime!(layout(h)[5]);
+    let total = comptime!(layout(h)[6]);
+    let mut sums = Shared::<[f32]>::new_slice(comptime!(32 * GROUPS));
+    let x = UNIT_POS_X as usize;
+    let g = UNIT_POS_Y as usize;
+    let e = CUBE_POS_X as usize * 32 + x;
+    let mut acc = 0.0f32;
+    if e < total {
+        let mut r = g;
+        while r < partial.shape(0) {
+            acc += partial[r * partial.stride(0) + e];
+            r += GROUPS;
+        }
+    }
+    sums[g * 32 + x] = acc;
+    sync_cube();
+    if g == 0 && e < total {
+        let mut v = sums[x];
+        #[unroll]
+        for k in 1..GROUPS {
+            v += sums[k * 32 + x];
+        }
+        if e < ob1 {
+            dw1[e] = v;
+        } else if e < ow2 {
+            db1[e - ob1] = v;
+        } else if e < ob2 {
+            dw2[e - ow2] = v;
+        } else if e < ow3 {
+            db2[e - ob2] = v;
+        } else if e < ob3 {
+            dw3[e - ow3] = v;
+        } else {
+            db3[e - ob3] = v;
+        }
+    }
+}
