@@ -15,6 +15,7 @@
 //! order. No atomics: the same bits every run.
 
 // `#[cube]` expands to `cubecl::…` paths.
+use super::silu_kernels::{sigmoid, silu_slope};
 use burn::cubecl;
 use burn::tensor::{DType, Shape};
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
@@ -42,38 +43,32 @@ const GROUPS: usize = 8;
 /// The most shared memory a kernel may declare statically (CUDA's 48 KiB).
 const SHARED_LIMIT: usize = 48 * 1024;
 
-/// Offsets of the weights' and biases' gradients in a row of the partials: `w1` `[2, h]`, `b1`
-/// `[h]`, `w2` `[h, h]`, `b2` `[h]`, `w3` `[h, 2]`, `b3` `[2]`, then the total.
-const fn layout(h: usize) -> [usize; 7] {
+/// Offsets of the weights and biases laid end to end, `w2`'s `h` rows `w2_row` apart: `w1`
+/// `[2, h]`, `b1` `[h]`, `w2` `[h, h]`, `b2` `[h]`, `w3` `[h, 2]`, `b3` `[2]`, then the total.
+const fn offsets(h: usize, w2_row: usize) -> [usize; 7] {
     let w1 = 0;
     let b1 = w1 + 2 * h;
     let w2 = b1 + h;
-    let b2 = w2 + h * h;
+    let b2 = w2 + h * w2_row;
     let w3 = b2 + h;
     let b3 = w3 + 2 * h;
     [w1, b1, w2, b2, w3, b3, b3 + 2]
 }
 
-/// [`layout`] of the weights in shared memory, but `w2`'s rows `h + 1` apart, so that the
-/// units of a warp reading one column of consecutive rows hit different banks.
+/// [`offsets`] of the gradients in a row of the partials (dense).
+const fn layout(h: usize) -> [usize; 7] {
+    offsets(h, h)
+}
+
+/// [`offsets`] of the weights in shared memory: `w2`'s rows `h + 1` apart, so that the units
+/// of a warp reading one column of consecutive rows hit different banks.
 const fn shared_layout(h: usize) -> [usize; 7] {
-    let w1 = 0;
-    let b1 = w1 + 2 * h;
-    let w2 = b1 + h;
-    let b2 = w2 + h * (h + 1);
-    let w3 = b2 + h;
-    let b3 = w3 + 2 * h;
-    [w1, b1, w2, b2, w3, b3, b3 + 2]
+    offsets(h, h + 1)
 }
 
 /// Shared memory of the backward kernel (the larger), in bytes.
 const fn backward_shared_bytes(h: usize) -> usize {
     (shared_layout(h)[6] + 3 * h * ROW + 4 * POINTS) * 4
-}
-
-#[cube]
-fn sigmoid(x: f32) -> f32 {
-    1.0f32 / (1.0f32 + f32::exp(-x))
 }
 
 /// `rows × cols` matrix `t` (by its strides) into `s[at..]`, rows `row` apart, the cube's units

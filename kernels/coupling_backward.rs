@@ -4,6 +4,7 @@
 // `#[cube]` expands to `cubecl::…` paths.
 use super::{
     GROUPS, LANES, POINTS, ROW, first, layout, load_weights, point, second, shared_layout, sigmoid,
+    silu_slope,
 };
 use burn::cubecl;
 use cubecl::prelude::*;
@@ -112,8 +113,7 @@ pub(super) fn coupling_backward_kernel(
         let j = jj * LANES + lane;
         let a = second(&s, &h1, j, h);
         let sg = sigmoid(a);
-        let d =
-            (g0 * s[sw3 + 2 * j] + g1 * s[sw3 + 2 * j + 1]) * (sg * (1.0f32 + a * (1.0f32 - sg)));
+        let d = (g0 * s[sw3 + 2 * j] + g1 * s[sw3 + 2 * j + 1]) * silu_slope(a, sg);
         h2s[j * ROW + pt] = a * sg;
         d2s[j * ROW + pt] = d;
     }
@@ -149,7 +149,7 @@ pub(super) fn coupling_backward_kernel(
         }
         let a = first(&s, x0, x1, i, h);
         let sg = sigmoid(a);
-        h2s[i * ROW + pt] = dh * (sg * (1.0f32 + a * (1.0f32 - sg)));
+        h2s[i * ROW + pt] = dh * silu_slope(a, sg);
     }
     sync_cube();
 

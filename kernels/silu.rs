@@ -49,8 +49,14 @@ fn out_offset(t: &mut Tensor<f32>, i: usize) -> usize {
 }
 
 #[cube]
-fn sigmoid(x: f32) -> f32 {
+pub(super) fn sigmoid(x: f32) -> f32 {
     1.0f32 / (1.0f32 + f32::exp(-x))
+}
+
+/// SiLU's derivative at `x`, given `s = σ(x)`: `σ(x) · (1 + x · (1 − σ(x)))`.
+#[cube]
+pub(super) fn silu_slope(x: f32, s: f32) -> f32 {
+    s * (1.0f32 + x * (1.0f32 - s))
 }
 
 /// One unit per value: `x · σ(x)`; every tensor by its own strides, or (`dense`: all of them
@@ -93,7 +99,7 @@ fn silu_backward_kernel(
     }
     let v = x[at_x];
     let s = sigmoid(v);
-    out[dst] = grad[at_g] * (s * (1.0f32 + v * (1.0f32 - s)));
+    out[dst] = grad[at_g] * silu_slope(v, s);
 }
 
 /// A new FP32 tensor shaped like `like`, and the launch geometry of one unit per value.
