@@ -26,6 +26,8 @@ use cubecl::{CubeCount, CubeDim};
 #[path = "coupling_backward.rs"]
 mod backward_kernels;
 use backward_kernels::{coupling_backward_kernel, coupling_sums_kernel};
+#[path = "coupling_layer.rs"]
+pub mod layer_kernels;
 
 /// Points of a cube.
 const POINTS: usize = 32;
@@ -68,7 +70,7 @@ const fn shared_layout(h: usize) -> [usize; 7] {
 
 /// Shared memory of the backward kernel (the larger), in bytes.
 const fn backward_shared_bytes(h: usize) -> usize {
-    (shared_layout(h)[6] + 3 * h * ROW + 4 * POINTS) * 4
+    (shared_layout(h)[6] + backward_kernels::work_len(h)) * 4
 }
 
 /// `rows × cols` matrix `t` (by its strides) into `s[at..]`, rows `row` apart, the cube's units
@@ -234,24 +236,28 @@ fn coupling_forward_kernel(
 }
 
 /// The hidden width of a net whose FP32 tensors have the shapes these kernels take (`x`
-/// `[G, M, 2]` with points, `w1` `[2, h]`, `b1` `[h]`, `w2` `[h, h]`, `b2` `[h]`, `w3` `[h, 2]`,
-/// `b3` `[2]`) and whose backward fits in shared memory; `None` otherwise (the caller runs the
-/// tensor operations).
+/// `[G, M, 2]` with points, the parameters as [`net_width`] checks) and whose backward fits in
+/// shared memory; `None` otherwise (the caller runs the tensor operations).
 pub fn supported(x: &CubeTensor, params: &[CubeTensor; 6]) -> Option<usize> {
     let x_dims = x.meta.shape().to_vec();
+    let x_fits = x_dims.len() == 3 && x_dims[2] == 2 && x_dims[0] * x_dims[1] > 0;
+    let h = net_width(params)?;
+    let fits = backward_shared_bytes(h) <= SHARED_LIMIT;
+    (x_fits && x.dtype == DType::F32 && fits).then_some(h)
+}
+
+/// The hidden width `h` of a net's FP32 parameters `w1` `[2, h]`, `b1` `[h]`, `w2` `[h, h]`,
+/// `b2` `[h]`, `w3` `[h, 2]`, `b3` `[2]`, when `h` is a multiple of [`LANES`].
+fn net_width(params: &[CubeTensor; 6]) -> Option<usize> {
     let h = params[1].meta.shape().to_vec();
     let [h] = h[..] else { return None };
     let expected: [&[usize]; 6] = [&[2, h], &[h], &[h, h], &[h], &[h, 2], &[2]];
-    let shapes_fit = x_dims.len() == 3
-        && x_dims[2] == 2
-        && x_dims[0] * x_dims[1] > 0
-        && params
-            .iter()
-            .zip(expected)
-            .all(|(p, e)| p.meta.shape().to_vec() == e);
-    let all_f32 = x.dtype == DType::F32 && params.iter().all(|p| p.dtype == DType::F32);
-    let fits = h.is_multiple_of(LANES) && backward_shared_bytes(h) <= SHARED_LIMIT;
-    (shapes_fit && all_f32 && fits).then_some(h)
+    let shapes_fit = params
+        .iter()
+        .zip(expected)
+        .all(|(p, e)| p.meta.shape().to_vec() == e);
+    let all_f32 = params.iter().all(|p| p.dtype == DType::F32);
+    (shapes_fit && all_f32 && h.is_multiple_of(LANES)).then_some(h)
 }
 
 /// A new contiguous FP32 tensor of `dims` on `like`'s device.

@@ -9,38 +9,30 @@ use super::{
 use burn::cubecl;
 use cubecl::prelude::*;
 
-/// `Σ_u a[ia·ROW + u] · b[ib·stride + u]` over the cube's points `u`, in order.
+/// `Σ_u a[ia + u] · a[ib + u]` over the cube's points `u`, in order.
 #[cube]
-fn column_dot(
-    a: &Shared<[f32]>,
-    ia: usize,
-    b: &Shared<[f32]>,
-    ib: usize,
-    #[comptime] stride: usize,
-) -> f32 {
+fn column_dot(a: &mut Shared<[f32]>, ia: usize, ib: usize) -> f32 {
     let mut acc = 0.0f32;
     #[unroll]
     for u in 0..POINTS {
-        acc += a[ia * ROW + u] * b[ib * stride + u];
+        acc += a[ia + u] * a[ib + u];
     }
     acc
 }
 
-/// `Σ_u a[ia·stride + u]` over the cube's points `u`, in order.
+/// `Σ_u a[ia + u]` over the cube's points `u`, in order.
 #[cube]
-fn column_sum(a: &Shared<[f32]>, ia: usize, #[comptime] stride: usize) -> f32 {
+fn column_sum(a: &mut Shared<[f32]>, ia: usize) -> f32 {
     let mut acc = 0.0f32;
     #[unroll]
     for u in 0..POINTS {
-        acc += a[ia * stride + u];
+        acc += a[ia + u];
     }
     acc
 }
 
 /// Units `(lane, point)`: the data gradient into contiguous `dx` (`[G, M, 2]`); cube `c` writes
-/// its points' sums of every weight's and bias's gradient into `partial[c, ..]` ([`layout`]),
-/// all the cube's units sharing the sums. A unit past the last point takes a zero point with a
-/// zero gradient, which adds nothing.
+/// its points' sums of every weight's and bias's gradient into `partial[c, ..]` ([`layout`]).
 #[cube(launch_unchecked, create_dummy_kernel)]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn coupling_backward_kernel(
@@ -56,30 +48,11 @@ pub(super) fn coupling_backward_kernel(
     partial: &mut Tensor<f32>,
     #[comptime] h: usize,
 ) {
-    let ow1 = comptime!(layout(h)[0]);
-    let ob1 = comptime!(layout(h)[1]);
-    let ow2 = comptime!(layout(h)[2]);
-    let ob2 = comptime!(layout(h)[3]);
-    let ow3 = comptime!(layout(h)[4]);
-    let ob3 = comptime!(layout(h)[5]);
-    let sw1 = comptime!(shared_layout(h)[0]);
-    let sw2 = comptime!(shared_layout(h)[2]);
-    let sw3 = comptime!(shared_layout(h)[4]);
     let mut s = Shared::<[f32]>::new_slice(comptime!(shared_layout(h)[6]));
-    // Per point (column `pt` of row `i`): the first hidden layer, the second layer's
-    // pre-activation gradient, and the second hidden layer (then the first layer's
-    // pre-activation gradient).
-    let mut h1s = Shared::<[f32]>::new_slice(comptime!(h * ROW));
-    let mut d2s = Shared::<[f32]>::new_slice(comptime!(h * ROW));
-    let mut h2s = Shared::<[f32]>::new_slice(comptime!(h * ROW));
-    // x0, x1, g0, g1 of each point, `POINTS` apart.
-    let mut ps = Shared::<[f32]>::new_slice(comptime!(4 * POINTS));
+    let mut work = Shared::<[f32]>::new_slice(comptime!(work_len(h)));
     load_weights(w1, b1, w2, b2, w3, b3, &mut s, h);
     let lane = UNIT_POS_X as usize;
-    let pt = UNIT_POS_Y as usize;
-    let u = UNIT_POS as usize;
-    let units = CUBE_DIM as usize;
-    let p = CUBE_POS * POINTS + pt;
+    let p = CUBE_POS * POINTS + UNIT_POS_Y as usize;
     let valid = p < x.shape(0) * x.shape(1);
     let mut x0 = 0.0f32;
     let mut x1 = 0.0f32;
@@ -91,11 +64,63 @@ pub(super) fn coupling_backward_kernel(
         g0 = point(grad, p, 0);
         g1 = point(grad, p, 1);
     }
+    let row = CUBE_POS * partial.stride(0);
+    let d = net_backward(&s, &mut work, x0, x1, g0, g1, partial, row, h);
+    if lane < 2 && valid {
+        dx[2 * p + lane] = d;
+    }
+}
+
+/// Length of [`net_backward`]'s shared work space: per point (column `pt` of row `i`) the first
+/// hidden layer, the second layer's pre-activation gradient and the second hidden layer (then
+/// the first layer's pre-activation gradient), `h` rows of [`ROW`] each; then `x0, x1, g0, g1`
+/// of each point, [`POINTS`] apart.
+pub(super) const fn work_len(h: usize) -> usize {
+    3 * h * ROW + 4 * POINTS
+}
+
+/// The backward of the net whose weights are in `s` ([`shared_layout`]) at the cube's points
+/// (this unit's point `(x0, x1)`, its output gradient `(g0, g1)`; a unit past the last point
+/// takes zeros, which add nothing): every weight's and bias's gradient summed over the cube's
+/// points in order, written into `partial` at `row` ([`layout`]), all the cube's units sharing
+/// the sums. Returns, for units of lane 0 and 1, that coordinate of the point's data gradient.
+/// Syncs the cube before it reads `s`, not after its last write of `work`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn net_backward(
+    s: &Shared<[f32]>,
+    work: &mut Shared<[f32]>,
+    x0: f32,
+    x1: f32,
+    g0: f32,
+    g1: f32,
+    partial: &mut Tensor<f32>,
+    row: usize,
+    #[comptime] h: usize,
+) -> f32 {
+    let ow1 = comptime!(layout(h)[0]);
+    let ob1 = comptime!(layout(h)[1]);
+    let ow2 = comptime!(layout(h)[2]);
+    let ob2 = comptime!(layout(h)[3]);
+    let ow3 = comptime!(layout(h)[4]);
+    let ob3 = comptime!(layout(h)[5]);
+    let sw1 = comptime!(shared_layout(h)[0]);
+    let sw2 = comptime!(shared_layout(h)[2]);
+    let sw3 = comptime!(shared_layout(h)[4]);
+    // The three per-point tables and the points' values within `work` (`work_len`).
+    let h1o = 0usize;
+    let d2o = comptime!(h * ROW);
+    let h2o = comptime!(2 * h * ROW);
+    let pso = comptime!(3 * h * ROW);
+    let lane = UNIT_POS_X as usize;
+    let pt = UNIT_POS_Y as usize;
+    let u = UNIT_POS as usize;
+    let units = CUBE_DIM as usize;
     if lane == 0 {
-        ps[pt] = x0;
-        ps[POINTS + pt] = x1;
-        ps[2 * POINTS + pt] = g0;
-        ps[3 * POINTS + pt] = g1;
+        work[pso + pt] = x0;
+        work[pso + POINTS + pt] = x1;
+        work[pso + 2 * POINTS + pt] = g0;
+        work[pso + 3 * POINTS + pt] = g1;
     }
     sync_cube();
 
@@ -103,72 +128,71 @@ pub(super) fn coupling_backward_kernel(
     let mut h1 = Array::<f32>::new(h);
     #[unroll]
     for i in 0..h {
-        let a = first(&s, x0, x1, i, h);
+        let a = first(s, x0, x1, i, h);
         h1[i] = a * sigmoid(a);
         if lane == comptime!(i % LANES) {
-            h1s[i * ROW + pt] = h1[i];
+            work[h1o + i * ROW + pt] = h1[i];
         }
     }
     for jj in 0..comptime!(h / LANES) {
         let j = jj * LANES + lane;
-        let a = second(&s, &h1, j, h);
+        let a = second(s, &h1, j, h);
         let sg = sigmoid(a);
         let d = (g0 * s[sw3 + 2 * j] + g1 * s[sw3 + 2 * j + 1]) * silu_slope(a, sg);
-        h2s[j * ROW + pt] = a * sg;
-        d2s[j * ROW + pt] = d;
+        work[h2o + j * ROW + pt] = a * sg;
+        work[d2o + j * ROW + pt] = d;
     }
     sync_cube();
 
-    let row = CUBE_POS * partial.stride(0);
     let mut e = u;
     while e < comptime!(h * h) {
-        partial[row + ow2 + e] = column_dot(&h1s, e / h, &d2s, e % h, ROW);
+        partial[row + ow2 + e] = column_dot(work, h1o + (e / h) * ROW, d2o + (e % h) * ROW);
         e += units;
     }
     if u < h {
-        partial[row + ob2 + u] = column_sum(&d2s, u, ROW);
+        partial[row + ob2 + u] = column_sum(work, d2o + u * ROW);
     }
     e = u;
     while e < comptime!(2 * h) {
-        partial[row + ow3 + e] = column_dot(&h2s, e / 2, &ps, 2 + e % 2, POINTS);
+        partial[row + ow3 + e] = column_dot(work, h2o + (e / 2) * ROW, pso + (2 + e % 2) * POINTS);
         e += units;
     }
     if u < 2 {
-        partial[row + ob3 + u] = column_sum(&ps, 2 + u, POINTS);
+        partial[row + ob3 + u] = column_sum(work, pso + (2 + u) * POINTS);
     }
     sync_cube();
 
     // This unit's share of the first layer's pre-activation gradient, over the second layer's
-    // outputs in order, into `h2s` (read above, now free).
+    // outputs in order, into the second hidden layer's table (read above, now free).
     for ii in 0..comptime!(h / LANES) {
         let i = ii * LANES + lane;
         let mut dh = 0.0f32;
         #[unroll]
         for j in 0..h {
-            dh += d2s[j * ROW + pt] * s[sw2 + i * (h + 1) + j];
+            dh += work[d2o + j * ROW + pt] * s[sw2 + i * (h + 1) + j];
         }
-        let a = first(&s, x0, x1, i, h);
+        let a = first(s, x0, x1, i, h);
         let sg = sigmoid(a);
-        h2s[i * ROW + pt] = dh * silu_slope(a, sg);
+        work[h2o + i * ROW + pt] = dh * silu_slope(a, sg);
     }
     sync_cube();
 
-    if lane < 2 && valid {
-        let mut d = 0.0f32;
+    let mut d = 0.0f32;
+    if lane < 2 {
         #[unroll]
         for i in 0..h {
-            d += h2s[i * ROW + pt] * s[sw1 + lane * h + i];
+            d += work[h2o + i * ROW + pt] * s[sw1 + lane * h + i];
         }
-        dx[2 * p + lane] = d;
     }
     e = u;
     while e < comptime!(2 * h) {
-        partial[row + ow1 + e] = column_dot(&h2s, e % h, &ps, e / h, POINTS);
+        partial[row + ow1 + e] = column_dot(work, h2o + (e % h) * ROW, pso + (e / h) * POINTS);
         e += units;
     }
     if u < h {
-        partial[row + ob1 + u] = column_sum(&h2s, u, ROW);
+        partial[row + ob1 + u] = column_sum(work, h2o + u * ROW);
     }
+    d
 }
 
 /// Cube of 32 gradient values ([`layout`]) × [`GROUPS`] row groups: unit `(x, g)` sums rows

@@ -69,10 +69,10 @@ pub struct Options {
     /// `model::ops::wgrad::choose_chunk`).
     #[arg(long)]
     pub wgrad_chunk: Option<usize>,
-    /// Run the RLE flow's coupling nets as one operation each, with their backward written by
-    /// hand (`model::flow::choose_fused`; on by default).
+    /// How the RLE flow runs: each coupling as one operation (`couplings`, the default), each
+    /// coupling net as one (`nets`), or the module's layers (`layers`); `model::flow::choose`.
     #[arg(long)]
-    pub fused_flow: Option<bool>,
+    pub flow: Option<String>,
     /// Pad the reduced-precision convolutions' operands whose channel count is not a multiple
     /// of 8, and is at least this many, to a multiple of this many (8, the default, 16 or 32;
     /// `model::ops::conv::gemm::choose_padding`, CUDA only).
@@ -214,8 +214,8 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
     if let Some(pixels) = o.wgrad_chunk {
         crate::model::ops::wgrad::choose_chunk(pixels).map_err(|e| anyhow::anyhow!(e))?;
     }
-    if let Some(fused) = o.fused_flow {
-        crate::model::flow::choose_fused(fused);
+    if let Some(way) = &o.flow {
+        crate::model::flow::choose(way).map_err(|e| anyhow::anyhow!("--flow: {e}"))?;
     }
     super::choose_conv_padding(o.conv_padding)?;
     if let Some(gemm) = o.strided_by_gemm {

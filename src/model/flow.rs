@@ -1,24 +1,35 @@
 //! RealNVP flow used by the RLE keypoint loss (yolo_spec §2.5). It has no part in the forward
 //! pass of the network; the loss calls [`RealNvp::log_prob`].
 
-use super::ops::{coupling_net, silu};
+use super::ops::{coupling, coupling_net, silu};
 use burn::module::Initializer;
 use burn::nn::{Linear, LinearConfig};
 use burn::prelude::*;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
-static FUSED: AtomicBool = AtomicBool::new(true);
+/// How the grouped flow ([`RealNvp::log_prob_grouped`]) runs, by name ([`choose`]): each
+/// coupling one operation (`ops::coupling`, the default: on CUDA one kernel forward, three
+/// backward, `kernels/coupling_layer.rs`); each coupling net one operation (`ops::coupling_net`,
+/// the rest of the coupling tensor operations); or the module's layers.
+pub const WAYS: [&str; 3] = ["couplings", "nets", "layers"];
 
-/// Runs every later grouped coupling net of this process as one operation with its backward
-/// written by hand (`ops::coupling_net`, the default: one autodiff node per net instead of ~11,
-/// on CUDA three kernels of our own, `kernels/coupling.rs`) or as the module's layers (`false`).
-pub fn choose_fused(fused: bool) {
-    FUSED.store(fused, Ordering::Relaxed);
+static WAY: AtomicUsize = AtomicUsize::new(0);
+
+/// Runs every later grouped flow of this process the way `name` ([`WAYS`]) says
+/// (`bench-step --flow`). The ways compute the same values; they differ in the number of
+/// operations, and in the order of the gradients' additions, hence in the last bits.
+pub fn choose(name: &str) -> Result<(), String> {
+    let i = WAYS
+        .iter()
+        .position(|w| *w == name)
+        .ok_or_else(|| format!("unknown flow way {name:?}: expected one of {WAYS:?}"))?;
+    WAY.store(i, Ordering::Relaxed);
+    Ok(())
 }
 
-/// Whether the coupling nets run as one operation ([`choose_fused`]).
-pub fn fused() -> bool {
-    FUSED.load(Ordering::Relaxed)
+/// The way in use ([`choose`]).
+pub fn chosen() -> &'static str {
+    WAYS[WAY.load(Ordering::Relaxed)]
 }
 
 /// Number of affine coupling layers.
@@ -62,6 +73,9 @@ impl CouplingNetConfig {
     }
 }
 
+/// A coupling net's three weights and three biases ([`coupling_net`]'s operands).
+type NetParameters = ([Tensor<2>; 3], [Tensor<1>; 3]);
+
 #[derive(Module, Debug)]
 pub struct CouplingNet {
     pub fc1: Linear,
@@ -78,16 +92,16 @@ impl CouplingNet {
 
     /// The three layers' weights and biases, as [`coupling_net`] takes them (`None` when a
     /// layer has no bias).
-    fn parameters(&self) -> Option<([Tensor<2>; 3], [Tensor<1>; 3])> {
+    fn parameters(&self) -> Option<NetParameters> {
         let layers = [&self.fc1, &self.fc2, &self.fc3];
         let [b1, b2, b3] = layers.map(|l| l.bias.as_ref().map(|b| b.val()));
         Some((layers.map(|l| l.weight.val()), [b1?, b2?, b3?]))
     }
 
     /// On `[G, M, in]` points in groups: one operation ([`coupling_net`], on CUDA our kernels)
-    /// while [`fused`], else the layers (`layers_grouped`).
+    /// unless the [`chosen`] way is `"layers"` (`layers_grouped`).
     pub fn forward_grouped(&self, x: Tensor<3>) -> Tensor<3> {
-        if fused()
+        if chosen() != "layers"
             && let Some((weights, biases)) = self.parameters()
         {
             return coupling_net(x, weights, biases);
@@ -147,12 +161,44 @@ impl RealNvp {
     }
 
     /// log φ of points `[G, M, 2]` in `G` groups → `[G, M]`: [`RealNvp::log_prob`]'s
-    /// arithmetic per point, with the coupling nets batched over the groups
-    /// ([`CouplingNet::forward_grouped`]), which keeps their gradient reductions parallel.
+    /// arithmetic per point, batched over the groups, which keeps the gradient reductions
+    /// parallel: each coupling one operation (`log_prob_coupled`), or the couplings written
+    /// out around [`CouplingNet::forward_grouped`], as the [`chosen`] way says.
     pub fn log_prob_grouped(&self, x: Tensor<3>, masks: &Tensor<2>) -> Tensor<2> {
         let [g, m, _] = x.dims();
+        if chosen() == "couplings"
+            && let Some(nets) = self.nets()
+        {
+            return Self::log_prob_coupled(x, nets).reshape([g, m]);
+        }
         self.log_prob_of(x, masks, CouplingNet::forward_grouped)
             .reshape([g, m])
+    }
+
+    /// Each coupling's s- and t-net parameters (`None` when a layer has no bias).
+    fn nets(&self) -> Option<Vec<(NetParameters, NetParameters)>> {
+        let nets = self.scale_nets.iter().zip(&self.shift_nets);
+        nets.map(|(s, t)| Some((s.parameters()?, t.parameters()?)))
+            .collect()
+    }
+
+    /// [`RealNvp::log_prob_grouped`] with each coupling one operation ([`coupling`]): the state
+    /// `[G, M, 5]` (the point, the log-determinant, the coupling's `s` and `t`) goes through the
+    /// couplings in reverse order. The same arithmetic per value as [`RealNvp::log_prob_of`]:
+    /// there the masked terms are exact zeros and ones. Returns `[G, M, 1]`.
+    fn log_prob_coupled(x: Tensor<3>, nets: Vec<(NetParameters, NetParameters)>) -> Tensor<3> {
+        let [g, m, _] = x.dims();
+        let log_det = Tensor::<3>::zeros([g, m, 1], &x.device());
+        let mut state = Tensor::cat(vec![x, log_det], 2);
+        for (i, (s, t)) in nets.into_iter().enumerate().rev() {
+            // Layer i's mask row is [0, 1] for even i: the second coordinate is kept.
+            let keep = 1 - i % 2;
+            state = coupling(state, keep, s, t);
+        }
+        let z = state.clone().narrow(2, 0, 2);
+        let log_det = state.narrow(2, 2, 1);
+        let ln_2pi = (2.0 * std::f64::consts::PI).ln();
+        z.powi_scalar(2).sum_dim(2) * (-0.5) - ln_2pi + log_det
     }
 
     /// The pass on points in the last dimension, each coupling net applied by `net`; the
@@ -267,6 +313,70 @@ mod tests {
             let err = crate::test_util::rel(&b, &a);
             assert!(err < 1e-5, "{name}: {err}");
             assert!(a.iter().any(|v| *v != 0.0), "{name}: all zero");
+        }
+    }
+
+    /// A flow with every parameter drawn from N(0, `std`): far from the near-identity start,
+    /// so that the couplings matter.
+    fn scrambled(flow: RealNvp, std: f64, d: &Device) -> RealNvp {
+        use burn::tensor::Distribution;
+        let mut drawn = crate::optim::tensors::float_tensors(&flow)
+            .into_iter()
+            .map(|(p, t)| {
+                let n = t.dims()[0];
+                (
+                    p,
+                    Tensor::<1>::random([n], Distribution::Normal(0.0, std), d),
+                )
+            })
+            .collect();
+        crate::optim::tensors::replace_float_tensors(flow, &mut drawn).0
+    }
+
+    /// Each coupling as one operation (`ops::coupling`, its backward by hand) gives the
+    /// density of the couplings written out over the module's layers and, through autodiff,
+    /// their gradients for the points and all 72 parameters, with either coordinate kept.
+    #[test]
+    fn each_coupling_as_one_operation_equals_the_layers_with_gradients() {
+        use burn::tensor::Distribution;
+        let d = Device::flex().autodiff();
+        d.seed(31);
+        let flow = scrambled(RealNvpConfig::new().with_hidden(16).init(&d), 0.3, &d);
+        let x0 = Tensor::<3>::random([3, 11, 2], Distribution::Normal(0.0, 2.0), &d);
+        let probe = Tensor::<3>::random([3, 11, 1], Distribution::Normal(0.0, 1.0), &d);
+        let masks = RealNvp::masks(&d);
+        let run = |fused: bool| {
+            let x = x0.clone().detach().require_grad();
+            let y = if fused {
+                let nets = flow.nets().expect("biased layers");
+                RealNvp::log_prob_coupled(x.clone(), nets)
+            } else {
+                flow.log_prob_of(x.clone(), &masks, CouplingNet::layers_grouped)
+            };
+            let grads = (y.clone() * probe.clone()).sum().backward();
+            let mut out = vec![
+                y.inner().reshape([33]),
+                x.grad(&grads).unwrap().reshape([66]),
+            ];
+            for net in flow.scale_nets.iter().chain(&flow.shift_nets) {
+                for l in [&net.fc1, &net.fc2, &net.fc3] {
+                    let w = l.weight.val().grad(&grads).unwrap();
+                    let n = w.dims()[0] * w.dims()[1];
+                    out.push(w.reshape([n]));
+                    out.push(l.bias.as_ref().unwrap().val().grad(&grads).unwrap());
+                }
+            }
+            out
+        };
+        let (layers, coupled) = (run(false), run(true));
+        assert_eq!(layers.len(), 2 + 72);
+        for (k, (a, b)) in layers.into_iter().zip(coupled).enumerate() {
+            let (a, b) = (
+                a.into_data().try_to_vec::<f32>().unwrap(),
+                b.into_data().try_to_vec::<f32>().unwrap(),
+            );
+            let err = crate::test_util::rel(&b, &a);
+            assert!(err < 1e-5, "output {k}: {err}");
         }
     }
 

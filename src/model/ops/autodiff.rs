@@ -3,6 +3,7 @@
 //! activation graph inside them.
 
 use super::FastOps;
+mod coupling;
 use super::{grad_operands, input_operands};
 use burn::backend::autodiff::NodeId;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -13,6 +14,7 @@ use burn::backend::ops::ConvOptions;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Autodiff, AutodiffBackend, Backend, Shape, TensorMetadata};
 use burn::tensor::FloatDType;
+use coupling::{CouplingNetOp, CouplingOp};
 
 #[derive(Debug)]
 struct BnActOp;
@@ -152,38 +154,6 @@ impl<B: Backend + FastOps> Backward<B, 1> for SiluOp {
         let x = checkpointer.retrieve_node_output::<FloatTensor<B>>(ops.state);
         if let Some(node) = node_x {
             grads.register::<B>(node.id, B::silu_backward(x, grad));
-        }
-    }
-}
-
-/// [`FastOps::coupling_net`]: the input and the six parameters are checkpointed; the backward
-/// is [`FastOps::coupling_net_backward`], which recomputes the hidden layers.
-#[derive(Debug)]
-struct CouplingNetOp;
-
-impl<B: Backend + FastOps> Backward<B, 7> for CouplingNetOp {
-    type State = [NodeId; 7];
-
-    fn backward(
-        self,
-        ops: Ops<Self::State, 7>,
-        grads: &mut Gradients,
-        checkpointer: &mut Checkpointer,
-    ) {
-        let grad = grads.consume::<B>(&ops.node);
-        let [x, w1, b1, w2, b2, w3, b3] = ops
-            .state
-            .map(|id| checkpointer.retrieve_node_output::<FloatTensor<B>>(id));
-        let (dx, dw1, db1, dw2, db2, dw3, db3) =
-            B::coupling_net_backward(x, w1, b1, w2, b2, w3, b3, grad);
-        for (node, g) in ops
-            .parents
-            .into_iter()
-            .zip([dx, dw1, db1, dw2, db2, dw3, db3])
-        {
-            if let Some(node) = node {
-                grads.register::<B>(node.id, g);
-            }
         }
     }
 }
@@ -405,6 +375,90 @@ impl<B: Backend + FastOps, C: CheckpointStrategy> FastOps for Autodiff<B, C> {
             }
             OpsKind::UnTracked(prep) => prep.finish(forward(inputs)),
         }
+    }
+    fn coupling(
+        state: FloatTensor<Self>,
+        keep: usize,
+        sw1: FloatTensor<Self>,
+        sb1: FloatTensor<Self>,
+        sw2: FloatTensor<Self>,
+        sb2: FloatTensor<Self>,
+        sw3: FloatTensor<Self>,
+        sb3: FloatTensor<Self>,
+        tw1: FloatTensor<Self>,
+        tb1: FloatTensor<Self>,
+        tw2: FloatTensor<Self>,
+        tb2: FloatTensor<Self>,
+        tw3: FloatTensor<Self>,
+        tb3: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let inputs = [
+            state, sw1, sb1, sw2, sb2, sw3, sb3, tw1, tb1, tw2, tb2, tw3, tb3,
+        ];
+        let nodes = inputs.each_ref().map(|t| t.node());
+        let forward = |inputs: [FloatTensor<Self>; 13]| {
+            let [
+                state,
+                sw1,
+                sb1,
+                sw2,
+                sb2,
+                sw3,
+                sb3,
+                tw1,
+                tb1,
+                tw2,
+                tb2,
+                tw3,
+                tb3,
+            ] = inputs.map(|t| t.into_primitive());
+            B::coupling(
+                state, keep, sw1, sb1, sw2, sb2, sw3, sb3, tw1, tb1, tw2, tb2, tw3, tb3,
+            )
+        };
+        match CouplingOp.prepare::<C>(nodes).compute_bound().stateful() {
+            OpsKind::Tracked(mut prep) => {
+                let ids = inputs.each_ref().map(|t| prep.checkpoint(t));
+                let out = forward(inputs);
+                prep.finish((ids, keep, out.clone()), out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(forward(inputs)),
+        }
+    }
+    #[allow(clippy::type_complexity)]
+    fn coupling_backward(
+        _state: FloatTensor<Self>,
+        _keep: usize,
+        _sw1: FloatTensor<Self>,
+        _sb1: FloatTensor<Self>,
+        _sw2: FloatTensor<Self>,
+        _sb2: FloatTensor<Self>,
+        _sw3: FloatTensor<Self>,
+        _sb3: FloatTensor<Self>,
+        _tw1: FloatTensor<Self>,
+        _tb1: FloatTensor<Self>,
+        _tw2: FloatTensor<Self>,
+        _tb2: FloatTensor<Self>,
+        _tw3: FloatTensor<Self>,
+        _tb3: FloatTensor<Self>,
+        _out: FloatTensor<Self>,
+        _grad: FloatTensor<Self>,
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+    ) {
+        panic!("coupling_backward is first-order only")
     }
     fn coupling_net_backward(
         _x: FloatTensor<Self>,

@@ -9,7 +9,7 @@ use super::FastOps;
 use burn::backend::Shape;
 use burn::backend::TensorMetadata;
 use burn::backend::tensor::FloatTensor;
-use burn::backend::{Backend, Dispatch};
+use burn::backend::{Backend, Dispatch, Scalar, Slice};
 use burn::prelude::*;
 
 /// `x · w + b` over the last axis of `x` (`[G, M, in]`, `w` `[in, out]`, `b` `[out]`).
@@ -90,5 +90,146 @@ pub fn coupling_net(
         b2.into_dispatch(),
         w3.into_dispatch(),
         b3.into_dispatch(),
+    ))
+}
+
+/// Columns of the state [`FastOps::coupling`] returns: the point `z0, z1`, the running
+/// log-determinant, then the coupling's `s` (after tanh) and `t` on the transformed coordinate.
+pub const STATE: usize = 5;
+
+/// Column `k` of `[G, M, c]` `t`: `[G, M, 1]` (a view).
+fn column<B: Backend>(t: FloatTensor<B>, k: usize) -> FloatTensor<B> {
+    let full = Slice::new(0, None, 1);
+    B::float_slice(
+        t,
+        &[full, full, Slice::new(k as isize, Some(k as isize + 1), 1)],
+    )
+}
+
+/// `[G, M, 2]` with `kept` in column `keep` and `other` in the other one.
+fn pair<B: Backend>(kept: FloatTensor<B>, other: FloatTensor<B>, keep: usize) -> FloatTensor<B> {
+    match keep {
+        0 => B::float_cat(vec![kept, other], 2),
+        _ => B::float_cat(vec![other, kept], 2),
+    }
+}
+
+/// Zeros shaped as `t`.
+fn zeros_as<B: Backend>(t: &FloatTensor<B>) -> FloatTensor<B> {
+    B::float_zeros(t.shape(), &t.device(), t.dtype().into())
+}
+
+/// The nets' input: the kept coordinate, the other one zero (as the module's `z · mask`).
+fn masked<B: Backend>(kept: FloatTensor<B>, keep: usize) -> FloatTensor<B> {
+    let zeros = zeros_as::<B>(&kept);
+    pair::<B>(kept, zeros, keep)
+}
+
+/// [`FastOps::coupling`]'s body.
+pub(super) fn layer_forward<B: Backend + FastOps>(
+    state: FloatTensor<B>,
+    keep: usize,
+    s_net: [FloatTensor<B>; 6],
+    t_net: [FloatTensor<B>; 6],
+) -> FloatTensor<B> {
+    let other = 1 - keep;
+    let kept = column::<B>(state.clone(), keep);
+    let z = column::<B>(state.clone(), other);
+    let log_det = column::<B>(state, 2);
+    let x = masked::<B>(kept.clone(), keep);
+    let s = B::float_tanh(column::<B>(forward::<B>(x.clone(), s_net), other));
+    let t = column::<B>(forward::<B>(x, t_net), other);
+    let z = B::float_mul(
+        B::float_sub(z, t.clone()),
+        B::float_exp(B::float_neg(s.clone())),
+    );
+    let log_det = B::float_sub(log_det, s.clone());
+    let [a, b] = match keep {
+        0 => [kept, z],
+        _ => [z, kept],
+    };
+    B::float_cat(vec![a, b, log_det, s, t], 2)
+}
+
+/// [`FastOps::coupling_backward`]'s body: `(d state, s-net's six gradients, t-net's six)`.
+/// `out` is the forward's result (its `s` and `t` are not recomputed).
+pub(super) fn layer_backward<B: Backend + FastOps>(
+    state: FloatTensor<B>,
+    keep: usize,
+    s_net: [FloatTensor<B>; 6],
+    t_net: [FloatTensor<B>; 6],
+    out: FloatTensor<B>,
+    grad: FloatTensor<B>,
+) -> (FloatTensor<B>, [FloatTensor<B>; 6], [FloatTensor<B>; 6]) {
+    let other = 1 - keep;
+    let width = state.shape()[2];
+    let kept = column::<B>(state.clone(), keep);
+    let z = column::<B>(state.clone(), other);
+    let x = masked::<B>(kept, keep);
+    let s = column::<B>(out.clone(), 3);
+    let t = column::<B>(out, 4);
+    let g = |k| column::<B>(grad.clone(), k);
+    let (g_kept, g_z, g_log_det, g_s, g_t) = (g(keep), g(other), g(2), g(3), g(4));
+    // z' = (z − t) · e with e = exp(−s); log_det' = log_det − s.
+    let dz = B::float_mul(g_z, B::float_exp(B::float_neg(s.clone())));
+    let dt = B::float_sub(g_t, dz.clone());
+    let ds = B::float_sub(
+        B::float_sub(g_s, B::float_mul(dz.clone(), B::float_sub(z, t))),
+        g_log_det.clone(),
+    );
+    let one_minus_s2 =
+        B::float_add_scalar(B::float_neg(B::float_mul(s.clone(), s)), Scalar::Float(1.0));
+    let ds_raw = B::float_mul(ds, one_minus_s2);
+    let on_other = |d: FloatTensor<B>| {
+        let zeros = zeros_as::<B>(&d);
+        pair::<B>(zeros, d, keep)
+    };
+    let (dx_s, s_grads) = backward::<B>(x.clone(), s_net, on_other(ds_raw));
+    let (dx_t, t_grads) = backward::<B>(x, t_net, on_other(dt));
+    let d_kept = B::float_add(
+        g_kept,
+        B::float_add(column::<B>(dx_s, keep), column::<B>(dx_t, keep)),
+    );
+    let [a, b] = match keep {
+        0 => [d_kept, dz],
+        _ => [dz, d_kept],
+    };
+    let mut parts = vec![a, b, g_log_det];
+    if width > 3 {
+        // The columns after the log-determinant are not read: no gradient.
+        let [g, m] = [grad.shape()[0], grad.shape()[1]];
+        let dims = Shape::new([g, m, width - 3]);
+        parts.push(B::float_zeros(dims, &grad.device(), grad.dtype().into()));
+    }
+    (B::float_cat(parts, 2), s_grads, t_grads)
+}
+
+/// One coupling of the flow through [`FastOps::coupling`] (one autodiff node, its backward
+/// [`FastOps::coupling_backward`]); each net's weights and biases as [`coupling_net`] takes them.
+pub fn coupling(
+    state: Tensor<3>,
+    keep: usize,
+    (s_weights, s_biases): ([Tensor<2>; 3], [Tensor<1>; 3]),
+    (t_weights, t_biases): ([Tensor<2>; 3], [Tensor<1>; 3]),
+) -> Tensor<3> {
+    let [sw1, sw2, sw3] = s_weights.map(Tensor::into_dispatch);
+    let [sb1, sb2, sb3] = s_biases.map(Tensor::into_dispatch);
+    let [tw1, tw2, tw3] = t_weights.map(Tensor::into_dispatch);
+    let [tb1, tb2, tb3] = t_biases.map(Tensor::into_dispatch);
+    Tensor::from_dispatch(Dispatch::coupling(
+        state.into_dispatch(),
+        keep,
+        sw1,
+        sb1,
+        sw2,
+        sb2,
+        sw3,
+        sb3,
+        tw1,
+        tb1,
+        tw2,
+        tb2,
+        tw3,
+        tb3,
     ))
 }

@@ -211,6 +211,73 @@ impl FastOps for burn_cubecl::CubeBackend {
             };
         (dx, dw1, db1, dw2, db2, dw3, db3)
     }
+    fn coupling(
+        state: FloatTensor<Self>,
+        keep: usize,
+        sw1: FloatTensor<Self>,
+        sb1: FloatTensor<Self>,
+        sw2: FloatTensor<Self>,
+        sb2: FloatTensor<Self>,
+        sw3: FloatTensor<Self>,
+        sb3: FloatTensor<Self>,
+        tw1: FloatTensor<Self>,
+        tb1: FloatTensor<Self>,
+        tw2: FloatTensor<Self>,
+        tb2: FloatTensor<Self>,
+        tw3: FloatTensor<Self>,
+        tb3: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        use coupling_kernels::layer_kernels;
+        let s_net = [sw1, sb1, sw2, sb2, sw3, sb3];
+        let t_net = [tw1, tb1, tw2, tb2, tw3, tb3];
+        match layer_kernels::supported(&state, &s_net, &t_net) {
+            Some(h) => layer_kernels::forward(state, keep, s_net, t_net, h),
+            None => coupling::layer_forward::<Self>(state, keep, s_net, t_net),
+        }
+    }
+    fn coupling_backward(
+        state: FloatTensor<Self>,
+        keep: usize,
+        sw1: FloatTensor<Self>,
+        sb1: FloatTensor<Self>,
+        sw2: FloatTensor<Self>,
+        sb2: FloatTensor<Self>,
+        sw3: FloatTensor<Self>,
+        sb3: FloatTensor<Self>,
+        tw1: FloatTensor<Self>,
+        tb1: FloatTensor<Self>,
+        tw2: FloatTensor<Self>,
+        tb2: FloatTensor<Self>,
+        tw3: FloatTensor<Self>,
+        tb3: FloatTensor<Self>,
+        out: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+    ) {
+        use coupling_kernels::layer_kernels;
+        let s_net = [sw1, sb1, sw2, sb2, sw3, sb3];
+        let t_net = [tw1, tb1, tw2, tb2, tw3, tb3];
+        let kernels = layer_kernels::supported(&state, &s_net, &t_net)
+            .filter(|_| grad.dtype == F32 && out.dtype == F32);
+        let (d, [a, b, c, e, f, g], [h, i, j, k, l, m]) = match kernels {
+            Some(h) => layer_kernels::backward(state, keep, s_net, t_net, out, grad, h),
+            None => coupling::layer_backward::<Self>(state, keep, s_net, t_net, out, grad),
+        };
+        (d, a, b, c, e, f, g, h, i, j, k, l, m)
+    }
     fn segment(x: FloatTensor<Self>, start: usize, len: usize, reach: usize) -> FloatTensor<Self> {
         let size = x.dtype.size();
         let total = x.meta.shape()[0];

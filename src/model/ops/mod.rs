@@ -19,6 +19,7 @@
 
 mod autodiff;
 mod batch_norm;
+mod bn_act;
 #[cfg(feature = "cuda")]
 #[path = "../../../kernels/channels.rs"]
 mod channels;
@@ -26,7 +27,7 @@ mod channels;
 mod compile_check;
 pub mod conv;
 mod coupling;
-pub use coupling::coupling_net;
+pub use coupling::{STATE, coupling, coupling_net};
 #[cfg(feature = "cuda")]
 #[path = "../../../kernels/coupling.rs"]
 pub mod coupling_kernels;
@@ -78,6 +79,7 @@ pub mod trace;
 mod tree;
 pub mod wgrad;
 
+pub use bn_act::batch_norm_act;
 pub use conv::options as conv_options;
 #[cfg(feature = "cuda")]
 pub(crate) use cuda::{cuda_f32, from_cube};
@@ -85,8 +87,6 @@ pub(crate) use cuda::{cuda_f32, from_cube};
 use burn::backend::ops::ConvOptions;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Backend, Dispatch, Shape, TensorMetadata, backend_extension};
-use burn::module::{ModuleMapper, Param, RunningState};
-use burn::nn::BatchNorm;
 use burn::nn::conv::Conv2d;
 use burn::prelude::*;
 use burn::tensor::FloatDType;
@@ -327,6 +327,75 @@ pub trait FastOps: Backend {
             coupling::backward::<Self>(x, [w1, b1, w2, b2, w3, b3], grad);
         (dx, dw1, db1, dw2, db2, dw3, db3)
     }
+    /// One affine coupling of the flow on the state `[G, M, c ≥ 3]` (columns `z0, z1`, the
+    /// running log-determinant; any after them unread), the kept coordinate `keep`: with
+    /// `x` = the point with its other coordinate zero, `s = tanh(s_net(x))` and
+    /// `t = t_net(x)` on the other coordinate, `z' = (z − t) · exp(−s)` there, the kept one
+    /// unchanged, `log_det' = log_det − s`. Returns `[G, M, 5]`: `z0', z1', log_det', s, t`
+    /// ([`coupling::STATE`]). Each net's six parameters are [`FastOps::coupling_net`]'s.
+    #[allow(clippy::too_many_arguments)]
+    fn coupling(
+        state: FloatTensor<Self>,
+        keep: usize,
+        sw1: FloatTensor<Self>,
+        sb1: FloatTensor<Self>,
+        sw2: FloatTensor<Self>,
+        sb2: FloatTensor<Self>,
+        sw3: FloatTensor<Self>,
+        sb3: FloatTensor<Self>,
+        tw1: FloatTensor<Self>,
+        tb1: FloatTensor<Self>,
+        tw2: FloatTensor<Self>,
+        tb2: FloatTensor<Self>,
+        tw3: FloatTensor<Self>,
+        tb3: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let s_net = [sw1, sb1, sw2, sb2, sw3, sb3];
+        let t_net = [tw1, tb1, tw2, tb2, tw3, tb3];
+        coupling::layer_forward::<Self>(state, keep, s_net, t_net)
+    }
+    /// Gradients of [`FastOps::coupling`] for the incoming `grad` (`[G, M, 5]`), given its
+    /// result `out`: the state's (shaped as it), then the s-net's six and the t-net's six,
+    /// each summed over every point.
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    fn coupling_backward(
+        state: FloatTensor<Self>,
+        keep: usize,
+        sw1: FloatTensor<Self>,
+        sb1: FloatTensor<Self>,
+        sw2: FloatTensor<Self>,
+        sb2: FloatTensor<Self>,
+        sw3: FloatTensor<Self>,
+        sb3: FloatTensor<Self>,
+        tw1: FloatTensor<Self>,
+        tb1: FloatTensor<Self>,
+        tw2: FloatTensor<Self>,
+        tb2: FloatTensor<Self>,
+        tw3: FloatTensor<Self>,
+        tb3: FloatTensor<Self>,
+        out: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+    ) {
+        let s_net = [sw1, sb1, sw2, sb2, sw3, sb3];
+        let t_net = [tw1, tb1, tw2, tb2, tw3, tb3];
+        let (d, [a, b, c, e, f, g], [h, i, j, k, l, m]) =
+            coupling::layer_backward::<Self>(state, keep, s_net, t_net, out, grad);
+        (d, a, b, c, e, f, g, h, i, j, k, l, m)
+    }
     /// `y + bias` for each channel of `[N, C, H, W]` `y` (`bias` `[C]`).
     fn add_bias(y: FloatTensor<Self>, bias: FloatTensor<Self>) -> FloatTensor<Self> {
         let c = bias.shape()[0];
@@ -448,69 +517,6 @@ fn silu_backward_ops<B: Backend>(x: FloatTensor<B>, grad: FloatTensor<B>) -> Flo
     let one_minus = B::float_add_scalar(B::float_neg(s.clone()), 1.0.into());
     let inner = B::float_add_scalar(B::float_mul(x, one_minus), 1.0.into());
     B::float_mul(grad, B::float_mul(s, inner))
-}
-
-/// `bn.forward(x)`, then SiLU when `act`: in training one [`FastOps::bn_act_train`] with the
-/// batch's statistics and the same running-statistics update as Burn's
-/// `BatchNorm::forward_train`; in inference on CUDA one kernel with the running statistics, on
-/// the CPU one pass ([`cpu_batch_norm::bn_act_inference`]); otherwise Burn's inference (and under [`ConvBnOps::Stock`] Burn's own training BatchNorm) and
-/// Burn's `silu`.
-pub fn batch_norm_act(bn: &BatchNorm, x: Tensor<4>, act: bool) -> Tensor<4> {
-    let device = x.device();
-    let training = device.is_autodiff() && bn.training.is_enabled();
-    #[cfg(feature = "cuda")]
-    if !training
-        && conv_bn_ops() != ConvBnOps::Stock
-        && let Some(y) = cuda::bn_act_inference(bn, &x, act)
-    {
-        return y;
-    }
-    if !training
-        && conv_bn_ops() != ConvBnOps::Stock
-        && let Some(y) = cpu_batch_norm::bn_act_inference(bn, &x, act)
-    {
-        return y;
-    }
-    if !training || conv_bn_ops() == ConvBnOps::Stock {
-        let y = bn.forward(x);
-        return if act {
-            burn::tensor::activation::silu(y)
-        } else {
-            y
-        };
-    }
-    let running_mean = bn.running_mean.value_sync().to_device(&device);
-    let running_var = bn.running_var.value_sync().to_device(&device);
-    input_operands::next(bn.gamma.id);
-    let (out, _mean, _var, new_mean, new_var) = Dispatch::bn_act_train(
-        x.into_dispatch(),
-        bn.gamma.val().into_dispatch(),
-        bn.beta.val().into_dispatch(),
-        running_mean.into_dispatch(),
-        running_var.into_dispatch(),
-        bn.epsilon,
-        bn.momentum,
-        act,
-    );
-    set_running(&bn.running_mean, Tensor::from_dispatch(new_mean).detach());
-    set_running(&bn.running_var, Tensor::from_dispatch(new_var).detach());
-    Tensor::from_dispatch(out)
-}
-
-/// Makes `value` the running state's value, as `RunningState::update` followed by a read does on
-/// one thread, but without its merge: `update` keeps one value per thread and the next read
-/// averages them, a division by one launched per statistic per step (~100 launches a step for
-/// the nano pose model's head alone). The state's clones share the value, as they share
-/// `update`'s. Every model here is trained by one thread (data-parallel ranks own theirs).
-fn set_running(state: &RunningState<Tensor<1>>, value: Tensor<1>) {
-    struct Set(Option<Tensor<1>>);
-    impl ModuleMapper for Set {
-        fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
-            let value = self.0.take().expect("a running state holds one tensor");
-            Param::initialized(param.id, value.reshape(param.shape()))
-        }
-    }
-    let _shared = state.clone().map(&mut Set(Some(value)));
 }
 
 /// A convolution without bias through [`FastOps::conv`].

@@ -1,8 +1,9 @@
+use super::bn_act::set_running;
 use super::*;
 use burn::module::Param;
-use burn::nn::BatchNormConfig;
 use burn::nn::PaddingConfig2d;
 use burn::nn::conv::Conv2dConfig;
+use burn::nn::{BatchNorm, BatchNormConfig};
 
 fn device() -> Device {
     Device::flex().autodiff()
