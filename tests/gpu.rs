@@ -51,6 +51,8 @@ mod shared;
 mod stats_in_place;
 #[path = "gpu/step.rs"]
 mod step;
+#[path = "gpu/taps.rs"]
+mod taps;
 #[path = "gpu/update.rs"]
 mod update;
 #[path = "gpu/weights.rs"]

@@ -78,6 +78,11 @@ pub struct Options {
     /// `model::ops::conv::gemm::choose_padding`, CUDA only).
     #[arg(long)]
     pub conv_padding: Option<usize>,
+    /// Run the reduced-precision convolution forwards (no groups, more than one tap) with at
+    /// most this many output pixels in the batch split by taps: one matmul per tap, the taps
+    /// summed in order (`model::ops::conv_taps`, CUDA only; off by default).
+    #[arg(long)]
+    pub tap_split: Option<usize>,
     /// Whether the BF16 data gradients of strided convolutions run by the
     /// routine's stride-1 GEMM on the zero-dilated output gradient (`true`, the default) or by
     /// Burn's direct kernel in FP32 (`false`; CUDA only).
@@ -218,6 +223,7 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
         crate::model::flow::choose(way).map_err(|e| anyhow::anyhow!("--flow: {e}"))?;
     }
     super::choose_conv_padding(o.conv_padding)?;
+    super::choose_tap_split(o.tap_split)?;
     if let Some(gemm) = o.strided_by_gemm {
         #[cfg(feature = "cuda")]
         crate::model::ops::conv::routine::choose_strided_by_gemm(gemm);

@@ -156,6 +156,22 @@ pub mod gemm {
         channels_last(weight, padded(co), padded(ci), dtype.into())
     }
 
+    /// Output pixels per image of the convolution of `x` by `weight`.
+    fn out_size(x: &CubeTensor, weight: &CubeTensor, options: &ConvOptions<2>) -> usize {
+        let (xs, ws) = (x.shape(), weight.shape());
+        (0..2)
+            .map(|i| {
+                super::output_len(
+                    xs[2 + i],
+                    ws[2 + i],
+                    options.padding[i],
+                    options.stride[i],
+                    options.dilation[i],
+                )
+            })
+            .product()
+    }
+
     /// `operand` when it is [`weight_operand`]'s for `weight` in `d`, else that made now.
     fn operand_of(weight: &CubeTensor, operand: Option<CubeTensor>, d: DType) -> CubeTensor {
         let s = weight.shape();
@@ -186,6 +202,11 @@ pub mod gemm {
                 .filter(|xp| is_operand_of(xp, &x, padded(ci), d))
                 .unwrap_or_else(|| channels_last(x.clone(), n, padded(ci), d));
             let wp = operand_of(&weight, operand, d);
+            let ws = weight.shape();
+            let rows = n * out_size(&x, &weight, &options);
+            if super::super::conv_taps::takes([ws[2], ws[3]], rows, &options) {
+                return in_f32(super::super::conv_taps::forward(xp, wp, &options), n, co);
+            }
             if let Ok(y) = routine::forward(xp, wp, &options, written_as(co, d)) {
                 return in_f32(y, n, co);
             }

@@ -26,6 +26,8 @@ mod channels;
 #[cfg(all(test, feature = "cuda"))]
 mod compile_check;
 pub mod conv;
+#[cfg(feature = "cuda")]
+pub mod conv_taps;
 mod coupling;
 pub use coupling::{STATE, coupling, coupling_net};
 #[cfg(feature = "cuda")]
@@ -73,6 +75,9 @@ pub mod matmul;
 mod silu_kernels;
 #[cfg(feature = "cuda")]
 pub mod stats_into;
+#[cfg(feature = "cuda")]
+#[path = "../../../kernels/tap_columns.rs"]
+mod tap_columns;
 pub mod trace;
 #[cfg(feature = "cuda")]
 #[path = "../../../kernels/tree.rs"]
