@@ -332,6 +332,12 @@ pub mod gemm {
                 (gp, options.clone())
             };
             let wp = operand_of(&weight, operand, d);
+            let rows = n * shape[2] * shape[3];
+            if let Some(dx) =
+                super::super::conv_taps::data_grad(gp.clone(), wp.clone(), rows, &unit)
+            {
+                return in_f32(dx, n, ci);
+            }
             let shape_p = Shape::new([n, padded(ci), shape[2], shape[3]]);
             if let Ok(dx) = routine::data_grad(gp, wp, shape_p, &unit, written_as(ci, d)) {
                 return in_f32(dx, n, ci);

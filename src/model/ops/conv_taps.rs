@@ -24,8 +24,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 static MAX_ROWS: AtomicUsize = AtomicUsize::new(0);
 
 /// Splits every later reduced-precision convolution forward without groups, with more than one
-/// tap and at most `max_rows` output pixels in the batch, by taps (`bench-step --tap-split`,
-/// `bench-conv --tap-split`); 0 (the default) splits none.
+/// tap and at most `max_rows` output pixels in the batch, by taps, and so the data gradients of
+/// those whose input has at most `max_rows` pixels in the batch ([`data_grad`];
+/// `bench-step --tap-split`, `bench-conv --tap-split`); 0 (the default) splits none.
 pub fn choose(max_rows: usize) {
     MAX_ROWS.store(max_rows, Ordering::Relaxed);
 }
@@ -71,4 +72,32 @@ pub fn forward(x: CubeTensor, weight: CubeTensor, options: &ConvOptions<2>) -> C
     let prod = matmul_f32(cols, Cube::float_swap_dims(w, 1, 2)); // [T, N·Ho·Wo, C_out]
     let y = leading_sum(prod, None);
     permute_nhwc_to_nchw(Cube::float_reshape(y, Shape::new([n, ho, wo, co])))
+}
+
+/// The data gradient of a stride-1 convolution without groups by taps, when [`takes`] its
+/// `rows` input pixels in the batch: the forward by taps of `grad` (`[N, C_out, Ho, Wo]`) by
+/// the weight (`[C_out, C, kh, kw]`) flipped in both spatial axes with its channel axes
+/// swapped, each side padded by `(k − 1)·dilation` less the convolution's own padding (the
+/// full correlation): FP32 `[N, C, H, W]`, channels-last strides. `None` where that padding
+/// would be negative or the split does not take the convolution.
+pub fn data_grad(
+    grad: CubeTensor,
+    weight: CubeTensor,
+    rows: usize,
+    options: &ConvOptions<2>,
+) -> Option<CubeTensor> {
+    let ws = weight.meta.shape().to_vec();
+    let kernel = [ws[2], ws[3]];
+    if options.stride != [1, 1] || !takes(kernel, rows, options) {
+        return None;
+    }
+    let side = |i: usize, pad: usize| ((kernel[i] - 1) * options.dilation[i]).checked_sub(pad);
+    let [(top, bottom), (left, right)] = options.padding;
+    let padding = [
+        (side(0, top)?, side(0, bottom)?),
+        (side(1, left)?, side(1, right)?),
+    ];
+    let full = ConvOptions::new_with_padding([1, 1], padding, options.dilation, 1);
+    let flipped = Cube::float_swap_dims(Cube::float_flip(weight, &[2, 3]), 0, 1);
+    Some(forward(grad, flipped, &full))
 }
