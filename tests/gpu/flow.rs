@@ -89,6 +89,32 @@ fn kernels_take(case: &Case, gpu: &Device) -> bool {
     ops::coupling_kernels::supported(&x, &[w1, b1, w2, b2, w3, b3]).is_some()
 }
 
+/// Prints `ours`' error against `reference` and adds to `failures` where it is not finite or
+/// reaches `bound`, where the reference is all zero, or where `again` (a second run of ours)
+/// differs in any bit.
+fn compare(
+    what: &str,
+    [ours, reference, again]: [&Vec<f32>; 3],
+    bound: f32,
+    failures: &mut Vec<String>,
+) {
+    let err = rel_values(ours, reference);
+    println!("{what} error {err:.2e}");
+    if err.is_nan() || err >= bound {
+        failures.push(format!("{what} error {err}"));
+    }
+    if reference.iter().all(|v| *v == 0.0) {
+        failures.push(format!("{what}: the reference is all zero"));
+    }
+    if ours
+        .iter()
+        .zip(again)
+        .any(|(p, q)| p.to_bits() != q.to_bits())
+    {
+        failures.push(format!("{what} differs between two runs"));
+    }
+}
+
 /// At the seed's flow shape (`[68, 132, 2]`, width 64), at 33 points (a second cube holding one
 /// point), at one point, at a narrow width (16) and with strided points, the kernels' output and
 /// seven gradients are within 1e-5 (relative to the largest reference value) of the layers on
@@ -116,19 +142,9 @@ fn coupling_net_kernels_match_the_layers_on_the_cpu() {
         let ours = run(&case, &gpu, true, strided);
         let again = run(&case, &gpu, true, strided);
         for ((name, a), (b, c)) in names.iter().zip(&ours).zip(reference.iter().zip(&again)) {
-            let err = rel_values(a, b);
-            let what = format!("{points:?} width {h} strided {strided}: {name}");
-            println!("coupling {what} error {err:.2e}");
+            let what = format!("coupling {points:?} width {h} strided {strided}: {name}");
             let bound = if kernels { 1e-5 } else { 2e-3 };
-            if err.is_nan() || err >= bound {
-                failures.push(format!("{what} error {err}"));
-            }
-            if b.iter().all(|v| *v == 0.0) {
-                failures.push(format!("{what}: the reference is all zero"));
-            }
-            if a.iter().zip(c).any(|(p, q)| p.to_bits() != q.to_bits()) {
-                failures.push(format!("{what} differs between two runs"));
-            }
+            compare(&what, [a, b, c], bound, &mut failures);
         }
     }
     assert!(failures.is_empty(), "{failures:#?}");
@@ -268,21 +284,11 @@ fn coupling_kernels_match_the_layers_on_the_cpu() {
         let again = run_coupling(&case, &gpu, true, strided);
         assert_eq!(reference.len(), 14);
         for (k, (a, (b, c))) in ours.iter().zip(reference.iter().zip(&again)).enumerate() {
-            let err = rel_values(a, b);
             let what = format!(
-                "[{g}, {m}] width {h} keep {keep} state {width} strided {strided}: output {k}"
+                "coupling layer [{g}, {m}] width {h} keep {keep} state {width} strided {strided}: output {k}"
             );
-            println!("coupling layer {what} error {err:.2e}");
             let bound = if kernels { 1e-5 } else { 5e-3 };
-            if err.is_nan() || err >= bound {
-                failures.push(format!("{what} error {err}"));
-            }
-            if b.iter().all(|v| *v == 0.0) {
-                failures.push(format!("{what}: the reference is all zero"));
-            }
-            if a.iter().zip(c).any(|(p, q)| p.to_bits() != q.to_bits()) {
-                failures.push(format!("{what} differs between two runs"));
-            }
+            compare(&what, [a, b, c], bound, &mut failures);
         }
     }
     assert!(failures.is_empty(), "{failures:#?}");
