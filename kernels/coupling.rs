@@ -270,20 +270,57 @@ fn empty(like: &CubeTensor, dims: &[usize]) -> CubeTensor {
     )
 }
 
+/// The cubes of the points of `[G, M, c]` `t`: their count, [`POINTS`] points × [`LANES`]
+/// units each.
+fn cubes(t: &CubeTensor) -> (usize, CubeDim) {
+    let dims = t.meta.shape();
+    let n = dims[0] * dims[1];
+    (
+        n.div_ceil(POINTS),
+        CubeDim::new_2d(LANES as u32, POINTS as u32),
+    )
+}
+
+/// Each net's gradients (`[dw1, db1, dw2, db2, dw3, db3]`, contiguous, shaped as the
+/// parameters) for `params`, summed from the cubes' rows of `partial` ([`layout`]) by
+/// `coupling_sums_kernel`.
+fn sums(partial: CubeTensor, params: &[CubeTensor; 6], h: usize) -> [CubeTensor; 6] {
+    let grads = params.clone().map(|p| empty(&p, &p.meta.shape().to_vec()));
+    let [dw1, db1, dw2, db2, dw3, db3] = grads.clone();
+    let client = partial.client.clone();
+    // SAFETY: the units of value `e < total` read column `e` of `partial`; one writes value
+    // `e` of the layout, into the one gradient whose range holds it; each gradient is
+    // contiguous of its range's length.
+    unsafe {
+        coupling_sums_kernel::launch_unchecked(
+            &client,
+            CubeCount::Static(layout(h)[6].div_ceil(32) as u32, 1, 1),
+            CubeDim::new_2d(32, GROUPS as u32),
+            partial.into_tensor_arg(),
+            dw1.into_tensor_arg(),
+            db1.into_tensor_arg(),
+            dw2.into_tensor_arg(),
+            db2.into_tensor_arg(),
+            dw3.into_tensor_arg(),
+            db3.into_tensor_arg(),
+            h,
+        );
+    }
+    grads
+}
+
 /// The net's output for points `x` (`[G, M, 2]`), hidden width `h` from [`supported`].
 pub fn forward(x: CubeTensor, [w1, b1, w2, b2, w3, b3]: [CubeTensor; 6], h: usize) -> CubeTensor {
-    let dims = x.meta.shape().to_vec();
-    let n = dims[0] * dims[1];
-    let out = empty(&x, &dims);
+    let out = empty(&x, &x.meta.shape().to_vec());
     let client = x.client.clone();
-    let cubes = CubeCount::Static(n.div_ceil(POINTS) as u32, 1, 1);
+    let (count, dim) = cubes(&x);
     // SAFETY: `supported` checked every shape and dtype; units past the last point write
     // nothing; `out` is contiguous `[G, M, 2]`.
     unsafe {
         coupling_forward_kernel::launch_unchecked(
             &client,
-            cubes,
-            CubeDim::new_2d(LANES as u32, POINTS as u32),
+            CubeCount::Static(count as u32, 1, 1),
+            dim,
             x.into_tensor_arg(),
             w1.into_tensor_arg(),
             b1.into_tensor_arg(),
@@ -310,23 +347,19 @@ pub fn backward(
         grad.dtype == DType::F32 && grad.meta.shape() == x.meta.shape(),
         "coupling backward: the gradient must be FP32 shaped as the points"
     );
-    let dims = x.meta.shape().to_vec();
-    let n = dims[0] * dims[1];
-    let cubes = n.div_ceil(POINTS);
-    let total = layout(h)[6];
-    let dx = empty(&x, &dims);
-    let partial = empty(&x, &[cubes, total]);
-    let grads = params.clone().map(|p| empty(&p, &p.meta.shape().to_vec()));
+    let (count, dim) = cubes(&x);
+    let dx = empty(&x, &x.meta.shape().to_vec());
+    let partial = empty(&x, &[count, layout(h)[6]]);
     let client = x.client.clone();
-    let [w1, b1, w2, b2, w3, b3] = params;
+    let [w1, b1, w2, b2, w3, b3] = params.clone();
     // SAFETY: `supported` checked every shape and dtype (the caller), the gradient's shape is
-    // checked above; cube `c` writes row `c` of `partial` (`cubes` rows of `total`), units past
-    // the last point write no `dx`.
+    // checked above; cube `c` writes row `c` of `partial` (`count` rows of the layout's
+    // length), units past the last point write no `dx`.
     unsafe {
         coupling_backward_kernel::launch_unchecked(
             &client,
-            CubeCount::Static(cubes as u32, 1, 1),
-            CubeDim::new_2d(LANES as u32, POINTS as u32),
+            CubeCount::Static(count as u32, 1, 1),
+            dim,
             x.into_tensor_arg(),
             w1.into_tensor_arg(),
             b1.into_tensor_arg(),
@@ -340,25 +373,7 @@ pub fn backward(
             h,
         );
     }
-    let [dw1, db1, dw2, db2, dw3, db3] = grads.clone();
-    // SAFETY: the units of value `e < total` read column `e` of `partial`; one writes value
-    // `e` of the layout, into the one gradient whose range holds it; each gradient is
-    // contiguous of its range's length.
-    unsafe {
-        coupling_sums_kernel::launch_unchecked(
-            &client,
-            CubeCount::Static(total.div_ceil(32) as u32, 1, 1),
-            CubeDim::new_2d(32, GROUPS as u32),
-            partial.into_tensor_arg(),
-            dw1.into_tensor_arg(),
-            db1.into_tensor_arg(),
-            dw2.into_tensor_arg(),
-            db2.into_tensor_arg(),
-            dw3.into_tensor_arg(),
-            db3.into_tensor_arg(),
-            h,
-        );
-    }
+    let grads = sums(partial, &params, h);
     (dx, grads)
 }
 

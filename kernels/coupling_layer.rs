@@ -10,19 +10,19 @@
 //! net's output on the other coordinate is the one used.
 
 // `#[cube]` expands to `cubecl::…` paths.
-use super::backward_kernels::{coupling_sums_kernel, net_backward, work_len};
+use super::backward_kernels::{net_backward, work_len};
 use super::{
-    GROUPS, LANES, POINTS, SHARED_LIMIT, empty, first, layout, load_weights, net_width, point,
-    second, shared_layout, sigmoid,
+    LANES, POINTS, SHARED_LIMIT, cubes, empty, first, layout, load_weights, net_width, point,
+    second, shared_layout, sigmoid, sums,
 };
 use burn::cubecl;
 use burn::tensor::DType;
 use burn_cubecl::tensor::CubeTensor;
+use cubecl::CubeCount;
 use cubecl::prelude::*;
-use cubecl::{CubeCount, CubeDim};
 
-/// Columns of the result: `z0', z1', log_det', s, t`.
-const OUT: usize = 5;
+/// Columns of the result: `z0', z1', log_det', s, t` (the tensor-operation body's too).
+const OUT: usize = super::super::STATE;
 
 /// This unit's share of output `k` of the net whose weights are in `s`, at point `(x0, x1)`:
 /// the sum over every `LANES`-th second-layer output, as `coupling_forward_kernel` computes it.
@@ -219,16 +219,6 @@ pub fn supported(
     (state_fits && state.dtype == DType::F32 && fits).then_some(h)
 }
 
-/// Cubes of [`POINTS`] points × [`LANES`] units.
-fn cubes(state: &CubeTensor) -> (usize, CubeDim) {
-    let dims = state.meta.shape();
-    let n = dims[0] * dims[1];
-    (
-        n.div_ceil(POINTS),
-        CubeDim::new_2d(LANES as u32, POINTS as u32),
-    )
-}
-
 /// [`FastOps::coupling`](crate::model::ops::FastOps::coupling) on CUDA, hidden width `h` from
 /// [`supported`]: `[G, M, 5]`.
 pub fn forward(
@@ -293,11 +283,9 @@ pub fn backward(
     let d_state = empty(&state, &dims);
     let s_partial = empty(&state, &[count, total]);
     let t_partial = empty(&state, &[count, total]);
-    let grads = |net: &[CubeTensor; 6]| net.clone().map(|p| empty(&p, &p.meta.shape().to_vec()));
-    let (s_grads, t_grads) = (grads(&s_net), grads(&t_net));
     let client = state.client.clone();
-    let [sw1, sb1, sw2, sb2, sw3, sb3] = s_net;
-    let [tw1, tb1, tw2, tb2, tw3, tb3] = t_net;
+    let [sw1, sb1, sw2, sb2, sw3, sb3] = s_net.clone();
+    let [tw1, tb1, tw2, tb2, tw3, tb3] = t_net.clone();
     // SAFETY: `supported` checked every shape and dtype (the caller), the gradient's shape is
     // checked above; cube `c` writes row `c` of each partial (`count` rows of `total`), units
     // past the last point write no `d_state`; `d_state` is contiguous shaped as the state.
@@ -328,26 +316,8 @@ pub fn backward(
             h,
         );
     }
-    for (partial, grads) in [(s_partial, &s_grads), (t_partial, &t_grads)] {
-        let [dw1, db1, dw2, db2, dw3, db3] = grads.clone();
-        // SAFETY: as in `coupling.rs`'s `backward`: the units of value `e < total` read column
-        // `e` of `partial`; one writes value `e` into the gradient whose range holds it.
-        unsafe {
-            coupling_sums_kernel::launch_unchecked(
-                &client,
-                CubeCount::Static(total.div_ceil(32) as u32, 1, 1),
-                CubeDim::new_2d(32, GROUPS as u32),
-                partial.into_tensor_arg(),
-                dw1.into_tensor_arg(),
-                db1.into_tensor_arg(),
-                dw2.into_tensor_arg(),
-                db2.into_tensor_arg(),
-                dw3.into_tensor_arg(),
-                db3.into_tensor_arg(),
-                h,
-            );
-        }
-    }
+    let s_grads = sums(s_partial, &s_net, h);
+    let t_grads = sums(t_partial, &t_net, h);
     (d_state, s_grads, t_grads)
 }
 

@@ -195,10 +195,7 @@ impl RealNvp {
             let keep = 1 - i % 2;
             state = coupling(state, keep, s, t);
         }
-        let z = state.clone().narrow(2, 0, 2);
-        let log_det = state.narrow(2, 2, 1);
-        let ln_2pi = (2.0 * std::f64::consts::PI).ln();
-        z.powi_scalar(2).sum_dim(2) * (-0.5) - ln_2pi + log_det
+        log_density(state.clone().narrow(2, 0, 2), state.narrow(2, 2, 1))
     }
 
     /// The pass on points in the last dimension, each coupling net applied by `net`; the
@@ -226,9 +223,15 @@ impl RealNvp {
             z = inv * (z - t) * s.clone().neg().exp() + zm;
             log_det = log_det - s.sum_dim(last);
         }
-        let ln_2pi = (2.0 * std::f64::consts::PI).ln();
-        z.powi_scalar(2).sum_dim(last) * (-0.5) - ln_2pi + log_det
+        log_density(z, log_det)
     }
+}
+
+/// The standard-normal log density of the latent points `z` (in the last dimension) plus the
+/// log-determinant: log φ, the last dimension kept, of size 1.
+fn log_density<const D: usize>(z: Tensor<D>, log_det: Tensor<D>) -> Tensor<D> {
+    let ln_2pi = (2.0 * std::f64::consts::PI).ln();
+    z.powi_scalar(2).sum_dim(D - 1) * (-0.5) - ln_2pi + log_det
 }
 
 #[cfg(test)]
@@ -268,20 +271,7 @@ mod tests {
         let d = Device::flex().autodiff();
         d.seed(29);
         let net = CouplingNetConfig::new(16).init(&d);
-        let net = crate::optim::tensors::replace_float_tensors(
-            net.clone(),
-            &mut crate::optim::tensors::float_tensors(&net)
-                .into_iter()
-                .map(|(p, t)| {
-                    let n = t.dims()[0];
-                    (
-                        p,
-                        Tensor::<1>::random([n], Distribution::Normal(0.0, 0.5), &d),
-                    )
-                })
-                .collect(),
-        )
-        .0;
+        let net = scrambled(net, 0.5, &d);
         let x0 = Tensor::<3>::random([3, 11, 2], Distribution::Normal(0.0, 2.0), &d);
         let probe = Tensor::<3>::random([3, 11, 2], Distribution::Normal(0.0, 1.0), &d);
         let run = |fused: bool| {
@@ -316,11 +306,11 @@ mod tests {
         }
     }
 
-    /// A flow with every parameter drawn from N(0, `std`): far from the near-identity start,
-    /// so that the couplings matter.
-    fn scrambled(flow: RealNvp, std: f64, d: &Device) -> RealNvp {
+    /// `module` with every parameter drawn from N(0, `std`): far from the flow's near-identity
+    /// start, so that every layer and coupling matters.
+    fn scrambled<M: Module>(module: M, std: f64, d: &Device) -> M {
         use burn::tensor::Distribution;
-        let mut drawn = crate::optim::tensors::float_tensors(&flow)
+        let mut drawn = crate::optim::tensors::float_tensors(&module)
             .into_iter()
             .map(|(p, t)| {
                 let n = t.dims()[0];
@@ -330,7 +320,7 @@ mod tests {
                 )
             })
             .collect();
-        crate::optim::tensors::replace_float_tensors(flow, &mut drawn).0
+        crate::optim::tensors::replace_float_tensors(module, &mut drawn).0
     }
 
     /// Each coupling as one operation (`ops::coupling`, its backward by hand) gives the
@@ -385,22 +375,7 @@ mod tests {
     fn grouped_density_equals_the_plain_one() {
         use burn::tensor::Distribution;
         let d = Device::flex();
-        let mut flow = RealNvpConfig::new().init(&d);
-        // Weights far from the near-identity start, so the couplings matter.
-        flow = crate::optim::tensors::replace_float_tensors(
-            flow.clone(),
-            &mut crate::optim::tensors::float_tensors(&flow)
-                .into_iter()
-                .map(|(p, t)| {
-                    let n = t.dims()[0];
-                    (
-                        p,
-                        Tensor::<1>::random([n], Distribution::Normal(0.0, 0.3), &d),
-                    )
-                })
-                .collect(),
-        )
-        .0;
+        let flow = scrambled(RealNvpConfig::new().init(&d), 0.3, &d);
         let x = Tensor::<3>::random([5, 7, 2], Distribution::Normal(0.0, 2.0), &d);
         let plain = flow.log_prob(x.clone().reshape([35, 2]));
         let grouped = flow.log_prob_grouped(x, &RealNvp::masks(&d)).reshape([35]);

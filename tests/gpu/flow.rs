@@ -7,12 +7,14 @@ use burn::tensor::Distribution;
 use burn::tensor::activation::silu;
 use burnpose::model::ops;
 
+/// A net's weights and biases.
+type Net = ([Tensor<2>; 3], [Tensor<1>; 3]);
+
 /// Points, weights and biases of a width-`h` net, and a probe the output is multiplied by
 /// before the sum whose gradients are taken, all drawn on the CPU.
 struct Case {
     x: Tensor<3>,
-    weights: [Tensor<2>; 3],
-    biases: [Tensor<1>; 3],
+    net: Net,
     probe: Tensor<3>,
 }
 
@@ -24,11 +26,62 @@ impl Case {
         let b = |o: usize| Tensor::<1>::random([o], n(0.5), cpu);
         Self {
             x: Tensor::random([g, m, 2], n(2.0), cpu),
-            weights: [w(2, h), w(h, h), w(h, 2)],
-            biases: [b(h), b(h), b(2)],
+            net: ([w(2, h), w(h, h), w(h, 2)], [b(h), b(h), b(2)]),
             probe: Tensor::random([g, m, 2], n(1.0), cpu),
         }
     }
+}
+
+/// `t`'s values on `d` as a leaf that requires gradients, laid out transposed in memory
+/// (`[C, M, G]`) when `strided`.
+fn points_on(t: &Tensor<3>, d: &Device, strided: bool) -> Tensor<3> {
+    let x = if strided {
+        let t = t.clone().permute([2, 1, 0]).into_data();
+        Tensor::<3>::from_data(t, d).permute([2, 1, 0])
+    } else {
+        Tensor::<3>::from_data(t.to_data(), d)
+    };
+    x.detach().require_grad()
+}
+
+/// `net` moved to `d`, requiring gradients.
+fn net_on(net: &Net, d: &Device) -> Net {
+    let on = |t: Tensor<2>| Tensor::<2>::from_data(t.into_data(), d).require_grad();
+    let on1 = |t: Tensor<1>| Tensor::<1>::from_data(t.into_data(), d).require_grad();
+    (net.0.clone().map(on), net.1.clone().map(on1))
+}
+
+/// `net`'s parameters as CUDA tensors on `gpu`, `[w1, b1, w2, b2, w3, b3]`, as the kernels'
+/// `supported` takes them.
+fn cube_net((w, b): &Net, gpu: &Device) -> [burn_cubecl::tensor::CubeTensor; 6] {
+    let [w1, w2, w3] = w
+        .clone()
+        .map(|t| cube(Tensor::<2>::from_data(t.into_data(), gpu)));
+    let [b1, b2, b3] = b
+        .clone()
+        .map(|t| cube(Tensor::<1>::from_data(t.into_data(), gpu)));
+    [w1, b1, w2, b2, w3, b3]
+}
+
+/// The gradients of `net`'s `w1, b1, w2, b2, w3, b3`, as values.
+fn net_grads((w, b): &Net, grads: &burn::tensor::Gradients) -> Vec<Vec<f32>> {
+    let mut out = Vec::new();
+    for (w, b) in w.iter().zip(b) {
+        out.push(values(w.grad(grads).expect("a weight gradient")));
+        out.push(values(b.grad(grads).expect("a bias gradient")));
+    }
+    out
+}
+
+/// The net's layers: `x · w + b`, Burn's SiLU.
+fn layers(x: Tensor<3>, (w, b): &Net) -> Tensor<3> {
+    let layer = |x: Tensor<3>, w: &Tensor<2>, b: &Tensor<1>| {
+        let o = b.dims()[0];
+        x.matmul(w.clone().unsqueeze::<3>()) + b.clone().reshape([1, 1, o])
+    };
+    let h = silu(layer(x, &w[0], &b[0]));
+    let h = silu(layer(h, &w[1], &b[1]));
+    layer(h, &w[2], &b[2])
 }
 
 /// `y`, `dx`, `dw1`, `db1`, `dw2`, `db2`, `dw3`, `db3` of `(y · probe).sum()` on `device`
@@ -36,57 +89,27 @@ impl Case {
 /// `fused`, else as the layers (`x · w + b`, Burn's SiLU).
 fn run(case: &Case, device: &Device, fused: bool, strided: bool) -> Vec<Vec<f32>> {
     let d = device.clone().autodiff();
-    let on = |t: Tensor<2>| Tensor::<2>::from_data(t.into_data(), &d).require_grad();
-    let on1 = |t: Tensor<1>| Tensor::<1>::from_data(t.into_data(), &d).require_grad();
-    let x = if strided {
-        // The same values, laid out `[2, M, G]` in memory.
-        let t = case.x.clone().permute([2, 1, 0]).into_data();
-        Tensor::<3>::from_data(t, &d).permute([2, 1, 0])
-    } else {
-        Tensor::<3>::from_data(case.x.to_data(), &d)
-    };
-    let x = x.detach().require_grad();
-    let [w1, w2, w3] = case.weights.clone().map(on);
-    let [b1, b2, b3] = case.biases.clone().map(on1);
+    let x = points_on(&case.x, &d, strided);
+    let net = net_on(&case.net, &d);
     let y = if fused {
-        ops::coupling_net(
-            x.clone(),
-            [w1.clone(), w2.clone(), w3.clone()],
-            [b1.clone(), b2.clone(), b3.clone()],
-        )
+        ops::coupling_net(x.clone(), net.0.clone(), net.1.clone())
     } else {
-        let layer = |x: Tensor<3>, w: &Tensor<2>, b: &Tensor<1>| {
-            let o = b.dims()[0];
-            x.matmul(w.clone().unsqueeze::<3>()) + b.clone().reshape([1, 1, o])
-        };
-        let h = silu(layer(x.clone(), &w1, &b1));
-        let h = silu(layer(h, &w2, &b2));
-        layer(h, &w3, &b3)
+        layers(x.clone(), &net)
     };
     let probe = Tensor::<3>::from_data(case.probe.to_data(), &d);
     let grads = (y.clone() * probe).sum().backward();
-    let flat2 = |t: &Tensor<2>| values(t.grad(&grads).expect("a weight gradient"));
-    let flat1 = |t: &Tensor<1>| values(t.grad(&grads).expect("a bias gradient"));
-    vec![
+    let mut out = vec![
         values(y.inner()),
         values(x.grad(&grads).expect("the points' gradient")),
-        flat2(&w1),
-        flat1(&b1),
-        flat2(&w2),
-        flat1(&b2),
-        flat2(&w3),
-        flat1(&b3),
-    ]
+    ];
+    out.extend(net_grads(&net, &grads));
+    out
 }
 
 /// Whether the CUDA kernels (not the tensor operations) run a net of this case.
 fn kernels_take(case: &Case, gpu: &Device) -> bool {
-    let on = |t: Tensor<2>| cube(Tensor::<2>::from_data(t.into_data(), gpu));
-    let on1 = |t: Tensor<1>| cube(Tensor::<1>::from_data(t.into_data(), gpu));
-    let [w1, w2, w3] = case.weights.clone().map(on);
-    let [b1, b2, b3] = case.biases.clone().map(on1);
     let x = cube(Tensor::<3>::from_data(case.x.to_data(), gpu));
-    ops::coupling_kernels::supported(&x, &[w1, b1, w2, b2, w3, b3]).is_some()
+    ops::coupling_kernels::supported(&x, &cube_net(&case.net, gpu)).is_some()
 }
 
 /// Prints `ours`' error against `reference` and adds to `failures` where it is not finite or
@@ -150,31 +173,9 @@ fn coupling_net_kernels_match_the_layers_on_the_cpu() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
-/// A net's weights and biases, requiring gradients on an autodiff device.
-type Net = ([Tensor<2>; 3], [Tensor<1>; 3]);
-
 /// A width-`h` net drawn on the CPU as [`Case::new`] draws one.
 fn draw_net(h: usize, cpu: &Device) -> Net {
-    let case = Case::new([1, 1], h, cpu);
-    (case.weights, case.biases)
-}
-
-/// `net` moved to `d`, requiring gradients.
-fn net_on(net: &Net, d: &Device) -> Net {
-    let on = |t: Tensor<2>| Tensor::<2>::from_data(t.into_data(), d).require_grad();
-    let on1 = |t: Tensor<1>| Tensor::<1>::from_data(t.into_data(), d).require_grad();
-    (net.0.clone().map(on), net.1.clone().map(on1))
-}
-
-/// The net's layers: `x · w + b`, Burn's SiLU.
-fn layers(x: Tensor<3>, (w, b): &Net) -> Tensor<3> {
-    let layer = |x: Tensor<3>, w: &Tensor<2>, b: &Tensor<1>| {
-        let o = b.dims()[0];
-        x.matmul(w.clone().unsqueeze::<3>()) + b.clone().reshape([1, 1, o])
-    };
-    let h = silu(layer(x, &w[0], &b[0]));
-    let h = silu(layer(h, &w[1], &b[1]));
-    layer(h, &w[2], &b[2])
+    Case::new([1, 1], h, cpu).net
 }
 
 /// One coupling written out over the layers, as `model::flow` computes it: the point with
@@ -207,13 +208,7 @@ fn run_coupling(
     strided: bool,
 ) -> Vec<Vec<f32>> {
     let d = device.clone().autodiff();
-    let x = if strided {
-        let t = state.clone().permute([2, 1, 0]).into_data();
-        Tensor::<3>::from_data(t, &d).permute([2, 1, 0])
-    } else {
-        Tensor::<3>::from_data(state.to_data(), &d)
-    };
-    let x = x.detach().require_grad();
+    let x = points_on(state, &d, strided);
     let (s, t) = (net_on(s_net, &d), net_on(t_net, &d));
     let y = if fused {
         ops::coupling(x.clone(), *keep, s.clone(), t.clone())
@@ -226,12 +221,8 @@ fn run_coupling(
         values(y.inner()),
         values(x.grad(&grads).expect("the state's gradient")),
     ];
-    for (w, b) in [&s, &t] {
-        for (w, b) in w.iter().zip(b) {
-            out.push(values(w.grad(&grads).expect("a weight gradient")));
-            out.push(values(b.grad(&grads).expect("a bias gradient")));
-        }
-    }
+    out.extend(net_grads(&s, &grads));
+    out.extend(net_grads(&t, &grads));
     out
 }
 
@@ -267,16 +258,7 @@ fn coupling_kernels_match_the_layers_on_the_cpu() {
             Tensor::<3>::random([g, m, 5], n(1.0), &cpu),
         );
         let state = cube(Tensor::<3>::from_data(case.0.to_data(), &gpu));
-        let params = |(w, b): &Net| {
-            let [w1, w2, w3] = w
-                .clone()
-                .map(|t| cube(Tensor::<2>::from_data(t.into_data(), &gpu)));
-            let [b1, b2, b3] = b
-                .clone()
-                .map(|t| cube(Tensor::<1>::from_data(t.into_data(), &gpu)));
-            [w1, b1, w2, b2, w3, b3]
-        };
-        let (s, t) = (params(&case.2), params(&case.3));
+        let (s, t) = (cube_net(&case.2, &gpu), cube_net(&case.3, &gpu));
         let taken = ops::coupling_kernels::layer_kernels::supported(&state, &s, &t);
         assert_eq!(taken.is_some(), kernels, "[{g}, {m}] width {h}");
         let reference = run_coupling(&case, &cpu, false, false);

@@ -43,6 +43,20 @@ pub fn output_len(
         .expect("convolution: the dilated kernel is wider than the padded input")
 }
 
+/// Output size `[Ho, Wo]` of a convolution over an `input` `[H, W]` image with a `kernel`
+/// `[kh, kw]` filter ([`output_len`] along each axis).
+pub fn output_size(input: [usize; 2], kernel: [usize; 2], options: &ConvOptions<2>) -> [usize; 2] {
+    [0, 1].map(|i| {
+        output_len(
+            input[i],
+            kernel[i],
+            options.padding[i],
+            options.stride[i],
+            options.dilation[i],
+        )
+    })
+}
+
 /// [`output_len`], `None` where the dilated kernel is wider than the padded input.
 pub fn checked_output_len(
     input: usize,
@@ -156,22 +170,6 @@ pub mod gemm {
         channels_last(weight, padded(co), padded(ci), dtype.into())
     }
 
-    /// Output pixels per image of the convolution of `x` by `weight`.
-    fn out_size(x: &CubeTensor, weight: &CubeTensor, options: &ConvOptions<2>) -> usize {
-        let (xs, ws) = (x.shape(), weight.shape());
-        (0..2)
-            .map(|i| {
-                super::output_len(
-                    xs[2 + i],
-                    ws[2 + i],
-                    options.padding[i],
-                    options.stride[i],
-                    options.dilation[i],
-                )
-            })
-            .product()
-    }
-
     /// `operand` when it is [`weight_operand`]'s for `weight` in `d`, else that made now.
     fn operand_of(weight: &CubeTensor, operand: Option<CubeTensor>, d: DType) -> CubeTensor {
         let s = weight.shape();
@@ -202,9 +200,9 @@ pub mod gemm {
                 .filter(|xp| is_operand_of(xp, &x, padded(ci), d))
                 .unwrap_or_else(|| channels_last(x.clone(), n, padded(ci), d));
             let wp = operand_of(&weight, operand, d);
-            let ws = weight.shape();
-            let rows = n * out_size(&x, &weight, &options);
-            if super::super::conv_taps::takes([ws[2], ws[3]], rows, &options) {
+            let (xs, ws) = (x.shape(), weight.shape());
+            let [ho, wo] = super::output_size([xs[2], xs[3]], [ws[2], ws[3]], &options);
+            if super::super::conv_taps::takes([ws[2], ws[3]], n * ho * wo, &options) {
                 return in_f32(super::super::conv_taps::forward(xp, wp, &options), n, co);
             }
             if let Ok(y) = routine::forward(xp, wp, &options, written_as(co, d)) {
@@ -534,20 +532,12 @@ pub mod routine {
         let (x, weight) = (permute_nchw_to_nhwc(x), permute_nchw_to_nhwc(weight));
         let xs = x.meta.shape().clone();
         let ws = weight.meta.shape().clone();
-        let size = |i: usize| {
-            super::output_len(
-                xs[1 + i],
-                ws[1 + i],
-                options.padding[i],
-                options.stride[i],
-                options.dilation[i],
-            )
-        };
+        let [ho, wo] = super::output_size([xs[1], xs[2]], [ws[1], ws[2]], options);
         let dtypes = elems(x.dtype, weight.dtype, out);
         let out = empty_device_contiguous_dtype(
             x.client.clone(),
             x.device.clone(),
-            Shape::new([xs[0], size(0), size(1), ws[0]]),
+            Shape::new([xs[0], ho, wo, ws[0]]),
             out,
         );
         let client = x.client.clone();

@@ -53,16 +53,7 @@ pub fn forward(x: CubeTensor, weight: CubeTensor, options: &ConvOptions<2>) -> C
         ws[1], c,
         "conv by taps: the weight's input channels must be the input's"
     );
-    let size = |i: usize| {
-        super::conv::output_len(
-            xs[2 + i],
-            ws[2 + i],
-            options.padding[i],
-            options.stride[i],
-            options.dilation[i],
-        )
-    };
-    let (ho, wo) = (size(0), size(1));
+    let [ho, wo] = super::conv::output_size([xs[2], xs[3]], [kh, kw], options);
     let taps = kh * kw;
     let cols = tap_columns(x, [kh, kw], [ho, wo], options); // [T, N·Ho·Wo, C]
     // The weight as [T, C_out, C] (one small copy), read transposed as [T, C, C_out].

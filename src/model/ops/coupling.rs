@@ -119,10 +119,11 @@ fn zeros_as<B: Backend>(t: &FloatTensor<B>) -> FloatTensor<B> {
     B::float_zeros(t.shape(), &t.device(), t.dtype().into())
 }
 
-/// The nets' input: the kept coordinate, the other one zero (as the module's `z · mask`).
-fn masked<B: Backend>(kept: FloatTensor<B>, keep: usize) -> FloatTensor<B> {
-    let zeros = zeros_as::<B>(&kept);
-    pair::<B>(kept, zeros, keep)
+/// `[G, M, 2]` with `v` in column `at` and zeros in the other: the nets' input (the kept
+/// coordinate, as the module's `z · mask`) and their output gradient (the transformed one).
+fn alone<B: Backend>(v: FloatTensor<B>, at: usize) -> FloatTensor<B> {
+    let zeros = zeros_as::<B>(&v);
+    pair::<B>(v, zeros, at)
 }
 
 /// [`FastOps::coupling`]'s body.
@@ -136,7 +137,7 @@ pub(super) fn layer_forward<B: Backend + FastOps>(
     let kept = column::<B>(state.clone(), keep);
     let z = column::<B>(state.clone(), other);
     let log_det = column::<B>(state, 2);
-    let x = masked::<B>(kept.clone(), keep);
+    let x = alone::<B>(kept.clone(), keep);
     let s = B::float_tanh(column::<B>(forward::<B>(x.clone(), s_net), other));
     let t = column::<B>(forward::<B>(x, t_net), other);
     let z = B::float_mul(
@@ -165,7 +166,7 @@ pub(super) fn layer_backward<B: Backend + FastOps>(
     let width = state.shape()[2];
     let kept = column::<B>(state.clone(), keep);
     let z = column::<B>(state.clone(), other);
-    let x = masked::<B>(kept, keep);
+    let x = alone::<B>(kept, keep);
     let s = column::<B>(out.clone(), 3);
     let t = column::<B>(out, 4);
     let g = |k| column::<B>(grad.clone(), k);
@@ -180,12 +181,8 @@ pub(super) fn layer_backward<B: Backend + FastOps>(
     let one_minus_s2 =
         B::float_add_scalar(B::float_neg(B::float_mul(s.clone(), s)), Scalar::Float(1.0));
     let ds_raw = B::float_mul(ds, one_minus_s2);
-    let on_other = |d: FloatTensor<B>| {
-        let zeros = zeros_as::<B>(&d);
-        pair::<B>(zeros, d, keep)
-    };
-    let (dx_s, s_grads) = backward::<B>(x.clone(), s_net, on_other(ds_raw));
-    let (dx_t, t_grads) = backward::<B>(x, t_net, on_other(dt));
+    let (dx_s, s_grads) = backward::<B>(x.clone(), s_net, alone::<B>(ds_raw, other));
+    let (dx_t, t_grads) = backward::<B>(x, t_net, alone::<B>(dt, other));
     let d_kept = B::float_add(
         g_kept,
         B::float_add(column::<B>(dx_s, keep), column::<B>(dx_t, keep)),
@@ -197,8 +194,8 @@ pub(super) fn layer_backward<B: Backend + FastOps>(
     let mut parts = vec![a, b, g_log_det];
     if width > 3 {
         // The columns after the log-determinant are not read: no gradient.
-        let [g, m] = [grad.shape()[0], grad.shape()[1]];
-        let dims = Shape::new([g, m, width - 3]);
+        let points = grad.shape();
+        let dims = Shape::new([points[0], points[1], width - 3]);
         parts.push(B::float_zeros(dims, &grad.device(), grad.dtype().into()));
     }
     (B::float_cat(parts, 2), s_grads, t_grads)
