@@ -309,7 +309,13 @@ pub fn backward(
     } else {
         sums::grad_sums(&x, &grad, &mean, &var, &gamma, &beta, epsilon, act)
     };
-    let dx = empty(&x, Shape::new([n, c, h, w]));
+    // Channels-last where the tile kernel runs (the convolution's weight gradient reads it so
+    // without a copy: `batch_norm_tiles.rs`), else NCHW.
+    let dx = if tiles::channels_last_grad() && tiles::takes(&x, &[&grad], &x) {
+        tiles::empty_channels_last(&x)
+    } else {
+        empty(&x, Shape::new([n, c, h, w]))
+    };
     if tiles::takes(&x, &[&grad], &dx) {
         let dxp = operand.and_then(|(channels, d)| tiles::operand_for(&x, channels, d));
         tiles::grad_x(

@@ -6,6 +6,14 @@
 //! reads the tile along the channels (one line per pixel), writes it along the pixels (one line
 //! per channel), and finds its values with one division per unit. Every value is computed by
 //! the same expression as in `batch_norm.rs` (its helpers), so the results are the same bits.
+//!
+//! Backward, the input gradient goes channels-last by default ([`choose_channels_last_grad`]):
+//! it is the convolution's output gradient, and the convolution's weight gradient reads it in
+//! chunks of pixels per channel (`model::ops::wgrad`). From NCHW memory that view has a chunk
+//! stride below its row stride, which cubek's matmul copies into a contiguous operand first
+//! (one copy of the whole gradient per weight gradient); from channels-last memory it is a
+//! transposed matrix the matmul reads as it lies. Each unit then writes its own values where
+//! it computed them, with no transpose through shared memory.
 
 // `#[cube]` expands to `cubecl::…` paths.
 use burn::cubecl;
@@ -15,6 +23,7 @@ use burn_cubecl::ops::permute_nhwc_to_nchw;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 use cubecl::{CubeCount, CubeDim};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::fused_bn::{channel, grad_z, inv_std, sigmoid};
 use super::fused_bn_nhwc::dense_channels_last;
@@ -27,15 +36,39 @@ const ROWS: usize = 8;
 /// hit 32 different banks.
 const PITCH: usize = TILE + 1;
 
+static CHANNELS_LAST_GRAD: AtomicBool = AtomicBool::new(true);
+
+/// Whether [`grad_x`] writes the input gradient channels-last (`true`, the default) or NCHW
+/// (`false`; `bench-step --bn-grad-channels-last false`). The same values either way.
+pub fn choose_channels_last_grad(on: bool) {
+    CHANNELS_LAST_GRAD.store(on, Ordering::Relaxed);
+}
+
+/// Whether the input gradient goes channels-last ([`choose_channels_last_grad`]).
+pub fn channels_last_grad() -> bool {
+    CHANNELS_LAST_GRAD.load(Ordering::Relaxed)
+}
+
 /// Whether the tile kernels take `x` (and, backward, `grad`) with output `out`: `x` as
-/// [`dense_channels_last`], `out` `[N, C, H, W]` with contiguous rows of `H·W` pixels.
+/// [`dense_channels_last`], `out` `[N, C, H, W]` with contiguous rows of `H·W` pixels or, from
+/// [`grad_x`], as [`dense_channels_last`] too.
 pub fn takes(x: &CubeTensor, others: &[&CubeTensor], out: &CubeTensor) -> bool {
     let s = out.meta.strides();
     let w = out.meta.shape()[3];
     dense_channels_last(x)
         && others.iter().all(|t| dense_channels_last(t))
-        && s[3] == 1
-        && s[2] == w
+        && ((s[3] == 1 && s[2] == w) || dense_channels_last(out))
+}
+
+/// An uninitialised `[N, C, H, W]` FP32 tensor like `x`, dense channels-last.
+pub fn empty_channels_last(x: &CubeTensor) -> CubeTensor {
+    let s = x.meta.shape();
+    permute_nhwc_to_nchw(empty_device_contiguous_dtype(
+        x.client.clone(),
+        x.device.clone(),
+        Shape::new([s[0], s[2], s[3], s[1]]),
+        DType::F32,
+    ))
 }
 
 /// Writes tile `(pixel p0 + lane, channel c0 + row + r·ROWS)` from shared memory to `out` at
@@ -258,6 +291,7 @@ fn grad_x_tile_kernel(
     dx: &mut Tensor<f32>,
     epsilon: f32,
     #[comptime] act: bool,
+    #[comptime] dx_channels_last: bool,
 ) {
     let p0 = CUBE_POS_X as usize * TILE;
     let c0 = CUBE_POS_Y as usize * TILE;
@@ -266,8 +300,27 @@ fn grad_x_tile_kernel(
     grad_x_into_tile(
         x, grad, mean, var, gamma, beta, d_gamma, d_beta, &mut tile, p0, c0, m, epsilon, act,
     );
-    sync_cube();
-    store(&tile, dx, p0, c0, m);
+    write_grad(&tile, dx, p0, c0, m, dx_channels_last);
+}
+
+/// `dx` from `tile`: each unit its own lane where `dx` is dense channels-last, else through
+/// the tile to NCHW rows ([`store`]).
+#[cube]
+fn write_grad(
+    tile: &Shared<[f32]>,
+    dx: &mut Tensor<f32>,
+    p0: usize,
+    c0: usize,
+    m: usize,
+    #[comptime] dx_channels_last: bool,
+) {
+    if dx_channels_last {
+        let channels = dx.shape(1);
+        lane_into_operand::<f32>(tile, dx, channels, p0, c0, m);
+    } else {
+        sync_cube();
+        store(tile, dx, p0, c0, m);
+    }
 }
 
 /// [`grad_x_tile_kernel`], each value also going, cast to `O`, to `dxp`: `[N, C', H, W]`
@@ -289,6 +342,7 @@ fn grad_x_operand_kernel<O: Float>(
     dxp: &mut Tensor<O>,
     epsilon: f32,
     #[comptime] act: bool,
+    #[comptime] dx_channels_last: bool,
     #[define(O)] _dtype: ElemType,
 ) {
     let p0 = CUBE_POS_X as usize * TILE;
@@ -299,8 +353,7 @@ fn grad_x_operand_kernel<O: Float>(
         x, grad, mean, var, gamma, beta, d_gamma, d_beta, &mut tile, p0, c0, m, epsilon, act,
     );
     lane_into_operand::<O>(&tile, dxp, x.shape(1), p0, c0, m);
-    sync_cube();
-    store(&tile, dx, p0, c0, m);
+    write_grad(&tile, dx, p0, c0, m, dx_channels_last);
 }
 
 fn cubes(x: &CubeTensor) -> (CubeCount, CubeDim) {
@@ -384,8 +437,10 @@ pub fn grad_x(
 ) {
     let (count, dim) = cubes(&x);
     let client = x.client.clone();
+    let dx_channels_last = dense_channels_last(dx);
     // SAFETY: as in `normalise`; `operand` is [`operand_for`]'s, dense channels-last with at
-    // most a tile's reach of channels, written only below its shape.
+    // most a tile's reach of channels, written only below its shape; a channels-last `dx` is
+    // written as `operand` is.
     unsafe {
         match operand {
             None => grad_x_tile_kernel::launch_unchecked(
@@ -403,6 +458,7 @@ pub fn grad_x(
                 dx.clone().into_tensor_arg(),
                 epsilon,
                 act,
+                dx_channels_last,
             ),
             Some(dxp) => grad_x_operand_kernel::launch_unchecked(
                 &client,
@@ -420,6 +476,7 @@ pub fn grad_x(
                 dxp.clone().into_tensor_arg(),
                 epsilon,
                 act,
+                dx_channels_last,
                 burn::backend::cubecl::dtype_to_storage_type(dxp.dtype),
             ),
         }
@@ -463,7 +520,8 @@ mod tests {
         };
         let x = || tensor(&[2, 51, 8, 8]);
         let c = || tensor(&[51]);
-        for act in [true, false] {
+        for (act, dx_channels_last) in [(true, true), (true, false), (false, true), (false, false)]
+        {
             let (count, dim) = cubes();
             let k = grad_x_tile_kernel::create_dummy_kernel(
                 props.clone(),
@@ -481,6 +539,7 @@ mod tests {
                 x(),
                 1e-3f32,
                 act,
+                dx_channels_last,
             );
             compiles(k.define());
             let (count, dim) = cubes();
@@ -536,6 +595,7 @@ mod tests {
                     tensor(&[2, 56, 8, 8]),
                     1e-3f32,
                     act,
+                    dx_channels_last,
                     ElemType::Float(kind),
                 );
                 compiles(k.define());

@@ -51,8 +51,6 @@ mod shared;
 mod stats_in_place;
 #[path = "gpu/step.rs"]
 mod step;
-#[path = "gpu/taps.rs"]
-mod taps;
 #[path = "gpu/update.rs"]
 mod update;
 #[path = "gpu/weights.rs"]

@@ -9,7 +9,8 @@
 # EXTRA="--strided-by-gemm" (any bench-step options) is passed to every run.
 # Here: `bash benches/gpu/pack.sh`. There, carrying ".gpu":
 #   source .gpu/setup.sh && bash benches/gpu/census.sh
-# Writes $OUT/census.tgz (logs, per-kernel CSVs) and prints the tables.
+# Writes $OUT/census.tgz (logs, per-kernel CSVs, each arm's last census step launch by launch
+# in NAME.trace.csv) and prints the tables.
 set -u
 CONFIG=${CONFIG:-configs/bench_seed.toml}; SKIP=${SKIP:-16}; STEPS=${STEPS:-24}; CENSUS=${CENSUS:-4}
 LIMIT=${LIMIT:-150}
@@ -20,7 +21,8 @@ work=$OUT/census; mkdir -p "$work"
 run() { # name, extra args
   local name=$1; shift
   timeout "$LIMIT" burnpose bench-step "$CONFIG" --skip "$SKIP" --steps "$STEPS" --phases \
-    --census "$CENSUS" --census-csv "$work/$name.csv" "$@" ${EXTRA:-} > "$work/$name.log" 2>&1
+    --census "$CENSUS" --census-csv "$work/$name.csv" \
+    --census-trace "$work/$name.trace.csv" "$@" ${EXTRA:-} > "$work/$name.log" 2>&1
   echo "== $name rc=$?"; grep -E "^\||^bench-step|^phases|^host CPU|rror|panick" "$work/$name.log" | grep -v "^|---" | cut -c1-240
 }
 B=${BATCH:-4}

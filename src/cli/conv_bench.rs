@@ -51,11 +51,6 @@ pub struct Options {
     /// `model::ops::conv::gemm::choose_padding`, CUDA only).
     #[arg(long)]
     pub conv_padding: Option<usize>,
-    /// Run the reduced-precision convolution forwards (no groups, more than one tap) with at
-    /// most this many output pixels in the batch split by taps: one matmul per tap, the taps
-    /// summed in order (`model::ops::conv_taps`, CUDA only; off by default).
-    #[arg(long)]
-    pub tap_split: Option<usize>,
 }
 
 /// One pass of one convolution, measured.
@@ -87,7 +82,6 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
         crate::model::ops::wgrad::choose_chunk(pixels).map_err(|e| anyhow::anyhow!(e))?;
     }
     super::choose_conv_padding(o.conv_padding)?;
-    super::choose_tap_split(o.tap_split)?;
     let calls = step_convolutions(&cfg);
     let gpu_clock = Census::available().is_ok();
     let chunk = crate::model::ops::wgrad::chunk()

@@ -258,22 +258,6 @@ fn choose_conv_padding(multiple: Option<usize>) -> anyhow::Result<()> {
     anyhow::bail!("--conv-padding {multiple}: the GEMM's operands are padded on CUDA only");
 }
 
-/// `--tap-split` of `bench-step` and `bench-conv`: the largest batch of output pixels whose
-/// reduced-precision convolution forward runs split by taps (`model::ops::conv_taps::choose`),
-/// refused without CUDA.
-fn choose_tap_split(max_rows: Option<usize>) -> anyhow::Result<()> {
-    let Some(max_rows) = max_rows else {
-        return Ok(());
-    };
-    #[cfg(feature = "cuda")]
-    {
-        crate::model::ops::conv_taps::choose(max_rows);
-        Ok(())
-    }
-    #[cfg(not(feature = "cuda"))]
-    anyhow::bail!("--tap-split {max_rows}: the forward by taps runs on CUDA only");
-}
-
 /// The config at `path` with `--device` applied, and the device it resolves to (with its
 /// description).
 fn config_and_device(

@@ -78,11 +78,6 @@ pub struct Options {
     /// `model::ops::conv::gemm::choose_padding`, CUDA only).
     #[arg(long)]
     pub conv_padding: Option<usize>,
-    /// Run the reduced-precision convolution forwards (no groups, more than one tap) with at
-    /// most this many output pixels in the batch split by taps: one matmul per tap, the taps
-    /// summed in order (`model::ops::conv_taps`, CUDA only; off by default).
-    #[arg(long)]
-    pub tap_split: Option<usize>,
     /// Whether the BF16 data gradients of strided convolutions run by the
     /// routine's stride-1 GEMM on the zero-dilated output gradient (`true`, the default) or by
     /// Burn's direct kernel in FP32 (`false`; CUDA only).
@@ -110,6 +105,12 @@ pub struct Options {
     /// give the same bits.
     #[arg(long)]
     pub bn_single_pass: Option<bool>,
+    /// Have the fused BatchNorm's backward write its input gradient (the convolution's output
+    /// gradient) channels-last where its tile kernel runs (`true`, the default; the weight
+    /// gradient's matmul then reads it without a copy; CUDA only), or NCHW (`false`). The same
+    /// values either way.
+    #[arg(long)]
+    pub bn_grad_channels_last: Option<bool>,
     /// Have each BatchNorm's backward write its convolution's output gradient as the data
     /// gradient's GEMM takes it (`true`, the default; `model::ops::grad_operands`, CUDA only), or
     /// have the convolution cast it (`false`). Both give the same bits.
@@ -146,6 +147,10 @@ pub struct Options {
     /// Write the census per (phase, kernel) here as CSV: runs and GPU ms per step.
     #[arg(long, requires = "census")]
     pub census_csv: Option<std::path::PathBuf>,
+    /// Write the census's last step here as CSV: every kernel and copy in the order the GPU
+    /// started it, with its phase, GPU µs, grid and block.
+    #[arg(long, requires = "census")]
+    pub census_trace: Option<std::path::PathBuf>,
     /// After the timed steps, run this many more without a device sync between them and print
     /// their mean: the pace of a fit without `--report`, where the host may run ahead of the
     /// GPU (the timed steps sync before and after each step).
@@ -223,7 +228,6 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
         crate::model::flow::choose(way).map_err(|e| anyhow::anyhow!("--flow: {e}"))?;
     }
     super::choose_conv_padding(o.conv_padding)?;
-    super::choose_tap_split(o.tap_split)?;
     if let Some(gemm) = o.strided_by_gemm {
         #[cfg(feature = "cuda")]
         crate::model::ops::conv::routine::choose_strided_by_gemm(gemm);
@@ -265,6 +269,12 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
         crate::model::ops::fused_bn_single::choose(single);
         #[cfg(not(feature = "cuda"))]
         anyhow::bail!("--bn-single-pass {single}: our BatchNorm kernels run on CUDA only");
+    }
+    if let Some(on) = o.bn_grad_channels_last {
+        #[cfg(feature = "cuda")]
+        crate::model::ops::choose_channels_last_grad(on);
+        #[cfg(not(feature = "cuda"))]
+        anyhow::bail!("--bn-grad-channels-last {on}: our BatchNorm kernels run on CUDA only");
     }
     if let Some(k) = o.conv_bn_ops {
         cfg.device.conv_bn_ops = k;
@@ -446,7 +456,12 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
             ms.push(f64::NAN);
             ms
         });
-        super::step_report::print_census(&report, host.as_deref(), o.census_csv.as_deref())?;
+        super::step_report::print_census(
+            &report,
+            host.as_deref(),
+            o.census_csv.as_deref(),
+            o.census_trace.as_deref(),
+        )?;
     }
     if let Some(why) = &t.replay_off {
         println!("stage native (no replay): {why}");

@@ -21,6 +21,7 @@ pub(super) fn print_census(
     r: &crate::train::census::CensusReport,
     host_ms: Option<&[f64]>,
     csv: Option<&std::path::Path>,
+    trace: Option<&std::path::Path>,
 ) -> anyhow::Result<()> {
     println!(
         "launch census, per step over {} steps (phase-synced):",
@@ -42,6 +43,11 @@ pub(super) fn print_census(
         std::fs::write(path, r.kernels_csv())
             .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
         println!("census per kernel: {}", path.display());
+    }
+    if let Some(path) = trace {
+        std::fs::write(path, r.trace_csv())
+            .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+        println!("census's last step, launch by launch: {}", path.display());
     }
     Ok(())
 }

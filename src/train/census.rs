@@ -59,6 +59,9 @@ pub struct GpuRecord {
     pub end_ns: u64,
     /// The kernel's name, or the copy's kind.
     pub name: String,
+    /// A kernel's grid and block sizes (zero for copies): how much work a launch was.
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
 }
 
 /// Raw counts of a census, before they are summed per phase.
@@ -105,6 +108,9 @@ pub struct CensusReport {
     pub kernels: Vec<KernelRow>,
     /// Driver calls by function over all phases, most first.
     pub calls: Vec<(String, f64)>,
+    /// The last step's kernels and copies in the order the GPU started them (the records split
+    /// into `steps` equal runs by count, as every step runs the same launches), with phases.
+    pub trace: Vec<(&'static str, GpuRecord)>,
 }
 
 fn phase_name(row: usize) -> &'static str {
@@ -180,12 +186,44 @@ impl CensusReport {
             .map(|(name, n)| (name.to_string(), n as f64 * per))
             .collect();
         calls.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        let mut ordered: Vec<&GpuRecord> = raw.gpu.iter().collect();
+        ordered.sort_by_key(|r| (r.start_ns, r.end_ns));
+        let last = ordered.len() - ordered.len() / steps.max(1);
+        let trace = ordered[last..]
+            .iter()
+            .map(|r| (phase_name(row_of(r.correlation)), (*r).clone()))
+            .collect();
         Self {
             steps,
             phases,
             kernels,
             calls,
+            trace,
         }
+    }
+
+    /// `order,phase,kind,name,start_us,gpu_us,grid,block` rows of [`Self::trace`]: the start
+    /// from the step's first record, grid and block as `x×y×z`. Which kernels run beside which
+    /// (a copy before a matmul is the matmul's operand) is what the per-kernel sums lose.
+    pub fn trace_csv(&self) -> String {
+        let mut s = String::from("order,phase,kind,name,start_us,gpu_us,grid,block\n");
+        let t0 = self.trace.first().map_or(0, |(_, r)| r.start_ns);
+        let dims = |d: [u32; 3]| format!("{}x{}x{}", d[0], d[1], d[2]);
+        for (i, (phase, r)) in self.trace.iter().enumerate() {
+            s += &format!(
+                "{i},{phase},{},\"{}\",{:.3},{:.3},{},{}\n",
+                match r.kind {
+                    GpuKind::Kernel => "kernel",
+                    GpuKind::Copy => "copy",
+                },
+                r.name.replace('"', "'"),
+                r.start_ns.saturating_sub(t0) as f64 * 1e-3,
+                r.end_ns.saturating_sub(r.start_ns) as f64 * 1e-3,
+                dims(r.grid),
+                dims(r.block)
+            );
+        }
+        s
     }
 
     /// The census as a markdown table, one row per phase plus the total; `host_ms` (per phase,
@@ -473,6 +511,21 @@ mod cupti {
             | sys::CUpti_ActivityKind::CUPTI_ACTIVITY_KIND_KERNEL => {
                 let k = r as *const sys::CUpti_ActivityKernel9;
                 let name = unsafe { addr_of!((*k).name).read_unaligned() };
+                let dim = |v: i32| u32::try_from(v).unwrap_or(0);
+                let grid = unsafe {
+                    [
+                        addr_of!((*k).gridX).read_unaligned(),
+                        addr_of!((*k).gridY).read_unaligned(),
+                        addr_of!((*k).gridZ).read_unaligned(),
+                    ]
+                };
+                let block = unsafe {
+                    [
+                        addr_of!((*k).blockX).read_unaligned(),
+                        addr_of!((*k).blockY).read_unaligned(),
+                        addr_of!((*k).blockZ).read_unaligned(),
+                    ]
+                };
                 Some(GpuRecord {
                     kind: GpuKind::Kernel,
                     correlation: unsafe { addr_of!((*k).correlationId).read_unaligned() },
@@ -485,6 +538,8 @@ mod cupti {
                             .to_string_lossy()
                             .into_owned()
                     },
+                    grid: grid.map(dim),
+                    block: block.map(dim),
                 })
             }
             sys::CUpti_ActivityKind::CUPTI_ACTIVITY_KIND_MEMCPY => {
@@ -496,6 +551,8 @@ mod cupti {
                     start_ns: unsafe { addr_of!((*m).start).read_unaligned() },
                     end_ns: unsafe { addr_of!((*m).end).read_unaligned() },
                     name: format!("memcpy (CUPTI copy kind {copy_kind})"),
+                    grid: [0; 3],
+                    block: [0; 3],
                 })
             }
             sys::CUpti_ActivityKind::CUPTI_ACTIVITY_KIND_MEMSET => {
@@ -506,6 +563,8 @@ mod cupti {
                     start_ns: unsafe { addr_of!((*m).start).read_unaligned() },
                     end_ns: unsafe { addr_of!((*m).end).read_unaligned() },
                     name: "memset".into(),
+                    grid: [0; 3],
+                    block: [0; 3],
                 })
             }
             _ => None,

@@ -200,11 +200,6 @@ pub mod gemm {
                 .filter(|xp| is_operand_of(xp, &x, padded(ci), d))
                 .unwrap_or_else(|| channels_last(x.clone(), n, padded(ci), d));
             let wp = operand_of(&weight, operand, d);
-            let (xs, ws) = (x.shape(), weight.shape());
-            let [ho, wo] = super::output_size([xs[2], xs[3]], [ws[2], ws[3]], &options);
-            if super::super::conv_taps::takes([ws[2], ws[3]], n * ho * wo, &options) {
-                return in_f32(super::super::conv_taps::forward(xp, wp, &options), n, co);
-            }
             if let Ok(y) = routine::forward(xp, wp, &options, written_as(co, d)) {
                 return in_f32(y, n, co);
             }
@@ -330,12 +325,6 @@ pub mod gemm {
                 (gp, options.clone())
             };
             let wp = operand_of(&weight, operand, d);
-            let rows = n * shape[2] * shape[3];
-            if let Some(dx) =
-                super::super::conv_taps::data_grad(gp.clone(), wp.clone(), rows, &unit)
-            {
-                return in_f32(dx, n, ci);
-            }
             let shape_p = Shape::new([n, padded(ci), shape[2], shape[3]]);
             if let Ok(dx) = routine::data_grad(gp, wp, shape_p, &unit, written_as(ci, d)) {
                 return in_f32(dx, n, ci);
@@ -390,12 +379,15 @@ pub mod gemm {
             (im2col::columns, matmul::matmul, FloatDType::F32)
         };
         let w = weight.clone();
+        let grad_channels_last = super::super::fused_bn_nhwc::dense_channels_last(&grad)
+            && grad.meta.strides()[3] == grad.shape()[1];
         if let Some(dw) = wgrad::weight_backward_in::<burn_cubecl::CubeBackend>(
             x.clone(),
             weight.clone(),
             grad.clone(),
             &options,
             how,
+            grad_channels_last,
             |prod| grads_into::sum(prod, &w),
         ) {
             return dw;

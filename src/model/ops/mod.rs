@@ -26,8 +26,6 @@ mod channels;
 #[cfg(all(test, feature = "cuda"))]
 mod compile_check;
 pub mod conv;
-#[cfg(feature = "cuda")]
-pub mod conv_taps;
 mod coupling;
 pub use coupling::{STATE, coupling, coupling_net};
 #[cfg(feature = "cuda")]
@@ -57,6 +55,8 @@ mod fused_bn_sums;
 #[cfg(feature = "cuda")]
 #[path = "../../../kernels/batch_norm_tiles.rs"]
 mod fused_bn_tiles;
+#[cfg(feature = "cuda")]
+pub use fused_bn_tiles::choose_channels_last_grad;
 pub mod grad_operands;
 #[cfg(feature = "cuda")]
 pub mod grads_into;
@@ -75,9 +75,6 @@ pub mod matmul;
 mod silu_kernels;
 #[cfg(feature = "cuda")]
 pub mod stats_into;
-#[cfg(feature = "cuda")]
-#[path = "../../../kernels/tap_columns.rs"]
-mod tap_columns;
 pub mod trace;
 #[cfg(feature = "cuda")]
 #[path = "../../../kernels/tree.rs"]

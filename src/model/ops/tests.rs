@@ -320,6 +320,55 @@ fn im2col_weight_gradient_matches_burns() {
     );
 }
 
+/// A channels-last output gradient read as chunks through its NHWC memory gives the weight
+/// gradient the NCHW chunks give, at maps split into several chunks (1,024 and 1,600 pixels),
+/// whether its memory is channels-last or not (the reading is a view either way).
+#[test]
+fn channels_last_output_gradients_give_the_same_weight_gradient() {
+    use burn::backend::Flex;
+    use burn::backend::ops::FloatTensorOps;
+    use burn::tensor::FloatDType;
+    let d = Device::flex();
+    for (ci, co, k, pad, hw) in [(5, 6, 3, 1, 32), (4, 7, 1, 0, 40), (3, 8, 3, 0, 42)] {
+        let options = ConvOptions::new([1, 1], [pad, pad], [1, 1], 1);
+        let x = fill([2, ci, hw, hw], 0.31, &d);
+        let w = fill([co, ci, k, k], 0.77, &d);
+        let ho = hw + 2 * pad + 1 - k;
+        // Values with channels-last memory, and the same values with NCHW memory.
+        let channels_last = fill([2, ho, ho, co], 0.13, &d).permute([0, 3, 1, 2]);
+        let nchw = Tensor::<4>::from_data(channels_last.to_data(), &d);
+        let run = |dy: Tensor<4>, flag: bool| {
+            let how: wgrad::How<Flex> =
+                (wgrad::columns::<Flex>, Flex::float_matmul, FloatDType::F32);
+            let dw = wgrad::weight_backward_in::<Flex>(
+                flex(x.clone()),
+                flex(w.clone()),
+                flex(dy),
+                &options,
+                how,
+                flag,
+                |prod| Flex::float_sum_dim(prod, 0),
+            )
+            .expect("groups 1");
+            Tensor::<4>::from_dispatch(burn::backend::DispatchTensor {
+                kind: burn::backend::DispatchTensorKind::Flex(burn::backend::BackendTensor::Float(
+                    dw,
+                )),
+                autodiff: Default::default(),
+            })
+        };
+        let reference = run(nchw.clone(), false);
+        for (what, dy, flag) in [
+            ("channels-last memory", channels_last.clone(), true),
+            ("NCHW memory read as channels-last", nchw.clone(), true),
+            ("channels-last memory read as NCHW", channels_last, false),
+        ] {
+            let err = rel_diff(run(dy, flag), reference.clone());
+            assert!(err < 1e-6, "{what}: {ci}->{co} k{k} {hw}px: {err}");
+        }
+    }
+}
+
 /// The bias operation's gradients are those of Burn's broadcasting add; and the check can fail:
 /// a bias gradient that left out one image would not pass.
 #[test]

@@ -129,6 +129,19 @@ fn chunked<B: Backend>(t: FloatTensor<B>, n: usize, rows: usize, chunks: usize) 
     B::float_permute(t, &[0, 2, 1, 3])
 }
 
+/// [`chunked`] for an output gradient `t` (`[N, C, H, W]`) whose memory is channels-last
+/// (`[N, H·W, C]`): the same `[N, S, C, P / S]` view, reached through the NHWC permutation,
+/// which is that memory read in order, so every step is a view (an NCHW view of it would be a
+/// copy). The matmul reads each chunk as a transposed matrix, where the NCHW view's chunks are
+/// a layout it copies first.
+fn chunked_channels_last<B: Backend>(t: FloatTensor<B>, chunks: usize) -> FloatTensor<B> {
+    let s = t.shape();
+    let (n, c, p) = (s[0], s[1], s[2] * s[3]);
+    let t = B::float_permute(t, &[0, 2, 3, 1]);
+    let t = B::float_reshape(t, Shape::new([n, chunks, p / chunks, c]));
+    B::float_permute(t, &[0, 1, 3, 2])
+}
+
 /// The number of matmul batches a map of `pixels` output pixels per image is split into
 /// ([`split`] by the chunk in use).
 fn chunks(pixels: usize) -> usize {
@@ -155,7 +168,7 @@ pub fn weight_backward<B: Backend>(
     matmul: Matmul<B>,
 ) -> Option<FloatTensor<B>> {
     let how = (im2col, matmul, FloatDType::F32);
-    weight_backward_in::<B>(x, weight, grad, options, how, |prod| {
+    weight_backward_in::<B>(x, weight, grad, options, how, false, |prod| {
         B::float_sum_dim(prod, 0)
     })
 }
@@ -186,13 +199,18 @@ pub type How<B> = (Im2col<B>, Matmul<B>, FloatDType);
 /// to it, and `matmul` multiplies them into FP32. The chunks' products (`[N·S, co, ci·k·k]`,
 /// FP32) are summed over their first axis by `sum` (any shape of `co·ci·k·k` values in order;
 /// the backend's `sum_dim` in [`weight_backward`]); on CUDA `sum` may write into a buffer given
-/// ahead (`super::grads_into`); a depthwise convolution's sums are its own.
+/// ahead (`super::grads_into`); a depthwise convolution's sums are its own. `grad_channels_last`
+/// says that `grad`'s memory is channels-last (`[N, H·W, C]`, as the fused BatchNorm's backward
+/// writes it on CUDA), which the caller knows from its strides: the chunks are then views of it
+/// ([`chunked_channels_last`]). A cast keeps that memory order.
+#[allow(clippy::too_many_arguments)]
 pub fn weight_backward_in<B: Backend>(
     x: FloatTensor<B>,
     weight: FloatTensor<B>,
     grad: FloatTensor<B>,
     options: &ConvOptions<2>,
     (im2col, matmul, operands): How<B>,
+    grad_channels_last: bool,
     sum: impl FnOnce(FloatTensor<B>) -> FloatTensor<B>,
 ) -> Option<FloatTensor<B>> {
     let ws = weight.shape();
@@ -232,7 +250,11 @@ pub fn weight_backward_in<B: Backend>(
         } else {
             im2col(x, [kh, kw], [ho, wo], s, options)
         };
-        let g = chunked::<B>(grad, n, co, s);
+        let g = if grad_channels_last {
+            chunked_channels_last::<B>(grad, s)
+        } else {
+            chunked::<B>(grad, n, co, s)
+        };
         let prod = matmul(g, B::float_swap_dims(cols, 2, 3)); // [N, S, co, ci·kk]
         let prod = B::float_reshape(prod, Shape::new([n * s, co, ci * kk]));
         B::float_reshape(sum(prod), Shape::new([co, ci, kh, kw]))

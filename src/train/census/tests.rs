@@ -7,6 +7,8 @@ fn record(kind: GpuKind, correlation: u32, ns: u64, name: &str) -> GpuRecord {
         start_ns: 1_000,
         end_ns: 1_000 + ns,
         name: name.into(),
+        grid: [1; 3],
+        block: [32, 1, 1],
     }
 }
 
@@ -101,6 +103,8 @@ fn gaps_between_a_graphs_kernels_are_counted_per_phase() {
         start_ns,
         end_ns,
         name: "k".into(),
+        grid: [1; 3],
+        block: [1; 3],
     };
     let loss = PHASES.iter().position(|p| *p == "loss").unwrap();
     let raw = Raw {
@@ -146,4 +150,43 @@ fn call_kinds() {
 fn the_cpu_build_says_why_it_cannot_count() {
     let e = Census::start().err().expect("no CUPTI without CUDA");
     assert!(e.contains("--features cuda"), "{e}");
+}
+
+/// The trace is the last step's records in the order the GPU started them, each with its
+/// phase, grid and block, and times from the step's first record.
+#[test]
+fn the_trace_is_the_last_steps_records_in_start_order() {
+    let head = PHASES.iter().position(|p| *p == "head").unwrap();
+    let at = |correlation: u32, start_ns: u64, name: &str, grid: [u32; 3]| GpuRecord {
+        kind: GpuKind::Kernel,
+        correlation,
+        start_ns,
+        end_ns: start_ns + 500,
+        name: name.into(),
+        grid,
+        block: [256, 1, 1],
+    };
+    let raw = Raw {
+        calls: vec![HashMap::new(); BETWEEN + 1],
+        phase_of: vec![BETWEEN as u8, head as u8, 2, head as u8, 2],
+        gpu: vec![
+            // Delivered out of order; two steps of two records each.
+            at(4, 9_000, "b", [2, 1, 1]),
+            at(1, 1_000, "a", [1, 1, 1]),
+            at(3, 8_000, "a", [3, 1, 1]),
+            at(2, 2_000, "b", [4, 1, 1]),
+        ],
+    };
+    let r = CensusReport::from_raw(&raw, 2);
+    let names: Vec<_> = r.trace.iter().map(|(p, g)| (*p, g.name.as_str())).collect();
+    assert_eq!(names, [("head", "a"), (PHASES[2], "b")]);
+    let csv = r.trace_csv();
+    let rows: Vec<&str> = csv.lines().collect();
+    assert_eq!(rows[0], "order,phase,kind,name,start_us,gpu_us,grid,block");
+    assert_eq!(rows[1], "0,head,kernel,\"a\",0.000,0.500,3x1x1,256x1x1");
+    assert_eq!(
+        rows[2],
+        format!("1,{},kernel,\"b\",1.000,0.500,2x1x1,256x1x1", PHASES[2])
+    );
+    assert_eq!(rows.len(), 3);
 }
