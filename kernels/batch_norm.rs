@@ -309,9 +309,12 @@ pub fn backward(
     } else {
         sums::grad_sums(&x, &grad, &mean, &var, &gamma, &beta, epsilon, act)
     };
-    // Channels-last where the tile kernel runs (the convolution's weight gradient reads it so
-    // without a copy: `batch_norm_tiles.rs`), else NCHW.
-    let dx = if tiles::channels_last_grad() && tiles::takes(&x, &[&grad], &x) {
+    // Channels-last where chosen and the tile kernel runs for a convolution that takes an
+    // operand (stride 1, no groups: a depthwise convolution's kernels read NCHW along the grain)
+    // with a multiple of 4 channels (the weight gradient's matmul then reads it vectorised),
+    // else NCHW (`batch_norm_tiles.rs`).
+    let wanted = operand.is_some() && c % 4 == 0 && tiles::channels_last_grad();
+    let dx = if wanted && tiles::takes(&x, &[&grad], &x) {
         tiles::empty_channels_last(&x)
     } else {
         empty(&x, Shape::new([n, c, h, w]))

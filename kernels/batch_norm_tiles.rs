@@ -7,13 +7,13 @@
 //! per channel), and finds its values with one division per unit. Every value is computed by
 //! the same expression as in `batch_norm.rs` (its helpers), so the results are the same bits.
 //!
-//! Backward, the input gradient goes channels-last by default ([`choose_channels_last_grad`]):
-//! it is the convolution's output gradient, and the convolution's weight gradient reads it in
-//! chunks of pixels per channel (`model::ops::wgrad`). From NCHW memory that view has a chunk
-//! stride below its row stride, which cubek's matmul copies into a contiguous operand first
-//! (one copy of the whole gradient per weight gradient); from channels-last memory it is a
-//! transposed matrix the matmul reads as it lies. Each unit then writes its own values where
-//! it computed them, with no transpose through shared memory.
+//! Backward, the input gradient may go channels-last ([`choose_channels_last_grad`], off by
+//! default): it is the convolution's output gradient, and the convolution's weight gradient reads
+//! it in chunks of pixels per channel (`model::ops::wgrad`). From NCHW memory that view has a
+//! chunk stride below its row stride, which cubek's matmul copies into a contiguous operand
+//! first (one copy of the whole gradient per weight gradient); from channels-last memory it is a
+//! transposed matrix the matmul reads as it lies. Each unit then writes its own values where it
+//! computed them, with no transpose through shared memory. `batch_norm.rs` picks the layout.
 
 // `#[cube]` expands to `cubecl::…` paths.
 use burn::cubecl;
@@ -36,10 +36,11 @@ const ROWS: usize = 8;
 /// hit 32 different banks.
 const PITCH: usize = TILE + 1;
 
-static CHANNELS_LAST_GRAD: AtomicBool = AtomicBool::new(true);
+static CHANNELS_LAST_GRAD: AtomicBool = AtomicBool::new(false);
 
-/// Whether [`grad_x`] writes the input gradient channels-last (`true`, the default) or NCHW
-/// (`false`; `bench-step --bn-grad-channels-last false`). The same values either way.
+/// Whether the fused BatchNorm writes the input gradients of convolutions that take an operand
+/// with a multiple of 4 channels channels-last (`true`; `bench-step --bn-grad-channels-last
+/// true`) or NCHW (`false`, the default until measured so). The same values either way.
 pub fn choose_channels_last_grad(on: bool) {
     CHANNELS_LAST_GRAD.store(on, Ordering::Relaxed);
 }

@@ -106,9 +106,9 @@ pub struct Options {
     #[arg(long)]
     pub bn_single_pass: Option<bool>,
     /// Have the fused BatchNorm's backward write its input gradient (the convolution's output
-    /// gradient) channels-last where its tile kernel runs (`true`, the default; the weight
-    /// gradient's matmul then reads it without a copy; CUDA only), or NCHW (`false`). The same
-    /// values either way.
+    /// gradient) channels-last where its tile kernel runs for a stride-1 convolution without
+    /// groups with a multiple of 4 channels (`true`; the weight gradient's matmul then reads it
+    /// without a copy; CUDA only), or NCHW (`false`, the default). The same values either way.
     #[arg(long)]
     pub bn_grad_channels_last: Option<bool>,
     /// Have each BatchNorm's backward write its convolution's output gradient as the data

@@ -54,6 +54,7 @@ fn batch_norm_writes_the_operand_channels_last_would_make_on_cuda() {
                 act,
                 g.clone(),
             );
+            let (mean3, var3) = (mean.clone(), var.clone());
             let (dx2, d_gamma2, d_beta2, operand) = CubeBackend::bn_act_train_backward_operand(
                 x.clone(),
                 gamma.clone(),
@@ -86,7 +87,38 @@ fn batch_norm_writes_the_operand_channels_last_would_make_on_cuda() {
                 assert_eq!(bits(a), bits(b), "{case}: {name} moved with the operand");
             }
             let operand = operand.unwrap_or_else(|| panic!("{case}: no operand"));
-            assert_operand_of(operand, dx, FloatDType::BF16, &case);
+            assert_operand_of(operand, dx.clone(), FloatDType::BF16, &case);
+            // With the input gradient chosen channels-last: so with an operand and a multiple
+            // of 4 channels, else NCHW; the same bits either way.
+            ops::choose_channels_last_grad(true);
+            let (dx3, ..) = CubeBackend::bn_act_train_backward_operand(
+                x.clone(),
+                gamma.clone(),
+                beta.clone(),
+                mean3.clone(),
+                var3.clone(),
+                1e-3,
+                act,
+                g.clone(),
+                FloatDType::BF16,
+            );
+            ops::choose_channels_last_grad(false);
+            let channels_last = dx3.meta.strides().to_vec() == vec![h * w * c, 1, w * c, c];
+            assert_eq!(
+                channels_last,
+                c % 4 == 0,
+                "{case}: dx strides {:?}",
+                dx3.meta.strides()
+            );
+            assert!(
+                dx.meta.strides()[3] == 1,
+                "{case}: dx without an operand not NCHW"
+            );
+            assert_eq!(
+                bits(cube_values_of::<4>(dx3)),
+                bits(cube_values_of::<4>(dx)),
+                "{case}: dx moved with its layout"
+            );
         }
     }
 }
