@@ -111,6 +111,12 @@ pub struct Options {
     /// without a copy; CUDA only), or NCHW (`false`, the default). The same values either way.
     #[arg(long)]
     pub bn_grad_channels_last: Option<bool>,
+    /// Keep a recorded loss's flow parameters as segments of one buffer, refreshed from the
+    /// trainer's by one copy of their run in the flat optimizer's values (`true`;
+    /// `replay::loss::choose_flow_segments`, CUDA only), or each in its own buffer, one copy
+    /// per tensor (`false`, the default). The same values either way.
+    #[arg(long)]
+    pub flow_segments: Option<bool>,
     /// Have each BatchNorm's backward write its convolution's output gradient as the data
     /// gradient's GEMM takes it (`true`, the default; `model::ops::grad_operands`, CUDA only), or
     /// have the convolution cast it (`false`). Both give the same bits.
@@ -275,6 +281,12 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
         crate::model::ops::choose_channels_last_grad(on);
         #[cfg(not(feature = "cuda"))]
         anyhow::bail!("--bn-grad-channels-last {on}: our BatchNorm kernels run on CUDA only");
+    }
+    if let Some(on) = o.flow_segments {
+        #[cfg(feature = "cuda")]
+        crate::replay::loss::choose_flow_segments(on);
+        #[cfg(not(feature = "cuda"))]
+        anyhow::bail!("--flow-segments {on}: the loss is recorded on CUDA only");
     }
     if let Some(k) = o.conv_bn_ops {
         cfg.device.conv_bn_ops = k;

@@ -15,7 +15,7 @@
 //! the host from those counts, outside the graph, as the native device path decides it.
 
 use super::recorder::{Graph, PoolUse, RecordError, copy_of, pool_use, replay, write};
-use super::sources::Sources;
+use super::sources::{Sources, private_copies};
 use super::stage::outputs_of;
 use crate::data::Instance;
 use crate::loss::assign::device::ObjectSlots;
@@ -29,6 +29,19 @@ use burn::backend::{Backend, Dispatch};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+static FLOW_SEGMENTS: AtomicBool = AtomicBool::new(false);
+
+/// Whether later recorded losses keep the flow's parameters as segments of one buffer laid out
+/// as the flat optimizer lays them out (`true`; `bench-step --flow-segments true`), so that the
+/// refresh before each replay copies the trainer's parameters, views of one run of the
+/// optimizer's values, in one launch, or each in its own buffer (`false`, the default until
+/// measured so), one copy per tensor: 72 launches a step for the seed's flow (docs/perf_log.md
+/// BH2's trace).
+pub fn choose_flow_segments(on: bool) {
+    FLOW_SEGMENTS.store(on, Ordering::Relaxed);
+}
 
 /// Eager runs of the loss and its backward before recording: they settle every allocation the
 /// recorded launches will reuse (nothing may be allocated inside the window).
@@ -126,12 +139,19 @@ impl LossInputs {
         let inner = device.clone().inner();
         let (batch, keypoints) = (labels.len(), loss.sigmas.len());
         let slots = ObjectSlots::slots_for(labels, loss.object_slots);
+        let segments = FLOW_SEGMENTS.load(Ordering::Relaxed);
+        let mut shared = None;
         let flow = flow.map(|f| {
-            let mut copies: HashMap<String, Tensor<1>> = float_tensors(&f.valid())
-                .into_iter()
-                .map(|(p, t)| (p, copy_of(t)))
-                .collect();
-            replace_float_tensors(f.valid().train(), &mut copies).0
+            let net = f.valid().train();
+            let tensors = float_tensors(&f.valid());
+            let mut copies: HashMap<String, Tensor<1>> = if segments {
+                let (copies, params) = private_copies(&net, tensors, None, &inner);
+                shared = params;
+                copies
+            } else {
+                tensors.into_iter().map(|(p, t)| (p, copy_of(t))).collect()
+            };
+            replace_float_tensors(net, &mut copies).0
         });
         let flow_params = flow.as_ref().map(param_table).unwrap_or_default();
         let flow_layout = Layout::new(flow_params.iter().map(ParamInfo::numel).collect());
@@ -148,7 +168,7 @@ impl LossInputs {
             scale: scale.map(|s| copy_of(Tensor::<1>::from_floats([s], &inner))),
             constants: loss.constants(device),
             flow,
-            flow_sources: Sources::separate(flow_sources),
+            flow_sources: Sources::with_shared(flow_sources, shared),
             results: Tensor::<1>::zeros([RESULTS], &inner),
             flow_grads: Tensor::<1>::zeros([flow_layout.len.max(1)], &inner),
             flow_params,

@@ -40,6 +40,20 @@ fn detection_step_replay_matches_native_fp32() {
     assert_parity_of("detect-step", "fp32");
 }
 
+/// The recorded loss's flow parameters as segments of one buffer, refreshed by one copy of
+/// their run in the flat optimizer's values (`replay::loss::choose_flow_segments`): the same
+/// state hashes and per-step losses as native, as with one buffer per tensor.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn step_replay_with_flow_segments_matches_native_bf16() {
+    burnpose::replay::loss::choose_flow_segments(true);
+    let result = std::panic::catch_unwind(|| assert_parity_of("pose-step", "bf16"));
+    burnpose::replay::loss::choose_flow_segments(false);
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+}
+
 /// FP16 with a loss scale that changes during the fit (it doubles after every two clean
 /// optimizer steps here): the recorded loss reads the scale from its buffer, so every step
 /// seeds the backward with the current one, as native multiplies by it.
