@@ -202,16 +202,19 @@ impl CensusReport {
         }
     }
 
-    /// `order,phase,kind,name,start_us,gpu_us,grid,block` rows of [`Self::trace`]: the start
-    /// from the step's first record, grid and block as `x×y×z`. Which kernels run beside which
-    /// (a copy before a matmul is the matmul's operand) is what the per-kernel sums lose.
+    /// `order,phase,call,kind,name,start_us,gpu_us,grid,block` rows of [`Self::trace`]: `call`
+    /// the driver call that enqueued the record (CUPTI's correlation id: a replayed graph's
+    /// kernels share one, each eager launch has its own), the start from the step's first
+    /// record, grid and block as `x×y×z`. Which kernels run beside which (a copy before a
+    /// matmul is the matmul's operand) is what the per-kernel sums lose.
     pub fn trace_csv(&self) -> String {
-        let mut s = String::from("order,phase,kind,name,start_us,gpu_us,grid,block\n");
+        let mut s = String::from("order,phase,call,kind,name,start_us,gpu_us,grid,block\n");
         let t0 = self.trace.first().map_or(0, |(_, r)| r.start_ns);
         let dims = |d: [u32; 3]| format!("{}x{}x{}", d[0], d[1], d[2]);
         for (i, (phase, r)) in self.trace.iter().enumerate() {
             s += &format!(
-                "{i},{phase},{},\"{}\",{:.3},{:.3},{},{}\n",
+                "{i},{phase},{},{},\"{}\",{:.3},{:.3},{},{}\n",
+                r.correlation,
                 match r.kind {
                     GpuKind::Kernel => "kernel",
                     GpuKind::Copy => "copy",

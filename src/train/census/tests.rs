@@ -182,11 +182,14 @@ fn the_trace_is_the_last_steps_records_in_start_order() {
     assert_eq!(names, [("head", "a"), (PHASES[2], "b")]);
     let csv = r.trace_csv();
     let rows: Vec<&str> = csv.lines().collect();
-    assert_eq!(rows[0], "order,phase,kind,name,start_us,gpu_us,grid,block");
-    assert_eq!(rows[1], "0,head,kernel,\"a\",0.000,0.500,3x1x1,256x1x1");
+    assert_eq!(
+        rows[0],
+        "order,phase,call,kind,name,start_us,gpu_us,grid,block"
+    );
+    assert_eq!(rows[1], "0,head,3,kernel,\"a\",0.000,0.500,3x1x1,256x1x1");
     assert_eq!(
         rows[2],
-        format!("1,{},kernel,\"b\",1.000,0.500,2x1x1,256x1x1", PHASES[2])
+        format!("1,{},4,kernel,\"b\",1.000,0.500,2x1x1,256x1x1", PHASES[2])
     );
     assert_eq!(rows.len(), 3);
 }
