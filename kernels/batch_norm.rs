@@ -313,13 +313,15 @@ pub fn backward(
     // operand (stride 1, no groups: a depthwise convolution's kernels read NCHW along the grain)
     // with a multiple of 4 channels (the weight gradient's matmul then reads it vectorised),
     // else NCHW (`batch_norm_tiles.rs`).
+    let tiled = tiles::takes_inputs(&x, &[&grad]);
     let wanted = operand.is_some() && c % 4 == 0 && tiles::channels_last_grad();
-    let dx = if wanted && tiles::takes(&x, &[&grad], &x) {
+    let dx = if tiled && wanted {
         tiles::empty_channels_last(&x)
     } else {
+        // Contiguous NCHW rows, as the tile kernel's NCHW store takes them.
         empty(&x, Shape::new([n, c, h, w]))
     };
-    if tiles::takes(&x, &[&grad], &dx) {
+    if tiled {
         let dxp = operand.and_then(|(channels, d)| tiles::operand_for(&x, channels, d));
         tiles::grad_x(
             x,

@@ -50,15 +50,18 @@ pub fn channels_last_grad() -> bool {
     CHANNELS_LAST_GRAD.load(Ordering::Relaxed)
 }
 
-/// Whether the tile kernels take `x` (and, backward, `grad`) with output `out`: `x` as
-/// [`dense_channels_last`], `out` `[N, C, H, W]` with contiguous rows of `H·W` pixels or, from
-/// [`grad_x`], as [`dense_channels_last`] too.
+/// Whether the tile kernels take `x` (and, backward, `grad`) as inputs: each
+/// [`dense_channels_last`].
+pub fn takes_inputs(x: &CubeTensor, others: &[&CubeTensor]) -> bool {
+    dense_channels_last(x) && others.iter().all(|t| dense_channels_last(t))
+}
+
+/// Whether the tile kernels take `x` (and, backward, `grad`) with output `out`: the inputs as
+/// [`takes_inputs`], `out` `[N, C, H, W]` with contiguous rows of `H·W` pixels.
 pub fn takes(x: &CubeTensor, others: &[&CubeTensor], out: &CubeTensor) -> bool {
     let s = out.meta.strides();
     let w = out.meta.shape()[3];
-    dense_channels_last(x)
-        && others.iter().all(|t| dense_channels_last(t))
-        && ((s[3] == 1 && s[2] == w) || dense_channels_last(out))
+    takes_inputs(x, others) && s[3] == 1 && s[2] == w
 }
 
 /// An uninitialised `[N, C, H, W]` FP32 tensor like `x`, dense channels-last.

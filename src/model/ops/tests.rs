@@ -236,6 +236,14 @@ fn flex(t: Tensor<4>) -> FloatTensor<burn::backend::Flex> {
     }
 }
 
+/// [`flex`]'s inverse: a Flex float primitive as a tensor.
+fn from_flex(t: FloatTensor<burn::backend::Flex>) -> Tensor<4> {
+    Tensor::from_dispatch(burn::backend::DispatchTensor {
+        kind: burn::backend::DispatchTensorKind::Flex(burn::backend::BackendTensor::Float(t)),
+        autodiff: Default::default(),
+    })
+}
+
 #[test]
 fn im2col_weight_gradient_matches_burns() {
     use burn::backend::Flex;
@@ -253,12 +261,6 @@ fn im2col_weight_gradient_matches_burns() {
         (3, 4, 3, 1, 2, 2, 1, 19),
         (2, 3, 5, 2, 2, 1, 1, 23),
     ];
-    let dispatch = |t| {
-        Tensor::<4>::from_dispatch(burn::backend::DispatchTensor {
-            kind: burn::backend::DispatchTensorKind::Flex(burn::backend::BackendTensor::Float(t)),
-            autodiff: Default::default(),
-        })
-    };
     for (i, (ci, co, k, s, pad, dil, g, hw)) in cases.into_iter().enumerate() {
         let options = ConvOptions::new([s, s], [pad, pad], [dil, dil], g);
         // The 1×1 case reads a channel slice, a view whose columns are not contiguous.
@@ -285,13 +287,13 @@ fn im2col_weight_gradient_matches_burns() {
             flex(dy.clone()),
             options.clone(),
         );
-        let stock = dispatch(Flex::conv2d_weight_backward(
+        let stock = from_flex(Flex::conv2d_weight_backward(
             flex(x),
             flex(w),
             flex(dy),
             options,
         ));
-        for (path, a) in [("tensor ops", dispatch(ours)), ("cpu", dispatch(cpu))] {
+        for (path, a) in [("tensor ops", from_flex(ours)), ("cpu", from_flex(cpu))] {
             assert_eq!(a.dims(), stock.dims());
             let err = rel_diff(a, stock.clone());
             assert!(
@@ -350,12 +352,7 @@ fn channels_last_output_gradients_give_the_same_weight_gradient() {
                 |prod| Flex::float_sum_dim(prod, 0),
             )
             .expect("groups 1");
-            Tensor::<4>::from_dispatch(burn::backend::DispatchTensor {
-                kind: burn::backend::DispatchTensorKind::Flex(burn::backend::BackendTensor::Float(
-                    dw,
-                )),
-                autodiff: Default::default(),
-            })
+            from_flex(dw)
         };
         let reference = run(nchw.clone(), false);
         for (what, dy, flag) in [
