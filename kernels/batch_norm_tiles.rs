@@ -36,11 +36,12 @@ const ROWS: usize = 8;
 /// hit 32 different banks.
 const PITCH: usize = TILE + 1;
 
-static CHANNELS_LAST_GRAD: AtomicBool = AtomicBool::new(false);
+static CHANNELS_LAST_GRAD: AtomicBool = AtomicBool::new(true);
 
 /// Whether the fused BatchNorm writes the input gradients of convolutions that take an operand
-/// with a multiple of 4 channels channels-last (`true`; `bench-step --bn-grad-channels-last
-/// true`) or NCHW (`false`, the default until measured so). The same values either way.
+/// with a multiple of 4 channels channels-last (`true`, the default: on an H100 the weight
+/// gradients' matmuls then read it without copies, docs/perf_log.md BI2) or NCHW (`false`;
+/// `bench-step --bn-grad-channels-last false`). The same values either way.
 pub fn choose_channels_last_grad(on: bool) {
     CHANNELS_LAST_GRAD.store(on, Ordering::Relaxed);
 }

@@ -108,13 +108,13 @@ pub struct Options {
     /// Have the fused BatchNorm's backward write its input gradient (the convolution's output
     /// gradient) channels-last where its tile kernel runs for a stride-1 convolution without
     /// groups with a multiple of 4 channels (`true`; the weight gradient's matmul then reads it
-    /// without a copy; CUDA only), or NCHW (`false`, the default). The same values either way.
+    /// without a copy; CUDA only; the default), or NCHW (`false`). The same values either way.
     #[arg(long)]
     pub bn_grad_channels_last: Option<bool>,
     /// Keep a recorded loss's flow parameters as segments of one buffer, refreshed from the
     /// trainer's by one copy of their run in the flat optimizer's values (`true`;
-    /// `replay::loss::choose_flow_segments`, CUDA only), or each in its own buffer, one copy
-    /// per tensor (`false`, the default). The same values either way.
+    /// `replay::loss::choose_flow_segments`, CUDA only; the default), or each in its own
+    /// buffer, one copy per tensor (`false`). The same values either way.
     #[arg(long)]
     pub flow_segments: Option<bool>,
     /// Have each BatchNorm's backward write its convolution's output gradient as the data

@@ -31,14 +31,13 @@ use burn::prelude::*;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-static FLOW_SEGMENTS: AtomicBool = AtomicBool::new(false);
+static FLOW_SEGMENTS: AtomicBool = AtomicBool::new(true);
 
 /// Whether later recorded losses keep the flow's parameters as segments of one buffer laid out
-/// as the flat optimizer lays them out (`true`; `bench-step --flow-segments true`), so that the
-/// refresh before each replay copies the trainer's parameters, views of one run of the
-/// optimizer's values, in one launch, or each in its own buffer (`false`, the default until
-/// measured so), one copy per tensor: 72 launches a step for the seed's flow (docs/perf_log.md
-/// BH2's trace).
+/// as the flat optimizer lays them out (`true`, the default), so that the refresh before each
+/// replay copies the trainer's parameters, views of one run of the optimizer's values, in one
+/// launch, or each in its own buffer (`false`; `bench-step --flow-segments false`), one copy
+/// per tensor: 72 launches a step for the seed's flow (docs/perf_log.md BH2's trace, BI2).
 pub fn choose_flow_segments(on: bool) {
     FLOW_SEGMENTS.store(on, Ordering::Relaxed);
 }

@@ -30,6 +30,8 @@ fn batch_norm_writes_the_operand_channels_last_would_make_on_cuda() {
     let d = cuda();
     d.seed(31);
     ops::set_conv_bn_ops(ops::ConvBnOps::Fast);
+    // NCHW input gradients first; channels-last (the default) below.
+    let _nchw = Choice::set(ops::choose_channels_last_grad, false, true);
     for [n, c, h, w] in OPERAND_SHAPES {
         let [x, g, gamma, beta, running_mean, running_var] = nhwc_bn_case(&d, [n, c, h, w]);
         for act in [true, false] {

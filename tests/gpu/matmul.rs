@@ -2,7 +2,7 @@
 //! the FP32 weight gradient of the CPU within TF32's bound, the same bits twice, and says when
 //! it declined a product (Burn's routine ran it then).
 
-use super::{cuda, rel_values, values};
+use super::{cube, cube_values_of, cuda, rel_values, values};
 use burn::backend::ops::ConvOptions;
 use burn::prelude::*;
 use burn::tensor::Distribution;
@@ -75,6 +75,10 @@ fn every_matmul_routine_gives_the_weight_gradient_on_cuda() {
             if a != b {
                 failures.push(format!("{name} {ci}->{co} k{k} s{s}: two runs differ"));
             }
+            // Ours takes every FP32 product: a decline would have timed Burn's routine.
+            if name.starts_with("own-") && declined != 0 {
+                failures.push(format!("{name} {ci}->{co} k{k} s{s}: declined {declined}"));
+            }
         }
     }
     matmul::choose(matmul::ROUTINES[matmul::DEFAULT]).unwrap();
@@ -88,6 +92,25 @@ fn every_matmul_routine_gives_the_weight_gradient_on_cuda() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn the_default_routine_gives_burns_weight_gradients_at_every_seed_shape() {
+    let default = matmul::ROUTINES[matmul::DEFAULT];
+    assert_ne!(
+        default,
+        matmul::ROUTINES[0],
+        "the default is Burn's: nothing to compare"
+    );
+    routine_at_every_seed_shape(default);
+}
+
+/// The same with our kernel reading the columns from the convolution's input
+/// (`own-tf32-implicit`): no columns written, the same products.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn our_tf32_kernel_with_implicit_columns_gives_burns_weight_gradients_at_every_seed_shape() {
+    routine_at_every_seed_shape("own-tf32-implicit");
+}
+
+/// Routine `name` against Burn's at every weight gradient of the seed's step (see above).
+fn routine_at_every_seed_shape(name: &str) {
     let d = cuda();
     let cfg = burnpose::config::Config::load(std::path::Path::new("configs/bench_seed.toml"))
         .expect("configs/bench_seed.toml");
@@ -101,9 +124,7 @@ fn the_default_routine_gives_burns_weight_gradients_at_every_seed_shape() {
         "only {} weight gradients traced",
         calls.len()
     );
-    let default = matmul::ROUTINES[matmul::DEFAULT];
     let burns = matmul::ROUTINES[0];
-    assert_ne!(default, burns, "the default is Burn's: nothing to compare");
     let mut failures = vec![];
     for call in &calls {
         let random =
@@ -119,11 +140,11 @@ fn the_default_routine_gives_burns_weight_gradients_at_every_seed_shape() {
         };
         let reference = run(burns);
         let declined = matmul::declined();
-        let (a, b) = (run(default), run(default));
+        let (a, b) = (run(name), run(name));
         let declined = matmul::declined() - declined;
         let err = rel_values(&a, &reference);
         println!(
-            "{:?} {:?} s{}: error {err:.2e}, declined {declined}",
+            "{name} {:?} {:?} s{}: error {err:.2e}, declined {declined}",
             call.input, call.weight, call.stride[0]
         );
         if err.is_nan() || err >= 1e-2 {
@@ -135,7 +156,68 @@ fn the_default_routine_gives_burns_weight_gradients_at_every_seed_shape() {
                 call.input, call.weight
             ));
         }
+        if name.starts_with("own-") && declined != 0 {
+            failures.push(format!("{:?} {:?}: declined", call.input, call.weight));
+        }
     }
-    matmul::choose(default).unwrap();
+    matmul::choose(matmul::ROUTINES[matmul::DEFAULT]).unwrap();
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// Our kernel on operands of every layout it reads (K contiguous or not, in either operand),
+/// rank 3 and 4, sizes off its 64 × 64 × 32 tiles, against Burn's routine on the same GPU:
+/// within TF32's bound, the same bits twice, nothing declined.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn our_tf32_kernel_reads_operands_by_their_strides_on_cuda() {
+    use burnpose::model::ops::matmul::matmul as product;
+    let d = cuda();
+    d.seed(11);
+    let r = |dims: [usize; 4]| Tensor::<4>::random(dims, Distribution::Normal(0.0, 1.0), &d);
+    let mut failures = vec![];
+    for (m, k, n, a_k_inner, b_k_inner) in [
+        (70, 130, 90, true, true),
+        (70, 130, 90, false, false),
+        (16, 1000, 27, false, true),
+        (129, 33, 65, true, false),
+    ] {
+        let lhs = if a_k_inner {
+            r([2, 3, m, k])
+        } else {
+            r([2, 3, k, m]).swap_dims(2, 3)
+        };
+        let rhs = if b_k_inner {
+            r([2, 3, n, k]).swap_dims(2, 3)
+        } else {
+            r([2, 3, k, n])
+        };
+        for rank in [4, 3] {
+            let run = |name: &str| {
+                matmul::choose(name).unwrap();
+                let (a, b) = (cube(lhs.clone()), cube(rhs.clone()));
+                if rank == 4 {
+                    cube_values_of::<4>(product(a, b))
+                } else {
+                    // The first batch axis only: `[3, m, k]` views of the first image.
+                    let first = |t: &Tensor<4>| cube(t.clone().narrow(0, 0, 1).squeeze_dim::<3>(0));
+                    cube_values_of::<3>(product(first(&lhs), first(&rhs)))
+                }
+            };
+            let reference = run(matmul::ROUTINES[0]);
+            let declined = matmul::declined();
+            let (a, b) = (run("own-tf32"), run("own-tf32"));
+            let declined = matmul::declined() - declined;
+            let err = rel_values(&a, &reference);
+            let case = format!("{m}×{k}×{n} rank {rank}, K inner {a_k_inner}/{b_k_inner}");
+            println!("{case}: error {err:.2e}, declined {declined}");
+            if err.is_nan() || err >= 1e-2 || a != b || declined != 0 {
+                failures.push(format!(
+                    "{case}: error {err}, equal {}, declined {declined}",
+                    a == b
+                ));
+            }
+        }
+    }
+    matmul::choose(matmul::ROUTINES[matmul::DEFAULT]).unwrap();
     assert!(failures.is_empty(), "{failures:#?}");
 }

@@ -40,15 +40,15 @@ fn detection_step_replay_matches_native_fp32() {
     assert_parity_of("detect-step", "fp32");
 }
 
-/// The recorded loss's flow parameters as segments of one buffer, refreshed by one copy of
-/// their run in the flat optimizer's values (`replay::loss::choose_flow_segments`): the same
-/// state hashes and per-step losses as native, as with one buffer per tensor.
+/// The recorded loss's flow parameters each in a buffer of its own, refreshed by one copy per
+/// tensor (`replay::loss::choose_flow_segments(false)`; segments of one buffer refreshed by one
+/// copy are the default): the same state hashes and per-step losses as native.
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn step_replay_with_flow_segments_matches_native_bf16() {
-    burnpose::replay::loss::choose_flow_segments(true);
-    let result = std::panic::catch_unwind(|| assert_parity_of("pose-step", "bf16"));
+fn step_replay_with_flow_tensors_apart_matches_native_bf16() {
     burnpose::replay::loss::choose_flow_segments(false);
+    let result = std::panic::catch_unwind(|| assert_parity_of("pose-step", "bf16"));
+    burnpose::replay::loss::choose_flow_segments(true);
     if let Err(e) = result {
         std::panic::resume_unwind(e);
     }

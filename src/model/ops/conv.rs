@@ -358,7 +358,8 @@ pub mod gemm {
     }
 
     /// A weight gradient: depthwise by our kernel; otherwise our im2col matmul, from BF16
-    /// operands where `reduced` (FP32 ones else), its chunks summed by `grads_into::sum`;
+    /// operands where `reduced` (FP32 ones else), its chunks summed by `grads_into::sum` (with
+    /// `own-tf32-implicit` the columns read from the input by our kernel, not written first);
     /// Burn's direct kernel for the grouped convolutions that takes neither.
     fn weight_backward_by(
         x: CubeTensor,
@@ -381,6 +382,22 @@ pub mod gemm {
         let w = weight.clone();
         let grad_channels_last = super::super::fused_bn_nhwc::dense_channels_last(&grad)
             && grad.meta.strides()[3] == grad.shape()[1];
+        if !reduced && matmul::implicit() {
+            let product: wgrad::Implicit<burn_cubecl::CubeBackend> = |g, x, k, out, options| {
+                super::super::tf32_gemm::weight_grad_implicit(&g, &x, k, out, options)
+            };
+            if let Some(dw) = wgrad::implicit_weight_backward::<burn_cubecl::CubeBackend>(
+                x.clone(),
+                weight.clone(),
+                grad.clone(),
+                &options,
+                product,
+                grad_channels_last,
+                |prod| grads_into::sum(prod, &w),
+            ) {
+                return dw;
+            }
+        }
         if let Some(dw) = wgrad::weight_backward_in::<burn_cubecl::CubeBackend>(
             x.clone(),
             weight.clone(),

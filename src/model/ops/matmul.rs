@@ -18,11 +18,14 @@ use cubek::matmul::strategy::Strategy;
 use cubek::std::InputBinding;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// The routines, by name; the first is the one Burn runs (`Strategy::Auto` on an accelerator).
-/// cubek's three TMA routines are left out: on the H200 they returned wrong weight gradients
-/// (errors of 0.87–1.15 of the largest value) for stride-2 convolutions without declining them
-/// (docs/perf_log.md AW1).
-pub const ROUTINES: [&str; 21] = [
+/// The routines, by name; the first is the one Burn runs (`Strategy::Auto` on an accelerator),
+/// the last two ours (`own-tf32`: `kernels/tf32_gemm.cu`, FP32 operands only; `own-tf32-implicit`
+/// the same, and the weight gradients' columns read from the convolution's input by it rather
+/// than written first, [`implicit`]). cubek's three TMA
+/// routines are left out: on the H200 they returned wrong weight gradients (errors of 0.87–1.15
+/// of the largest value) for stride-2 convolutions without declining them (docs/perf_log.md
+/// AW1).
+pub const ROUTINES: [&str; 23] = [
     "simple-cyclic-cmma",
     "simple-cyclic-mma",
     "simple-strided-cmma",
@@ -44,6 +47,8 @@ pub const ROUTINES: [&str; 21] = [
     "specialized-cyclic-mma",
     "specialized-strided-mma",
     "ordered-double-mma",
+    "own-tf32",
+    "own-tf32-implicit",
 ];
 
 /// The routine `ROUTINES[i]`, with cubek's inferred blueprint for each problem.
@@ -70,16 +75,28 @@ fn routine(i: usize) -> Routine {
         "specialized-cyclic-mma" => Routine::SpecializedCyclicMma(Default::default()),
         "specialized-strided-mma" => Routine::SpecializedStridedMma(Default::default()),
         "ordered-double-mma" => Routine::OrderedDoubleMma(Default::default()),
-        other => unreachable!("{other} is in ROUTINES"),
+        other => unreachable!("{other} is one of cubek's ROUTINES"),
     }
 }
 
 /// Burn's own routine (`ROUTINES[BURN]`), which also runs what a chosen routine declines.
 const BURN: usize = 0;
 
-/// `specialized-cyclic-mma`: on the H200 it took the recorded seed step's GPU time from 31.9 to
-/// 28.6 ms against Burn's routine (docs/perf_log.md AW1).
-pub const DEFAULT: usize = 18;
+/// Our own kernel (`ROUTINES[OWN]`, `kernels/tf32_gemm.rs`): FP32 operands on the tensor cores
+/// as TF32, one block per 64 × 64 tile of a product over its whole K; it declines other dtypes.
+/// `ROUTINES[OWN + 1]` is the same kernel with the weight gradients' columns implicit.
+const OWN: usize = 21;
+
+/// Whether the weight gradients read their columns from the convolution's input inside our
+/// kernel (`own-tf32-implicit`) instead of writing them first (`model::ops::wgrad`).
+pub fn implicit() -> bool {
+    CHOSEN.load(Ordering::Relaxed) == OWN + 1
+}
+
+/// `own-tf32`, our kernel: on an H100 it took the recorded seed step's GPU time from 24.56 to
+/// 23.74 ms against cubek's `specialized-cyclic-mma` (which reads these operands only after
+/// copying them; docs/perf_log.md BI1, BI2).
+pub const DEFAULT: usize = OWN;
 
 static CHOSEN: AtomicUsize = AtomicUsize::new(DEFAULT);
 
@@ -124,7 +141,15 @@ pub fn matmul_f32(lhs: CubeTensor, rhs: CubeTensor) -> CubeTensor {
 
 fn matmul_as(lhs: CubeTensor, rhs: CubeTensor, dtype: DType) -> CubeTensor {
     let i = CHOSEN.load(Ordering::Relaxed);
-    if i != BURN {
+    if i == OWN || i == OWN + 1 {
+        let own = (dtype == DType::F32)
+            .then(|| super::tf32_gemm::matmul(&lhs, &rhs))
+            .flatten();
+        if let Some(out) = own {
+            return out;
+        }
+        DECLINED.fetch_add(1, Ordering::Relaxed);
+    } else if i != BURN {
         match launch(&Strategy::MultiLevel(routine(i)), &lhs, &rhs, dtype) {
             Ok(out) => return out,
             Err(_) => {
@@ -168,13 +193,15 @@ mod tests {
     /// Every name maps to a routine; the first is Burn's, and the default is the one measured.
     #[test]
     fn every_routine_has_a_strategy() {
-        for (i, name) in ROUTINES.iter().enumerate() {
+        for (i, name) in ROUTINES.iter().enumerate().filter(|(i, _)| *i < OWN) {
             let shown = routine(i).to_string();
             let want = format!("matmul_{}", name.replace('-', "_"));
             assert!(shown.starts_with(&want), "{name} shows as {shown}");
         }
         assert_eq!(ROUTINES[BURN], "simple-cyclic-cmma");
-        assert_eq!(ROUTINES[DEFAULT], "specialized-cyclic-mma");
+        assert_eq!(ROUTINES[DEFAULT], "own-tf32");
+        assert_eq!(ROUTINES[OWN], "own-tf32");
+        assert_eq!(ROUTINES[OWN + 1], "own-tf32-implicit");
         assert!(choose("no-such-routine").is_err());
     }
 }

@@ -75,6 +75,9 @@ pub mod matmul;
 mod silu_kernels;
 #[cfg(feature = "cuda")]
 pub mod stats_into;
+#[cfg(feature = "cuda")]
+#[path = "../../../kernels/tf32_gemm.rs"]
+mod tf32_gemm;
 pub mod trace;
 #[cfg(feature = "cuda")]
 #[path = "../../../kernels/tree.rs"]

@@ -366,6 +366,72 @@ fn channels_last_output_gradients_give_the_same_weight_gradient() {
     }
 }
 
+/// A weight gradient whose product reads its columns itself (`wgrad::implicit_weight_backward`,
+/// as our CUDA kernel does) gives the one with the columns written first, at chunked maps,
+/// strides, padding and a channels-last gradient; a 1×1 convolution (columns = input) and a
+/// grouped one are declined. The product here makes the columns per chunk from the input, in
+/// the `[N, S, co, ci·kk]` order the kernel writes.
+#[test]
+fn implicit_columns_give_the_weight_gradient_of_written_ones() {
+    use burn::backend::Flex;
+    use burn::backend::ops::FloatTensorOps;
+    use burn::tensor::FloatDType;
+    let d = Device::flex();
+    use burn::backend::TensorMetadata;
+    let product: wgrad::Implicit<Flex> = |g, x, k, out, options| {
+        let s = g.shape()[1];
+        let cols = wgrad::columns::<Flex>(x, k, out, s, options);
+        Some(Flex::float_matmul(g, Flex::float_swap_dims(cols, 2, 3)))
+    };
+    for (ci, co, k, stride, pad, hw, channels_last) in [
+        (5, 6, 3, 1, 1, 32, false),
+        (3, 8, 3, 2, 1, 64, false),
+        (4, 7, 3, 1, 0, 42, true),
+    ] {
+        let options = ConvOptions::new([stride, stride], [pad, pad], [1, 1], 1);
+        let x = fill([2, ci, hw, hw], 0.31, &d);
+        let w = fill([co, ci, k, k], 0.77, &d);
+        let ho = (hw + 2 * pad - k) / stride + 1;
+        let dy = if channels_last {
+            fill([2, ho, ho, co], 0.13, &d).permute([0, 3, 1, 2])
+        } else {
+            fill([2, co, ho, ho], 0.13, &d)
+        };
+        let how: wgrad::How<Flex> = (wgrad::columns::<Flex>, Flex::float_matmul, FloatDType::F32);
+        let sum = |prod| Flex::float_sum_dim(prod, 0);
+        let args = || (flex(x.clone()), flex(w.clone()), flex(dy.clone()));
+        let (a, b, c) = args();
+        let written =
+            wgrad::weight_backward_in::<Flex>(a, b, c, &options, how, channels_last, sum).unwrap();
+        let (a, b, c) = args();
+        let implicit =
+            wgrad::implicit_weight_backward::<Flex>(a, b, c, &options, product, channels_last, sum)
+                .expect("a 3×3 convolution without groups");
+        let err = rel_diff(from_flex(implicit), from_flex(written));
+        assert!(err < 1e-6, "{ci}->{co} k{k} s{stride} {hw}px: {err}");
+    }
+    let x = fill([2, 4, 16, 16], 0.31, &d);
+    for (w, groups) in [
+        (fill([6, 4, 1, 1], 0.77, &d), 1),
+        (fill([4, 2, 3, 3], 0.77, &d), 2),
+    ] {
+        let options = ConvOptions::new([1, 1], [0, 0], [1, 1], groups);
+        let ho = 17 - w.dims()[2];
+        let dy = fill([2, w.dims()[0], ho, ho], 0.13, &d);
+        let sum = |prod| Flex::float_sum_dim(prod, 0);
+        let declined = wgrad::implicit_weight_backward::<Flex>(
+            flex(x.clone()),
+            flex(w),
+            flex(dy),
+            &options,
+            product,
+            false,
+            sum,
+        );
+        assert!(declined.is_none(), "groups {groups}");
+    }
+}
+
 /// The bias operation's gradients are those of Burn's broadcasting add; and the check can fail:
 /// a bias gradient that left out one image would not pass.
 #[test]

@@ -266,6 +266,61 @@ pub fn weight_backward_in<B: Backend>(
     })
 }
 
+/// A weight gradient's chunked product with the columns read from the input by the product
+/// itself (on CUDA `kernels/tf32_gemm.rs`, `IMPLICIT`): the output gradient's chunks
+/// `[N, S, co, L]`, the FP32 input, the kernel's and the output's size → `[N, S, co, ci·kk]`;
+/// `None` where it declines.
+pub type Implicit<B> = fn(
+    FloatTensor<B>,
+    FloatTensor<B>,
+    [usize; 2],
+    [usize; 2],
+    &ConvOptions<2>,
+) -> Option<FloatTensor<B>>;
+
+/// [`weight_backward_in`] with FP32 operands for a convolution without groups whose columns
+/// `product` reads from the input itself (no columns written): the same chunks, the same sum
+/// (`sum`), the same result up to the product's order of additions. `None` for grouped
+/// convolutions, 1×1 ones whose columns are their input already, and where `product` declines.
+pub fn implicit_weight_backward<B: Backend>(
+    x: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    grad: FloatTensor<B>,
+    options: &ConvOptions<2>,
+    product: Implicit<B>,
+    grad_channels_last: bool,
+    sum: impl FnOnce(FloatTensor<B>) -> FloatTensor<B>,
+) -> Option<FloatTensor<B>> {
+    let ws = weight.shape();
+    let (co, ci, kh, kw) = (ws[0], ws[1], ws[2], ws[3]);
+    let gs = grad.shape();
+    let (n, ho, wo) = (gs[0], gs[2], gs[3]);
+    let pointwise = kh * kw == 1 && options.stride == [1, 1] && options.padding == [(0, 0), (0, 0)];
+    if options.groups != 1 || pointwise {
+        return None;
+    }
+    let s = chunks(ho * wo);
+    let grad = B::float_cast(grad, FloatDType::F32);
+    let g = if grad_channels_last {
+        chunked_channels_last::<B>(grad, s)
+    } else {
+        chunked::<B>(grad, n, co, s)
+    };
+    let prod = product(
+        g,
+        B::float_cast(x, FloatDType::F32),
+        [kh, kw],
+        [ho, wo],
+        options,
+    )?;
+    let prod = B::float_reshape(prod, Shape::new([n * s, co, ci * kh * kw]));
+    let dw = B::float_reshape(sum(prod), Shape::new([co, ci, kh, kw]));
+    Some(match weight.dtype().into() {
+        FloatDType::F32 => dw,
+        dtype => B::float_cast(dw, dtype),
+    })
+}
+
 /// The weight gradient of a convolution without groups on the CPU, as one matmul over every
 /// output pixel of the batch: `dW[co, ci·kk] = dY[co, N·P] · colsᵀ`, the columns written by one
 /// loop straight into `[ci·kk, N·P]` (where [`columns`]' tensor operations took a padded copy,

@@ -1,0 +1,267 @@
+//! A batched FP32 matmul of our own on the tensor cores (TF32 operands, FP32 accumulation):
+//! hand-written CUDA C++ (`tf32_gemm.cu`) that CubeCL compiles with NVRTC and launches on its
+//! stream like any of its kernels (a kernel that carries its own source,
+//! `CubeKernel::source`), so it is recorded into CUDA graphs as they are. The problem's shape
+//! and the operands' strides are constants of the source, one compiled kernel per problem (the
+//! persistent kernel cache keeps them), which lets the compiler fold every index.
+//!
+//! Deterministic: every output value is one thread's sum over K in order.
+
+use burn::cubecl;
+use burn::tensor::{DType, Shape};
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::ir::{UIntKind, metadata::Info};
+use cubecl::prelude::*;
+use cubecl::server::KernelArguments;
+use cubecl::{CubeKernel, PrecompiledSource};
+
+const SOURCE: &str = include_str!("tf32_gemm.cu");
+/// The source's FNV-1a hash, in the kernel's id: the kernel caches (in memory and on disk) are
+/// keyed by the id alone, so an edited source must not find the old kernel.
+const SOURCE_HASH: u64 = {
+    let bytes = SOURCE.as_bytes();
+    let mut hash = 0xcbf2_9ce4_8422_2325_u64;
+    let mut i = 0;
+    while i < bytes.len() {
+        hash = (hash ^ bytes[i] as u64).wrapping_mul(0x0100_0000_01b3);
+        i += 1;
+    }
+    hash
+};
+const ENTRY: &str = "burnpose_tf32_gemm";
+/// Threads a block (`THREADS` in the source); a block computes a 64 × 64 tile (`BM`, `BN`).
+const THREADS: u32 = 128;
+const TILE: usize = 64;
+
+/// One product's constants: `[m, n, k, batches of the second batch axis]`, the strides of `A`
+/// (`[batch 0, batch 1, m, k]`) and of `B` (`[batch 0, batch 1, k, n]`), in elements, and
+/// where B is a weight gradient's columns read from the convolution's input, that convolution.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Problem {
+    dims: [usize; 4],
+    a: [usize; 4],
+    b: [usize; 4],
+    conv: Option<Columns>,
+}
+
+/// The columns of a weight gradient as B (`IMPLICIT`): the output's width, the kernel's taps
+/// and width, stride, dilation, top and left padding, the input's height and width and its
+/// channel, row and column strides.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Columns {
+    wo: usize,
+    kernel: [usize; 2],
+    stride: [usize; 2],
+    dilation: [usize; 2],
+    padding: [usize; 2],
+    input: [usize; 2],
+    strides: [usize; 3],
+}
+
+impl Problem {
+    fn source(&self) -> String {
+        let [m, n, k, nb1] = self.dims;
+        let [a0, a1, am, ak] = self.a;
+        let [b0, b1, bk, bn] = self.b;
+        let implicit = match &self.conv {
+            None => "#define IMPLICIT 0\n".to_string(),
+            Some(c) => {
+                let ([kh, kw], [sh, sw], [dh, dw]) = (c.kernel, c.stride, c.dilation);
+                let ([pt, pl], [h, w], [sc, sy, sx]) = (c.padding, c.input, c.strides);
+                format!(
+                    "#define IMPLICIT 1\n#define WO {}\n#define KK {}\n#define KW {kw}\n\
+                     #define SH {sh}\n#define SW {sw}\n#define DH {dh}\n#define DW {dw}\n\
+                     #define PT {pt}\n#define PL {pl}\n#define XH {h}\n#define XW {w}\n\
+                     #define SXC {sc}LL\n#define SXH {sy}LL\n#define SXW {sx}LL\n",
+                    c.wo,
+                    kh * kw,
+                )
+            }
+        };
+        format!(
+            "#define GM {m}\n#define GN {n}\n#define GK {k}\n#define NB1 {nb1}\n\
+             #define SA0 {a0}LL\n#define SA1 {a1}LL\n#define SAM {am}LL\n#define SAK {ak}LL\n\
+             #define SB0 {b0}LL\n#define SB1 {b1}LL\n#define SBK {bk}LL\n#define SBN {bn}LL\n\
+             #define A_K_INNER {}\n#define B_K_INNER {}\n{implicit}{SOURCE}",
+            ak == 1,
+            bk == 1 || self.conv.is_some(),
+        )
+    }
+}
+
+struct Tf32Gemm(Problem);
+
+impl KernelMetadata for Tf32Gemm {
+    fn id(&self) -> KernelId {
+        KernelId::new::<Self>()
+            .info((self.0.clone(), SOURCE_HASH))
+            .cube_dim(CubeDim::new_1d(THREADS).0)
+    }
+
+    fn address_type(&self) -> ElemType {
+        UIntKind::U32.into()
+    }
+}
+
+impl CubeKernel for Tf32Gemm {
+    fn define(&self) -> KernelDefinition {
+        // Only the settings matter (the block's size); the source is the kernel.
+        let settings = KernelSettings::new(
+            CubeDim::new_1d(THREADS).0,
+            ExecutionMode::Checked,
+            AddressType::U32,
+        );
+        KernelDefinition {
+            body: Scope::root(settings.clone()),
+            settings,
+            info: Info::default(),
+        }
+    }
+
+    fn source(&self) -> Option<PrecompiledSource> {
+        Some(PrecompiledSource {
+            source: self.0.source(),
+            entrypoint_name: ENTRY.to_string(),
+            lang: "cuda",
+        })
+    }
+}
+
+/// `lhs · rhs` for FP32 `[.., m, k]` by `[.., k, n]` of rank 3 or 4 with the same batch axes,
+/// any strides, into a new contiguous FP32 `[.., m, n]`; `None` for other dtypes, ranks or
+/// batch shapes.
+pub fn matmul(lhs: &CubeTensor, rhs: &CubeTensor) -> Option<CubeTensor> {
+    let (ls, rs) = (lhs.meta.shape().to_vec(), rhs.meta.shape().to_vec());
+    let rank = ls.len();
+    let f32s = lhs.dtype == DType::F32 && rhs.dtype == DType::F32;
+    if !f32s || !(3..=4).contains(&rank) || rs.len() != rank || ls[..rank - 2] != rs[..rank - 2] {
+        return None;
+    }
+    let (m, k, n) = (ls[rank - 2], ls[rank - 1], rs[rank - 1]);
+    if rs[rank - 2] != k || m == 0 || n == 0 || k == 0 {
+        return None;
+    }
+    // Batch axes as two: `[1, b]` for rank 3.
+    let four = |shape: &[usize], strides: &[usize]| -> ([usize; 2], [usize; 4]) {
+        if rank == 4 {
+            (
+                [shape[0], shape[1]],
+                [strides[0], strides[1], strides[2], strides[3]],
+            )
+        } else {
+            ([1, shape[0]], [0, strides[0], strides[1], strides[2]])
+        }
+    };
+    let (batch, a) = four(&ls[..], &lhs.meta.strides()[..]);
+    let (_, b) = four(&rs[..], &rhs.meta.strides()[..]);
+    let batches = batch[0] * batch[1];
+    let problem = Problem {
+        dims: [m, n, k, batch[1]],
+        a,
+        b,
+        conv: None,
+    };
+    let mut shape = ls[..rank - 2].to_vec();
+    shape.extend([m, n]);
+    Some(launch(problem, lhs, rhs, shape, batches))
+}
+
+/// A weight gradient's chunked product with its columns read from the convolution's input
+/// instead of written first (`IMPLICIT`): `grad` the output gradient's chunks `[N, S, co, L]`
+/// (any strides), `x` the FP32 input `[N, ci, H, W]` (any strides), `kernel` and `out` the
+/// kernel's and the output's height and width; `[N, S, co, ci·kh·kw]` in FP32, chunk `s` of
+/// image `n` being `Σ_l grad[n, s, o, l] · cols[n, (c, i, j), s·L + l]`. `None` for other
+/// dtypes or shapes, and for grouped convolutions.
+pub fn weight_grad_implicit(
+    grad: &CubeTensor,
+    x: &CubeTensor,
+    kernel: [usize; 2],
+    out: [usize; 2],
+    options: &burn::backend::ops::ConvOptions<2>,
+) -> Option<CubeTensor> {
+    let (gs, xs) = (grad.meta.shape().to_vec(), x.meta.shape().to_vec());
+    let f32s = grad.dtype == DType::F32 && x.dtype == DType::F32;
+    if !f32s || gs.len() != 4 || xs.len() != 4 || gs[0] != xs[0] || options.groups != 1 {
+        return None;
+    }
+    let (n, s, co, l) = (gs[0], gs[1], gs[2], gs[3]);
+    if s * l != out[0] * out[1] || n * s * co * l == 0 {
+        return None;
+    }
+    let cols = xs[1] * kernel[0] * kernel[1];
+    let (gst, xst) = (grad.meta.strides(), x.meta.strides());
+    let problem = Problem {
+        dims: [co, cols, l, s],
+        a: [gst[0], gst[1], gst[2], gst[3]],
+        b: [xst[0], 0, 0, 0],
+        conv: Some(Columns {
+            wo: out[1],
+            kernel,
+            stride: options.stride,
+            dilation: options.dilation,
+            padding: [options.padding[0].0, options.padding[1].0],
+            input: [xs[2], xs[3]],
+            strides: [xst[1], xst[2], xst[3]],
+        }),
+    };
+    Some(launch(problem, grad, x, vec![n, s, co, cols], n * s))
+}
+
+/// Launches `problem` on `a` and `b` into a new contiguous FP32 output of `shape`.
+fn launch(
+    problem: Problem,
+    a: &CubeTensor,
+    b: &CubeTensor,
+    shape: Vec<usize>,
+    batches: usize,
+) -> CubeTensor {
+    let [m, n, _, _] = problem.dims;
+    let out = empty_device_contiguous_dtype(
+        a.client.clone(),
+        a.device.clone(),
+        Shape::from(shape),
+        DType::F32,
+    );
+    let count = CubeCount::Static(
+        n.div_ceil(TILE) as u32,
+        m.div_ceil(TILE) as u32,
+        batches as u32,
+    );
+    let args = KernelArguments::new().with_buffers(vec![
+        a.handle.clone().binding(),
+        b.handle.clone().binding(),
+        out.handle.clone().binding(),
+    ]);
+    out.client.launch(Box::new(Tf32Gemm(problem)), count, args);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The constants come first, in the names the source reads, and a K-contiguous operand is
+    /// marked so.
+    #[test]
+    fn the_source_starts_with_the_problem() {
+        let p = Problem {
+            dims: [85, 765, 640, 10],
+            a: [544_000, 640, 6_400, 1],
+            b: [4_896_000, 489_600, 1, 640],
+            conv: None,
+        };
+        let s = p.source();
+        assert!(s.starts_with("#define GM 85\n#define GN 765\n#define GK 640\n#define NB1 10\n"));
+        assert!(s.contains("#define SAM 6400LL\n#define SAK 1LL\n"));
+        assert!(s.contains("#define A_K_INNER true\n#define B_K_INNER true\n#define IMPLICIT 0\n"));
+        assert!(s.contains(&format!(
+            "extern \"C\" __global__ void __launch_bounds__(THREADS)\n{ENTRY}("
+        )));
+        let q = Problem {
+            b: [0, 0, 765, 1],
+            ..p
+        };
+        assert!(q.source().contains("#define B_K_INNER false\n"));
+    }
+}
