@@ -1,26 +1,27 @@
 // C[b] = A[b] · B[b] in FP32 on the tensor cores (TF32 operands, FP32 accumulators), one
-// block per 64 × 64 tile of one product, the whole K of that product in order: every output
+// block per BM × BN tile of one product, the whole K of that product in order: every output
 // value is one thread's sum in a fixed order, so two runs give the same bits. Hand-written CUDA
 // C++ (`kernels/tf32_gemm.rs` prepends the problem as constants: GM, GN, GK, the batch split
 // NB1, the operands' element strides SA0 SA1 SAM SAK, SB0 SB1 SBK SBN, A_K_INNER / B_K_INNER,
 // whether an operand's K axis is its contiguous one, and IMPLICIT with the convolution's
-// constants where B is a weight gradient's columns read from the convolution's input).
+// constants where B is a weight gradient's columns read from the convolution's input, and the
+// tile: BM, BN, BK).
 //
-// Tiles: 64 (M) × 64 (N) × 32 (K), 128 threads in 2 × 2 warps of 32 × 32, each warp 2 × 4
-// `mma.sync.m16n8k8` TF32 products a K step of 8. Operands are rounded to TF32 (`cvt.rna`) as
-// they are stored to shared memory; the next K tile is read from global memory into registers
-// while the current one is multiplied (two shared buffers, one barrier a tile). Rows of the
-// shared tiles are 36 words, so the fragments' reads (row = lane / 4, column = lane % 4) hit 32
-// different banks. Out-of-range rows, columns and K are read as zero and not written.
+// Tiles: BM (M) × BN (N) × BK (K) (64 × 64 × 32, or 128 rows or columns with BK 16), a warp per
+// 32 × 32 of the tile, each warp 2 × 4 `mma.sync.m16n8k8` TF32 products a K step of 8.
+// Operands are rounded to TF32 (`cvt.rna`) as they are stored to shared memory; the next K tile
+// is read from global memory into registers while the current one is multiplied (two shared
+// buffers, one barrier a tile). Rows of the shared tiles are BK + 4 words (36 or 20), so the
+// fragments' reads (row = lane / 4, column = lane % 4) hit 32 different banks. Out-of-range
+// rows, columns and K are read as zero and not written.
 
 typedef unsigned int u32;
 
-#define BM 64
-#define BN 64
-#define BK 32
 #define ROW (BK + 4)
-#define THREADS 128
-#define PER_THREAD (BM * BK / THREADS)
+#define WARPS_N (BN / 32)
+#define THREADS (32 * (BM / 32) * WARPS_N)
+#define PER_A (BM * BK / THREADS)
+#define PER_B (BN * BK / THREADS)
 
 __device__ __forceinline__ u32 to_tf32(float x) {
     u32 r;
@@ -36,15 +37,15 @@ __device__ __forceinline__ void mma_tf32(float* d, const u32* a, const u32* b) {
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// Element `i` (< BM · BK) of a tile, as (row, k): K-major when K is the operand's contiguous
+// Element `i` (< rows · BK) of a tile, as (row, k): K-major when K is the operand's contiguous
 // axis (neighbouring threads read neighbouring K), else row-major.
-__device__ __forceinline__ void tile_at(int i, bool k_inner, int& row, int& k) {
+__device__ __forceinline__ void tile_at(int i, bool k_inner, int rows, int& row, int& k) {
     if (k_inner) {
         row = i / BK;
         k = i % BK;
     } else {
-        row = i % BM;
-        k = i / BM;
+        row = i % rows;
+        k = i / rows;
     }
 }
 
@@ -77,8 +78,8 @@ burnpose_tf32_gemm(const float* __restrict__ A, const float* __restrict__ B, flo
     const int lane = tid & 31;
     const int g = lane >> 2;
     const int t = lane & 3;
-    const int wm = (warp >> 1) * 32;
-    const int wn = (warp & 1) * 32;
+    const int wm = (warp / WARPS_N) * 32;
+    const int wn = (warp % WARPS_N) * 32;
 
     const long long bz = blockIdx.z;
     const long long b0 = bz / NB1;
@@ -89,8 +90,8 @@ burnpose_tf32_gemm(const float* __restrict__ A, const float* __restrict__ B, flo
     const int m0 = blockIdx.y * BM;
     const int n0 = blockIdx.x * BN;
 
-    float ra[PER_THREAD];
-    float rb[PER_THREAD];
+    float ra[PER_A];
+    float rb[PER_B];
     float acc[2][4][4];
 #pragma unroll
     for (int i = 0; i < 2; ++i)
@@ -105,23 +106,29 @@ burnpose_tf32_gemm(const float* __restrict__ A, const float* __restrict__ B, flo
 #define LOAD(kt)                                                                              \
     {                                                                                         \
         const int k0 = (kt) * BK;                                                             \
-        _Pragma("unroll") for (int j = 0; j < PER_THREAD; ++j) {                              \
+        _Pragma("unroll") for (int j = 0; j < PER_A; ++j) {                                   \
             int row, k;                                                                       \
-            tile_at(tid + j * THREADS, A_K_INNER, row, k);                                    \
+            tile_at(tid + j * THREADS, A_K_INNER, BM, row, k);                                \
             const int gm = m0 + row, ak = k0 + k;                                             \
             ra[j] = (gm < GM && ak < GK) ? a[(long long)gm * SAM + (long long)ak * SAK] : 0.0f; \
-            tile_at(tid + j * THREADS, B_K_INNER, row, k);                                    \
+        }                                                                                     \
+        _Pragma("unroll") for (int j = 0; j < PER_B; ++j) {                                   \
+            int row, k;                                                                       \
+            tile_at(tid + j * THREADS, B_K_INNER, BN, row, k);                                \
             rb[j] = b_at(b, b1, n0 + row, k0 + k);                                            \
         }                                                                                     \
     }
     // Registers → shared buffer `s`, rounded to TF32.
 #define STORE(s)                                                                              \
     {                                                                                         \
-        _Pragma("unroll") for (int j = 0; j < PER_THREAD; ++j) {                              \
+        _Pragma("unroll") for (int j = 0; j < PER_A; ++j) {                                   \
             int row, k;                                                                       \
-            tile_at(tid + j * THREADS, A_K_INNER, row, k);                                    \
+            tile_at(tid + j * THREADS, A_K_INNER, BM, row, k);                                \
             As[s][row][k] = to_tf32(ra[j]);                                                   \
-            tile_at(tid + j * THREADS, B_K_INNER, row, k);                                    \
+        }                                                                                     \
+        _Pragma("unroll") for (int j = 0; j < PER_B; ++j) {                                   \
+            int row, k;                                                                       \
+            tile_at(tid + j * THREADS, B_K_INNER, BN, row, k);                                \
             Bs[s][row][k] = to_tf32(rb[j]);                                                   \
         }                                                                                     \
     }

@@ -30,19 +30,36 @@ const SOURCE_HASH: u64 = {
     hash
 };
 const ENTRY: &str = "burnpose_tf32_gemm";
-/// Threads a block (`THREADS` in the source); a block computes a 64 × 64 tile (`BM`, `BN`).
-const THREADS: u32 = 128;
-const TILE: usize = 64;
+/// The tile of [`matmul`]'s default and of the implicit columns: `[BM, BN, BK]`.
+const TILE: [usize; 3] = [64, 64, 32];
+
+/// The tile for an `m × n` product with `wide` tiles: 128 rows or columns where the product
+/// has more than 64 (so a weight gradient's columns, B, are read once for up to 128 output
+/// channels), K steps of 16 then (the shared buffers stay under 48 KiB); else [`TILE`]. Every
+/// tile adds the K steps of 8 in the same order, so the tile changes the speed, not the bits.
+fn tile(m: usize, n: usize, wide: bool) -> [usize; 3] {
+    match (wide && m > 64, wide && n > 64) {
+        (false, false) => TILE,
+        (rows, cols) => [if rows { 128 } else { 64 }, if cols { 128 } else { 64 }, 16],
+    }
+}
+
+/// Threads a block of tile `[BM, BN, _]`: a warp per 32 × 32 (`THREADS` in the source).
+fn threads([bm, bn, _]: [usize; 3]) -> u32 {
+    (32 * (bm / 32) * (bn / 32)) as u32
+}
 
 /// One product's constants: `[m, n, k, batches of the second batch axis]`, the strides of `A`
 /// (`[batch 0, batch 1, m, k]`) and of `B` (`[batch 0, batch 1, k, n]`), in elements, and
-/// where B is a weight gradient's columns read from the convolution's input, that convolution.
+/// where B is a weight gradient's columns read from the convolution's input, that convolution;
+/// the tile `[BM, BN, BK]`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Problem {
     dims: [usize; 4],
     a: [usize; 4],
     b: [usize; 4],
     conv: Option<Columns>,
+    tile: [usize; 3],
 }
 
 /// The columns of a weight gradient as B (`IMPLICIT`): the output's width, the kernel's taps
@@ -79,8 +96,10 @@ impl Problem {
                 )
             }
         };
+        let [tile_m, tile_n, tile_k] = self.tile;
         format!(
-            "#define GM {m}\n#define GN {n}\n#define GK {k}\n#define NB1 {nb1}\n\
+            "#define BM {tile_m}\n#define BN {tile_n}\n#define BK {tile_k}\n\
+             #define GM {m}\n#define GN {n}\n#define GK {k}\n#define NB1 {nb1}\n\
              #define SA0 {a0}LL\n#define SA1 {a1}LL\n#define SAM {am}LL\n#define SAK {ak}LL\n\
              #define SB0 {b0}LL\n#define SB1 {b1}LL\n#define SBK {bk}LL\n#define SBN {bn}LL\n\
              #define A_K_INNER {}\n#define B_K_INNER {}\n{implicit}{SOURCE}",
@@ -96,7 +115,7 @@ impl KernelMetadata for Tf32Gemm {
     fn id(&self) -> KernelId {
         KernelId::new::<Self>()
             .info((self.0.clone(), SOURCE_HASH))
-            .cube_dim(CubeDim::new_1d(THREADS).0)
+            .cube_dim(CubeDim::new_1d(threads(self.0.tile)).0)
     }
 
     fn address_type(&self) -> ElemType {
@@ -108,7 +127,7 @@ impl CubeKernel for Tf32Gemm {
     fn define(&self) -> KernelDefinition {
         // Only the settings matter (the block's size); the source is the kernel.
         let settings = KernelSettings::new(
-            CubeDim::new_1d(THREADS).0,
+            CubeDim::new_1d(threads(self.0.tile)).0,
             ExecutionMode::Checked,
             AddressType::U32,
         );
@@ -129,9 +148,9 @@ impl CubeKernel for Tf32Gemm {
 }
 
 /// `lhs · rhs` for FP32 `[.., m, k]` by `[.., k, n]` of rank 3 or 4 with the same batch axes,
-/// any strides, into a new contiguous FP32 `[.., m, n]`; `None` for other dtypes, ranks or
-/// batch shapes.
-pub fn matmul(lhs: &CubeTensor, rhs: &CubeTensor) -> Option<CubeTensor> {
+/// any strides, into a new contiguous FP32 `[.., m, n]`, in 64 × 64 tiles or, where `wide`,
+/// [`tile`]'s; `None` for other dtypes, ranks or batch shapes.
+pub fn matmul(lhs: &CubeTensor, rhs: &CubeTensor, wide: bool) -> Option<CubeTensor> {
     let (ls, rs) = (lhs.meta.shape().to_vec(), rhs.meta.shape().to_vec());
     let rank = ls.len();
     let f32s = lhs.dtype == DType::F32 && rhs.dtype == DType::F32;
@@ -161,6 +180,7 @@ pub fn matmul(lhs: &CubeTensor, rhs: &CubeTensor) -> Option<CubeTensor> {
         a,
         b,
         conv: None,
+        tile: tile(m, n, wide),
     };
     let mut shape = ls[..rank - 2].to_vec();
     shape.extend([m, n]);
@@ -204,6 +224,7 @@ pub fn weight_grad_implicit(
             input: [xs[2], xs[3]],
             strides: [xst[1], xst[2], xst[3]],
         }),
+        tile: TILE,
     };
     Some(launch(problem, grad, x, vec![n, s, co, cols], n * s))
 }
@@ -217,17 +238,14 @@ fn launch(
     batches: usize,
 ) -> CubeTensor {
     let [m, n, _, _] = problem.dims;
+    let [bm, bn, _] = problem.tile;
     let out = empty_device_contiguous_dtype(
         a.client.clone(),
         a.device.clone(),
         Shape::from(shape),
         DType::F32,
     );
-    let count = CubeCount::Static(
-        n.div_ceil(TILE) as u32,
-        m.div_ceil(TILE) as u32,
-        batches as u32,
-    );
+    let count = CubeCount::Static(n.div_ceil(bn) as u32, m.div_ceil(bm) as u32, batches as u32);
     let args = KernelArguments::new().with_buffers(vec![
         a.handle.clone().binding(),
         b.handle.clone().binding(),
@@ -250,9 +268,13 @@ mod tests {
             a: [544_000, 640, 6_400, 1],
             b: [4_896_000, 489_600, 1, 640],
             conv: None,
+            tile: tile(85, 765, true),
         };
         let s = p.source();
-        assert!(s.starts_with("#define GM 85\n#define GN 765\n#define GK 640\n#define NB1 10\n"));
+        assert!(s.starts_with(
+            "#define BM 128\n#define BN 128\n#define BK 16\n\
+             #define GM 85\n#define GN 765\n#define GK 640\n#define NB1 10\n"
+        ));
         assert!(s.contains("#define SAM 6400LL\n#define SAK 1LL\n"));
         assert!(s.contains("#define A_K_INNER true\n#define B_K_INNER true\n#define IMPLICIT 0\n"));
         assert!(s.contains(&format!(
@@ -263,5 +285,18 @@ mod tests {
             ..p
         };
         assert!(q.source().contains("#define B_K_INNER false\n"));
+    }
+
+    /// Wide tiles only along the axes longer than 64, K steps of 16 with them; a warp per
+    /// 32 × 32 of the tile.
+    #[test]
+    fn wide_tiles_follow_the_product() {
+        assert_eq!(tile(85, 765, false), TILE);
+        assert_eq!(tile(64, 64, true), TILE);
+        assert_eq!(tile(85, 27, true), [128, 64, 16]);
+        assert_eq!(tile(16, 765, true), [64, 128, 16]);
+        assert_eq!(tile(256, 2304, true), [128, 128, 16]);
+        assert_eq!(threads(TILE), 128);
+        assert_eq!(threads([128, 128, 16]), 512);
     }
 }

@@ -166,7 +166,8 @@ fn routine_at_every_seed_shape(name: &str) {
 
 /// Our kernel on operands of every layout it reads (K contiguous or not, in either operand),
 /// rank 3 and 4, sizes off its 64 × 64 × 32 tiles, against Burn's routine on the same GPU:
-/// within TF32's bound, the same bits twice, nothing declined.
+/// within TF32's bound, the same bits twice, nothing declined; with wide tiles (128 rows or
+/// columns, `own-tf32-wide`) the same bits.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn our_tf32_kernel_reads_operands_by_their_strides_on_cuda() {
@@ -206,6 +207,8 @@ fn our_tf32_kernel_reads_operands_by_their_strides_on_cuda() {
             let reference = run(matmul::ROUTINES[0]);
             let declined = matmul::declined();
             let (a, b) = (run("own-tf32"), run("own-tf32"));
+            // Wide tiles add the same K steps in the same order: the same bits.
+            let wide = run("own-tf32-wide");
             let declined = matmul::declined() - declined;
             let err = rel_values(&a, &reference);
             let case = format!("{m}×{k}×{n} rank {rank}, K inner {a_k_inner}/{b_k_inner}");
@@ -215,6 +218,10 @@ fn our_tf32_kernel_reads_operands_by_their_strides_on_cuda() {
                     "{case}: error {err}, equal {}, declined {declined}",
                     a == b
                 ));
+            }
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            if bits(&wide) != bits(&a) {
+                failures.push(format!("{case}: wide tiles changed the bits"));
             }
         }
     }
