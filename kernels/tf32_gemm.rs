@@ -1,35 +1,16 @@
 //! A batched FP32 matmul of our own on the tensor cores (TF32 operands, FP32 accumulation):
-//! hand-written CUDA C++ (`tf32_gemm.cu`) that CubeCL compiles with NVRTC and launches on its
-//! stream like any of its kernels (a kernel that carries its own source,
-//! `CubeKernel::source`), so it is recorded into CUDA graphs as they are. The problem's shape
-//! and the operands' strides are constants of the source, one compiled kernel per problem (the
-//! persistent kernel cache keeps them), which lets the compiler fold every index.
+//! hand-written CUDA C++ (`tf32_gemm.cu`, launched as `cuda_source.rs` says).
 //!
 //! Deterministic: every output value is one thread's sum over K in order.
 
+use super::cuda_source::{self, fnv};
 use burn::cubecl;
 use burn::tensor::{DType, Shape};
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
-use cubecl::ir::{UIntKind, metadata::Info};
 use cubecl::prelude::*;
-use cubecl::server::KernelArguments;
-use cubecl::{CubeKernel, PrecompiledSource};
 
 const SOURCE: &str = include_str!("tf32_gemm.cu");
-/// The source's FNV-1a hash, in the kernel's id: the kernel caches (in memory and on disk) are
-/// keyed by the id alone, so an edited source must not find the old kernel.
-const SOURCE_HASH: u64 = {
-    let bytes = SOURCE.as_bytes();
-    let mut hash = 0xcbf2_9ce4_8422_2325_u64;
-    let mut i = 0;
-    while i < bytes.len() {
-        hash = (hash ^ bytes[i] as u64).wrapping_mul(0x0100_0000_01b3);
-        i += 1;
-    }
-    hash
-};
-const ENTRY: &str = "burnpose_tf32_gemm";
 /// The tile of [`matmul`]'s default and of the implicit columns: `[BM, BN, BK]`.
 const TILE: [usize; 3] = [64, 64, 32];
 
@@ -76,7 +57,14 @@ struct Columns {
     strides: [usize; 3],
 }
 
-impl Problem {
+impl cuda_source::Problem for Problem {
+    const ENTRY: &'static str = "burnpose_tf32_gemm";
+    const SOURCE_HASH: u64 = fnv(SOURCE);
+
+    fn threads(&self) -> u32 {
+        threads(self.tile)
+    }
+
     fn source(&self) -> String {
         let [m, n, k, nb1] = self.dims;
         let [a0, a1, am, ak] = self.a;
@@ -106,44 +94,6 @@ impl Problem {
             ak == 1,
             bk == 1 || self.conv.is_some(),
         )
-    }
-}
-
-struct Tf32Gemm(Problem);
-
-impl KernelMetadata for Tf32Gemm {
-    fn id(&self) -> KernelId {
-        KernelId::new::<Self>()
-            .info((self.0.clone(), SOURCE_HASH))
-            .cube_dim(CubeDim::new_1d(threads(self.0.tile)).0)
-    }
-
-    fn address_type(&self) -> ElemType {
-        UIntKind::U32.into()
-    }
-}
-
-impl CubeKernel for Tf32Gemm {
-    fn define(&self) -> KernelDefinition {
-        // Only the settings matter (the block's size); the source is the kernel.
-        let settings = KernelSettings::new(
-            CubeDim::new_1d(threads(self.0.tile)).0,
-            ExecutionMode::Checked,
-            AddressType::U32,
-        );
-        KernelDefinition {
-            body: Scope::root(settings.clone()),
-            settings,
-            info: Info::default(),
-        }
-    }
-
-    fn source(&self) -> Option<PrecompiledSource> {
-        Some(PrecompiledSource {
-            source: self.0.source(),
-            entrypoint_name: ENTRY.to_string(),
-            lang: "cuda",
-        })
     }
 }
 
@@ -246,18 +196,14 @@ fn launch(
         DType::F32,
     );
     let count = CubeCount::Static(n.div_ceil(bn) as u32, m.div_ceil(bm) as u32, batches as u32);
-    let args = KernelArguments::new().with_buffers(vec![
-        a.handle.clone().binding(),
-        b.handle.clone().binding(),
-        out.handle.clone().binding(),
-    ]);
-    out.client.launch(Box::new(Tf32Gemm(problem)), count, args);
+    cuda_source::launch(problem, count, &[a, b, &out]);
     out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cuda_source::Problem as _;
 
     /// The constants come first, in the names the source reads, and a K-contiguous operand is
     /// marked so.
@@ -278,7 +224,8 @@ mod tests {
         assert!(s.contains("#define SAM 6400LL\n#define SAK 1LL\n"));
         assert!(s.contains("#define A_K_INNER true\n#define B_K_INNER true\n#define IMPLICIT 0\n"));
         assert!(s.contains(&format!(
-            "extern \"C\" __global__ void __launch_bounds__(THREADS)\n{ENTRY}("
+            "extern \"C\" __global__ void __launch_bounds__(THREADS)\n{}(",
+            Problem::ENTRY
         )));
         let q = Problem {
             b: [0, 0, 765, 1],

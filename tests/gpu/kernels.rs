@@ -196,6 +196,50 @@ fn every_conv_routine_matches_the_reference_on_cuda() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
+/// Our own BF16 implicit GEMM for the forwards (`own-bf16`, `kernels/bf16_conv.cu`): within
+/// BF16's bound of the FP32 reference and of the default routine, the same bits twice, at the
+/// head's 85 channels (padded to 88, as input and output), a strided 3×3, a 1×1, the first
+/// layer's 3 channels (padded to 8) at an odd size, and pixel counts off its 128-pixel tiles.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn our_bf16_convolution_matches_the_reference_on_cuda() {
+    use burnpose::model::ops::conv::routine;
+    let d = cuda().autodiff();
+    d.seed(23);
+    let mut failures = vec![];
+    for (ci, co, k, st, hw) in [
+        (85, 85, 3, 1, 37),
+        (64, 85, 3, 1, 20),
+        (48, 64, 1, 1, 23),
+        (64, 128, 3, 2, 41),
+        (3, 16, 3, 2, 65),
+    ] {
+        let conv = test_conv([ci, co], k, st, 1, &d);
+        let x = Tensor::<4>::random([3, ci, hw, hw], Distribution::Normal(0.0, 1.0), &d);
+        let reference = conv_run(&conv, &x, FloatDType::F32, false, &d);
+        let default = conv_run(&conv, &x, FloatDType::BF16, true, &d).y;
+        routine::choose(routine::OWN).unwrap();
+        let (a, b) = (
+            conv_run(&conv, &x, FloatDType::BF16, true, &d),
+            conv_run(&conv, &x, FloatDType::BF16, true, &d),
+        );
+        routine::choose(routine::ROUTINES[routine::DEFAULT].0).unwrap();
+        let errs = [
+            rel(a.y.clone(), reference.y.clone()),
+            rel(a.y.clone(), default),
+        ];
+        println!("own-bf16 conv {ci}->{co} k{k} s{st} {hw}px: error (reference, default) {errs:?}");
+        if errs.iter().any(|e| e.is_nan() || *e >= 2e-2) {
+            failures.push(format!("{ci}->{co} k{k} s{st} {hw}px: {errs:?}"));
+        }
+        let bits = |t: Tensor<4>| values(t).into_iter().map(f32::to_bits).collect::<Vec<_>>();
+        if bits(a.y) != bits(b.y) {
+            failures.push(format!("{ci}->{co} k{k} s{st} {hw}px: two runs differ"));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
 /// Wider channel padding (`conv::gemm::choose_padding` 16 and 32) gives the same convolution:
 /// the forward and data gradient within BF16's bound of the FP32 reference at the pose head's
 /// 85 channels (padded to 96) as input, output or both, stride 1 and 2, 3×3 and 1×1; and the

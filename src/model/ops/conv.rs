@@ -464,19 +464,37 @@ pub mod routine {
 
     static CHOSEN: AtomicUsize = AtomicUsize::new(DEFAULT);
 
-    /// Runs every later convolution of this process with routine `name` (one of [`ROUTINES`]).
+    /// Our own BF16 implicit GEMM for the forwards (`kernels/bf16_conv.cu`), by name; the data
+    /// gradients keep [`DEFAULT`] then, and what it declines (FP16, layouts it does not read)
+    /// runs that routine too.
+    pub const OWN: &str = "own-bf16";
+
+    static OWN_CHOSEN: AtomicBool = AtomicBool::new(false);
+
+    /// Runs every later convolution of this process with routine `name` (one of [`ROUTINES`],
+    /// or [`OWN`]).
     pub fn choose(name: &str) -> Result<(), String> {
+        if name == OWN {
+            OWN_CHOSEN.store(true, Ordering::Relaxed);
+            CHOSEN.store(DEFAULT, Ordering::Relaxed);
+            return Ok(());
+        }
         let i = ROUTINES.iter().position(|r| r.0 == name).ok_or_else(|| {
             let names: Vec<&str> = ROUTINES.iter().map(|r| r.0).collect();
-            format!("unknown convolution routine {name:?}: expected one of {names:?}")
+            format!("unknown convolution routine {name:?}: expected {OWN:?} or one of {names:?}")
         })?;
+        OWN_CHOSEN.store(false, Ordering::Relaxed);
         CHOSEN.store(i, Ordering::Relaxed);
         Ok(())
     }
 
     /// The routine in use, by name.
     pub fn chosen() -> &'static str {
-        ROUTINES[CHOSEN.load(Ordering::Relaxed)].0
+        if OWN_CHOSEN.load(Ordering::Relaxed) {
+            OWN
+        } else {
+            ROUTINES[CHOSEN.load(Ordering::Relaxed)].0
+        }
     }
 
     static STRIDED_BY_GEMM: AtomicBool = AtomicBool::new(true);
@@ -537,6 +555,11 @@ pub mod routine {
     ) -> Result<CubeTensor, ConvSetupError> {
         if options.groups != 1 {
             return Err(ConvSetupError::Groups(options.groups));
+        }
+        if OWN_CHOSEN.load(Ordering::Relaxed)
+            && let Some(y) = super::super::bf16_conv::forward(&x, &weight, options, out)
+        {
+            return Ok(permute_nhwc_to_nchw(y));
         }
         let (x, weight) = (permute_nchw_to_nhwc(x), permute_nchw_to_nhwc(weight));
         let xs = x.meta.shape().clone();

@@ -19,6 +19,9 @@
 
 mod autodiff;
 mod batch_norm;
+#[cfg(feature = "cuda")]
+#[path = "../../../kernels/bf16_conv.rs"]
+mod bf16_conv;
 mod bn_act;
 #[cfg(feature = "cuda")]
 #[path = "../../../kernels/channels.rs"]
@@ -37,6 +40,9 @@ mod cpu_depthwise;
 mod cpu_few_channels;
 #[cfg(feature = "cuda")]
 mod cuda;
+#[cfg(feature = "cuda")]
+#[path = "../../../kernels/cuda_source.rs"]
+mod cuda_source;
 #[cfg(feature = "cuda")]
 #[path = "../../../kernels/depthwise.rs"]
 pub mod depthwise;
