@@ -76,7 +76,8 @@ fn vectorised(t: &CubeTensor) -> bool {
 /// The convolution of `x` (`[N, C, H, W]`, channels-last memory, BF16, `C` a multiple of 8) by
 /// `weight` (`[O, C, kh, kw]`, channels-last memory, BF16) without bias or groups, accumulated
 /// in FP32 and written as `out` (FP32 or BF16) into a new dense `[N, Ho, Wo, O]` tensor; `None`
-/// where it declines (other dtypes, layouts, groups, an output that would not fit `u32` rows).
+/// where it declines (other dtypes, layouts, groups, an output too large for its 32-bit indices
+/// or its grid).
 pub fn forward(
     x: &CubeTensor,
     weight: &CubeTensor,
@@ -101,7 +102,9 @@ pub fn forward(
     let ho = size(h, pt + pb, kh, options.stride[0], options.dilation[0])?;
     let wo = size(w, pl + pr, kw, options.stride[1], options.dilation[1])?;
     let pixels = n * ho * wo;
-    if pixels == 0 || o == 0 || pixels.checked_mul(o)? >= i32::MAX as usize {
+    // Indices are 32-bit in the kernel, and a grid's y extent is at most 65,535 blocks.
+    let fits = pixels.checked_mul(o)? < i32::MAX as usize && pixels.div_ceil(TILE[0]) <= 65_535;
+    if pixels == 0 || o == 0 || !fits {
         return None;
     }
     let (xt, wt) = (x.meta.strides(), weight.meta.strides());

@@ -125,6 +125,10 @@ pub fn matmul(lhs: &CubeTensor, rhs: &CubeTensor, wide: bool) -> Option<CubeTens
     let (batch, a) = four(&ls[..], &lhs.meta.strides()[..]);
     let (_, b) = four(&rs[..], &rhs.meta.strides()[..]);
     let batches = batch[0] * batch[1];
+    // A grid's z extent is at most 65,535 blocks.
+    if batches > 65_535 {
+        return None;
+    }
     let problem = Problem {
         dims: [m, n, k, batch[1]],
         a,
@@ -156,7 +160,7 @@ pub fn weight_grad_implicit(
         return None;
     }
     let (n, s, co, l) = (gs[0], gs[1], gs[2], gs[3]);
-    if s * l != out[0] * out[1] || n * s * co * l == 0 {
+    if s * l != out[0] * out[1] || n * s * co * l == 0 || n * s > 65_535 {
         return None;
     }
     let cols = xs[1] * kernel[0] * kernel[1];
