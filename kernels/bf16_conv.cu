@@ -1,6 +1,9 @@
 // A convolution without groups as an implicit GEMM on the tensor cores: BF16 operands, FP32
 // accumulators, the result written in FP32 (OUT_BF16 0) or BF16 (OUT_BF16 1). Hand-written
-// CUDA C++ (`kernels/bf16_conv.rs` prepends the problem as constants).
+// CUDA C++ (`kernels/bf16_conv.rs` prepends the problem as constants). With DGRAD 1 it is the
+// data gradient of a stride-1 convolution: x is then the output gradient, w the weight with its
+// in and out channels swapped (`[c, i, j, o]`), and tap (i, j) of input pixel (y, x) reads the
+// output gradient at (y + PT − i·DH, x + PL − j·DW).
 //
 //   out[p, o] = Σ_{i, j, c} x[n, oy·SH + i·DH − PT, ox·SW + j·DW − PL, c] · w[o, i, j, c]
 //
@@ -49,8 +52,13 @@ __device__ __forceinline__ uint4 x_at(const u16* __restrict__ x, int m, int k) {
     const int rest = m % (HO * WO);
     const int oy = rest / WO, ox = rest % WO;
     const int tap = k / CP, c = k % CP;
+#if DGRAD
+    const int iy = oy + PT - (tap / KW) * DH;
+    const int ix = ox + PL - (tap % KW) * DW;
+#else
     const int iy = oy * SH + (tap / KW) * DH - PT;
     const int ix = ox * SW + (tap % KW) * DW - PL;
+#endif
     if (iy < 0 || iy >= XH || ix < 0 || ix >= XW) return zero;
     return *reinterpret_cast<const uint4*>(
         x + (long long)n * SXN + (long long)iy * SXH + (long long)ix * SXW + c);

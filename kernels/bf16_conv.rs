@@ -1,8 +1,9 @@
 //! A convolution without groups as an implicit GEMM of our own on the tensor cores: BF16
 //! operands channels-last, FP32 accumulators, the result in FP32 or BF16 (`bf16_conv.cu`,
-//! launched as `cuda_source.rs` says). The forward of `model::ops::conv::gemm` takes it where
-//! chosen (`conv::routine::choose("own-bf16")`) and it takes the problem; cubek's routine runs
-//! the rest.
+//! launched as `cuda_source.rs` says), and the data gradient of a stride-1 one the same way.
+//! `model::ops::conv::gemm`'s forwards and data gradients take it where chosen
+//! (`conv::routine::choose("own-bf16")`) and it takes the problem; cubek's routine runs the
+//! rest.
 //!
 //! Deterministic: every output value is one thread's sum over K in order.
 
@@ -10,7 +11,9 @@ use super::cuda_source::{self, fnv};
 use burn::backend::ops::ConvOptions;
 use burn::cubecl::prelude::CubeCount;
 use burn::tensor::{DType, Shape};
+use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
+use burn_cubecl::ops::permute;
 use burn_cubecl::tensor::CubeTensor;
 
 const SOURCE: &str = include_str!("bf16_conv.cu");
@@ -32,6 +35,7 @@ struct Problem {
     x: [usize; 3],
     w: [usize; 3],
     out_bf16: bool,
+    dgrad: bool,
 }
 
 impl cuda_source::Problem for Problem {
@@ -54,8 +58,9 @@ impl cuda_source::Problem for Problem {
              #define PT {pt}\n#define PL {pl}\n\
              #define SXN {sxn}LL\n#define SXH {sxh}LL\n#define SXW {sxw}LL\n\
              #define SWO {swo}LL\n#define SWI {swi}LL\n#define SWJ {swj}LL\n\
-             #define OUT_BF16 {}\n{SOURCE}",
+             #define OUT_BF16 {}\n#define DGRAD {}\n{SOURCE}",
             u8::from(self.out_bf16),
+            u8::from(self.dgrad),
         )
     }
 }
@@ -119,20 +124,84 @@ pub fn forward(
         x: [xt[0], xt[2], xt[3]],
         w: [wt[0], wt[2], wt[3]],
         out_bf16: out == DType::BF16,
+        dgrad: false,
     };
+    Some(run(problem, x, weight, out))
+}
+
+/// The data gradient of a stride-1 convolution without groups: `grad` (`[N, O, Ho, Wo]`,
+/// channels-last memory, BF16, `O` a multiple of 8) and `weight` (`[O, C, kh, kw]`,
+/// channels-last memory, BF16) → a new dense `[N, H, W, C]` in `out` (FP32 or BF16) for an input
+/// of `[H, W]`; `None` where it declines. The weight is copied once with its channels swapped
+/// (`[C, kh, kw, O]`, so that K, the output channels, is its contiguous axis).
+pub fn data_grad(
+    grad: &CubeTensor,
+    weight: &CubeTensor,
+    input: [usize; 2],
+    options: &ConvOptions<2>,
+    out: DType,
+) -> Option<CubeTensor> {
+    let (gs, ws) = (grad.meta.shape(), weight.meta.shape());
+    let takes = vectorised(grad)
+        && vectorised(weight)
+        && options.groups == 1
+        && options.stride == [1, 1]
+        && ws[0] == gs[1]
+        && ws[1].is_multiple_of(8)
+        && matches!(out, DType::F32 | DType::BF16);
+    if !takes {
+        return None;
+    }
+    let (n, o, ho, wo) = (gs[0], gs[1], gs[2], gs[3]);
+    let (c, kh, kw) = (ws[1], ws[2], ws[3]);
+    let [h, w] = input;
+    let pixels = n * h * w;
+    let fits = pixels.checked_mul(c)? < i32::MAX as usize && pixels.div_ceil(TILE[0]) <= 65_535;
+    if pixels == 0 || !fits {
+        return None;
+    }
+    // `[C, kh, kw, O]` memory, seen as `[C, O, kh, kw]`.
+    let swapped = into_contiguous(permute(weight.clone(), &[1, 2, 3, 0]));
+    let swapped = permute(swapped, &[0, 3, 1, 2]);
+    if !vectorised(&swapped) {
+        return None;
+    }
+    let (gt, wt) = (grad.meta.strides(), swapped.meta.strides());
+    let problem = Problem {
+        input: [n, ho, wo, o],
+        out: [h, w],
+        kernel: [kh, kw],
+        channels: c,
+        stride: [1, 1],
+        dilation: options.dilation,
+        padding: [options.padding[0].0, options.padding[1].0],
+        x: [gt[0], gt[2], gt[3]],
+        w: [wt[0], wt[2], wt[3]],
+        out_bf16: out == DType::BF16,
+        dgrad: true,
+    };
+    Some(run(problem, grad, &swapped, out))
+}
+
+/// Launches `problem` on `x` and `weight` into a new dense `[N, rows, cols, channels]` of
+/// `out`'s dtype.
+fn run(problem: Problem, x: &CubeTensor, weight: &CubeTensor, out: DType) -> CubeTensor {
+    let [n, _, _, _] = problem.input;
+    let [h, w] = problem.out;
+    let o = problem.channels;
     let y = empty_device_contiguous_dtype(
         x.client.clone(),
         x.device.clone(),
-        Shape::new([n, ho, wo, o]),
+        Shape::new([n, h, w, o]),
         out,
     );
     let count = CubeCount::Static(
         o.div_ceil(TILE[1]) as u32,
-        pixels.div_ceil(TILE[0]) as u32,
+        (n * h * w).div_ceil(TILE[0]) as u32,
         1,
     );
     cuda_source::launch(problem, count, &[x, weight, &y]);
-    Some(y)
+    y
 }
 
 #[cfg(test)]
@@ -154,12 +223,13 @@ mod tests {
             x: [409_600, 5_120, 64],
             w: [576, 192, 64],
             out_bf16: true,
+            dgrad: false,
         };
         let s = p.source();
         assert!(s.starts_with("#define NB 4\n#define XH 80\n#define XW 80\n#define CP 64\n"));
         assert!(s.contains("#define GN 88\n"));
         assert!(s.contains("#define SWO 576LL\n#define SWI 192LL\n#define SWJ 64LL\n"));
-        assert!(s.contains("#define OUT_BF16 1\n"));
+        assert!(s.contains("#define OUT_BF16 1\n#define DGRAD 0\n"));
         assert!(s.contains(&format!("{}(", Problem::ENTRY)));
     }
 }

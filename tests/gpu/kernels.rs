@@ -196,8 +196,9 @@ fn every_conv_routine_matches_the_reference_on_cuda() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
-/// Our own BF16 implicit GEMM for the forwards (`own-bf16`, `kernels/bf16_conv.cu`): within
-/// BF16's bound of the FP32 reference and of the default routine, the same bits twice, at the
+/// Our own BF16 implicit GEMM for the forwards and data gradients (`own-bf16`,
+/// `kernels/bf16_conv.cu`): the result and the data gradient within BF16's bound of the FP32
+/// reference and of the default routine, the same bits twice, at the
 /// head's 85 channels (padded to 88, as input and output), a strided 3×3, a 1×1, the first
 /// layer's 3 channels (padded to 8) at an odd size, and pixel counts off its 128-pixel tiles.
 #[test]
@@ -217,7 +218,7 @@ fn our_bf16_convolution_matches_the_reference_on_cuda() {
         let conv = test_conv([ci, co], k, st, 1, &d);
         let x = Tensor::<4>::random([3, ci, hw, hw], Distribution::Normal(0.0, 1.0), &d);
         let reference = conv_run(&conv, &x, FloatDType::F32, false, &d);
-        let default = conv_run(&conv, &x, FloatDType::BF16, true, &d).y;
+        let default = conv_run(&conv, &x, FloatDType::BF16, true, &d);
         routine::choose(routine::OWN).unwrap();
         let (a, b) = (
             conv_run(&conv, &x, FloatDType::BF16, true, &d),
@@ -226,14 +227,18 @@ fn our_bf16_convolution_matches_the_reference_on_cuda() {
         routine::choose(routine::ROUTINES[routine::DEFAULT].0).unwrap();
         let errs = [
             rel(a.y.clone(), reference.y.clone()),
-            rel(a.y.clone(), default),
+            rel(a.y.clone(), default.y),
+            rel(a.dx.clone(), reference.dx.clone()),
+            rel(a.dx.clone(), default.dx),
         ];
-        println!("own-bf16 conv {ci}->{co} k{k} s{st} {hw}px: error (reference, default) {errs:?}");
+        println!(
+            "own-bf16 {ci}->{co} k{k} s{st} {hw}px: error (y, y default, dx, dx default) {errs:?}"
+        );
         if errs.iter().any(|e| e.is_nan() || *e >= 2e-2) {
             failures.push(format!("{ci}->{co} k{k} s{st} {hw}px: {errs:?}"));
         }
         let bits = |t: Tensor<4>| values(t).into_iter().map(f32::to_bits).collect::<Vec<_>>();
-        if bits(a.y) != bits(b.y) {
+        if bits(a.y) != bits(b.y) || bits(a.dx) != bits(b.dx) {
             failures.push(format!("{ci}->{co} k{k} s{st} {hw}px: two runs differ"));
         }
     }

@@ -464,9 +464,9 @@ pub mod routine {
 
     static CHOSEN: AtomicUsize = AtomicUsize::new(DEFAULT);
 
-    /// Our own BF16 implicit GEMM for the forwards (`kernels/bf16_conv.cu`), by name; the data
-    /// gradients keep [`DEFAULT`] then, and what it declines (FP16, layouts it does not read)
-    /// runs that routine too.
+    /// Our own BF16 implicit GEMM for the forwards and stride-1 data gradients
+    /// (`kernels/bf16_conv.cu`), by name; what it declines (FP16, layouts it does not read)
+    /// runs [`DEFAULT`].
     pub const OWN: &str = "own-bf16";
 
     static OWN_CHOSEN: AtomicBool = AtomicBool::new(false);
@@ -600,6 +600,13 @@ pub mod routine {
     ) -> Result<CubeTensor, ConvSetupError> {
         if options.groups != 1 || options.stride.iter().any(|&s| s != 1) {
             return Err(ConvSetupError::Groups(options.groups));
+        }
+        if OWN_CHOSEN.load(Ordering::Relaxed) {
+            let input = [in_shape[2], in_shape[3]];
+            let own = super::super::bf16_conv::data_grad(&grad, &weight, input, options, out);
+            if let Some(dx) = own.filter(|dx| dx.meta.shape()[3] == in_shape[1]) {
+                return Ok(permute_nhwc_to_nchw(dx));
+            }
         }
         let (grad, weight) = (permute_nchw_to_nhwc(grad), permute_nchw_to_nhwc(weight));
         let dtypes = elems(grad.dtype, weight.dtype, out);
