@@ -78,6 +78,17 @@ fn vectorised(t: &CubeTensor) -> bool {
         && t.handle.offset_start.unwrap_or(0).is_multiple_of(16)
 }
 
+/// Whether an output of `pixels` × `channels` fits the kernel: its indices are 32-bit, and a
+/// grid's y extent (the pixel tiles) is at most 65,535 blocks.
+fn fits(pixels: usize, channels: usize) -> bool {
+    pixels > 0
+        && channels > 0
+        && pixels
+            .checked_mul(channels)
+            .is_some_and(|v| v < i32::MAX as usize)
+        && pixels.div_ceil(TILE[0]) <= 65_535
+}
+
 /// The convolution of `x` (`[N, C, H, W]`, channels-last memory, BF16, `C` a multiple of 8) by
 /// `weight` (`[O, C, kh, kw]`, channels-last memory, BF16) without bias or groups, accumulated
 /// in FP32 and written as `out` (FP32 or BF16) into a new dense `[N, Ho, Wo, O]` tensor; `None`
@@ -100,16 +111,14 @@ pub fn forward(
     }
     let (n, c, h, w) = (xs[0], xs[1], xs[2], xs[3]);
     let (o, kh, kw) = (ws[0], ws[2], ws[3]);
-    let [(pt, pb), (pl, pr)] = options.padding;
-    let size = |i: usize, p: usize, k: usize, s: usize, d: usize| {
-        (i + p).checked_sub(d * (k - 1) + 1).map(|r| r / s + 1)
+    let len = |i: usize| {
+        let (input, k) = (xs[2 + i], ws[2 + i]);
+        let (padding, stride, dilation) =
+            (options.padding[i], options.stride[i], options.dilation[i]);
+        super::conv::checked_output_len(input, k, padding, stride, dilation)
     };
-    let ho = size(h, pt + pb, kh, options.stride[0], options.dilation[0])?;
-    let wo = size(w, pl + pr, kw, options.stride[1], options.dilation[1])?;
-    let pixels = n * ho * wo;
-    // Indices are 32-bit in the kernel, and a grid's y extent is at most 65,535 blocks.
-    let fits = pixels.checked_mul(o)? < i32::MAX as usize && pixels.div_ceil(TILE[0]) <= 65_535;
-    if pixels == 0 || o == 0 || !fits {
+    let (ho, wo) = (len(0)?, len(1)?);
+    if !fits(n * ho * wo, o) {
         return None;
     }
     let (xt, wt) = (x.meta.strides(), weight.meta.strides());
@@ -120,7 +129,7 @@ pub fn forward(
         channels: o,
         stride: options.stride,
         dilation: options.dilation,
-        padding: [pt, pl],
+        padding: [options.padding[0].0, options.padding[1].0],
         x: [xt[0], xt[2], xt[3]],
         w: [wt[0], wt[2], wt[3]],
         out_bf16: out == DType::BF16,
@@ -132,34 +141,30 @@ pub fn forward(
 /// The data gradient of a stride-1 convolution without groups: `grad` (`[N, O, Ho, Wo]`,
 /// channels-last memory, BF16, `O` a multiple of 8) and `weight` (`[O, C, kh, kw]`,
 /// channels-last memory, BF16) → a new dense `[N, H, W, C]` in `out` (FP32 or BF16) for an input
-/// of `[H, W]`; `None` where it declines. The weight is copied once with its channels swapped
+/// `[C, H, W]` (`input`); `None` where it declines, before launching anything. The weight is copied once with its channels swapped
 /// (`[C, kh, kw, O]`, so that K, the output channels, is its contiguous axis).
 pub fn data_grad(
     grad: &CubeTensor,
     weight: &CubeTensor,
-    input: [usize; 2],
+    input: [usize; 3],
     options: &ConvOptions<2>,
     out: DType,
 ) -> Option<CubeTensor> {
     let (gs, ws) = (grad.meta.shape(), weight.meta.shape());
+    let [c, h, w] = input;
     let takes = vectorised(grad)
         && vectorised(weight)
         && options.groups == 1
         && options.stride == [1, 1]
         && ws[0] == gs[1]
-        && ws[1].is_multiple_of(8)
+        && ws[1] == c
+        && c.is_multiple_of(8)
         && matches!(out, DType::F32 | DType::BF16);
-    if !takes {
+    if !takes || !fits(gs[0] * h * w, c) {
         return None;
     }
     let (n, o, ho, wo) = (gs[0], gs[1], gs[2], gs[3]);
-    let (c, kh, kw) = (ws[1], ws[2], ws[3]);
-    let [h, w] = input;
-    let pixels = n * h * w;
-    let fits = pixels.checked_mul(c)? < i32::MAX as usize && pixels.div_ceil(TILE[0]) <= 65_535;
-    if pixels == 0 || !fits {
-        return None;
-    }
+    let (kh, kw) = (ws[2], ws[3]);
     // `[C, kh, kw, O]` memory, seen as `[C, O, kh, kw]`.
     let swapped = into_contiguous(permute(weight.clone(), &[1, 2, 3, 0]));
     let swapped = permute(swapped, &[0, 3, 1, 2]);

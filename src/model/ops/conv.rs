@@ -602,9 +602,10 @@ pub mod routine {
             return Err(ConvSetupError::Groups(options.groups));
         }
         if OWN_CHOSEN.load(Ordering::Relaxed) {
-            let input = [in_shape[2], in_shape[3]];
-            let own = super::super::bf16_conv::data_grad(&grad, &weight, input, options, out);
-            if let Some(dx) = own.filter(|dx| dx.meta.shape()[3] == in_shape[1]) {
+            let input = [in_shape[1], in_shape[2], in_shape[3]];
+            if let Some(dx) =
+                super::super::bf16_conv::data_grad(&grad, &weight, input, options, out)
+            {
                 return Ok(permute_nhwc_to_nchw(dx));
             }
         }

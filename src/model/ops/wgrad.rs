@@ -142,6 +142,22 @@ fn chunked_channels_last<B: Backend>(t: FloatTensor<B>, chunks: usize) -> FloatT
     B::float_permute(t, &[0, 1, 3, 2])
 }
 
+/// An output gradient `[N, co, H, W]` as the matmul's chunks `[N, S, co, P / S]`: through its
+/// NHWC memory where `channels_last` ([`chunked_channels_last`]), else as NCHW ([`chunked`]).
+fn grad_chunks<B: Backend>(
+    grad: FloatTensor<B>,
+    n: usize,
+    co: usize,
+    chunks: usize,
+    channels_last: bool,
+) -> FloatTensor<B> {
+    if channels_last {
+        chunked_channels_last::<B>(grad, chunks)
+    } else {
+        chunked::<B>(grad, n, co, chunks)
+    }
+}
+
 /// The number of matmul batches a map of `pixels` output pixels per image is split into
 /// ([`split`] by the chunk in use).
 fn chunks(pixels: usize) -> usize {
@@ -250,11 +266,7 @@ pub fn weight_backward_in<B: Backend>(
         } else {
             im2col(x, [kh, kw], [ho, wo], s, options)
         };
-        let g = if grad_channels_last {
-            chunked_channels_last::<B>(grad, s)
-        } else {
-            chunked::<B>(grad, n, co, s)
-        };
+        let g = grad_chunks::<B>(grad, n, co, s, grad_channels_last);
         let prod = matmul(g, B::float_swap_dims(cols, 2, 3)); // [N, S, co, ci·kk]
         let prod = B::float_reshape(prod, Shape::new([n * s, co, ci * kk]));
         B::float_reshape(sum(prod), Shape::new([co, ci, kh, kw]))
@@ -301,11 +313,7 @@ pub fn implicit_weight_backward<B: Backend>(
     }
     let s = chunks(ho * wo);
     let grad = B::float_cast(grad, FloatDType::F32);
-    let g = if grad_channels_last {
-        chunked_channels_last::<B>(grad, s)
-    } else {
-        chunked::<B>(grad, n, co, s)
-    };
+    let g = grad_chunks::<B>(grad, n, co, s, grad_channels_last);
     let prod = product(
         g,
         B::float_cast(x, FloatDType::F32),
