@@ -14,6 +14,14 @@
 // buffers, one barrier a tile). Rows of the shared tiles are BK + 4 words (36 or 20), so the
 // fragments' reads (row = lane / 4, column = lane % 4) hit 32 different banks. Out-of-range
 // rows, columns and K are read as zero and not written.
+//
+// With ASYNC (`own-tf32-async`): 64 × 64 × 16 tiles copied straight into four shared buffers
+// (`cp.async`, 16 bytes a copy where the Rust side found the operand aligned, else 4), three
+// tiles in flight while one is multiplied, the operands rounded to TF32 as the fragments are
+// read (the same values: the same bits). An operand whose K axis is contiguous is kept row by
+// row as above; one whose rows (or columns) are contiguous K step by K step, steps of BM + 8
+// (or BN + 8) words, so that a copy along them lands in consecutive words and the fragments'
+// reads still hit 32 different banks (a K step is 8 banks further).
 
 typedef unsigned int u32;
 
@@ -68,10 +76,55 @@ __device__ __forceinline__ float b_at(const float* b, long long b1, int n, int k
 #endif
 }
 
+#if ASYNC
+// Global → shared without registers (`cp.async`): VA (VB) values of A (B) at a time along
+// the operand's contiguous axis, 16 bytes where the Rust side found them aligned, else 4;
+// `bytes` below the copy's size fill the rest with zeros (out-of-range values).
+#define STAGES 4
+#if VA == 4
+#define CP_A "cp.async.cg.shared.global [%0], [%1], 16, %2;"
+#else
+#define CP_A "cp.async.ca.shared.global [%0], [%1], 4, %2;"
+#endif
+#if VB == 4
+#define CP_B "cp.async.cg.shared.global [%0], [%1], 16, %2;"
+#else
+#define CP_B "cp.async.ca.shared.global [%0], [%1], 4, %2;"
+#endif
+#define CP(op, dst, src, bytes)                                                               \
+    asm volatile(op ::"r"((u32)__cvta_generic_to_shared(dst)), "l"(src), "r"(bytes))
+static_assert(BM * BK / VA % THREADS == 0 && BN * BK / VB % THREADS == 0,
+              "every thread copies whole chunks of both tiles");
+__device__ __forceinline__ int clamp_len(int left, int most) {
+    return left <= 0 ? 0 : (left < most ? left : most);
+}
+#else
+#define STAGES 2
+#endif
+
 extern "C" __global__ void __launch_bounds__(THREADS)
 burnpose_tf32_gemm(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C) {
-    __shared__ u32 As[2][BM][ROW];
-    __shared__ u32 Bs[2][BN][ROW];
+#if A_K_INNER || !ASYNC
+    __shared__ __align__(16) u32 As[STAGES][BM][ROW];
+#define AS(s, r, k) As[s][r][k]
+#else
+    __shared__ __align__(16) u32 As[STAGES][BK][BM + 8];
+#define AS(s, r, k) As[s][k][r]
+#endif
+#if B_K_INNER || !ASYNC
+    __shared__ __align__(16) u32 Bs[STAGES][BN][ROW];
+#define BS(s, r, k) Bs[s][r][k]
+#else
+    __shared__ __align__(16) u32 Bs[STAGES][BK][BN + 8];
+#define BS(s, r, k) Bs[s][k][r]
+#endif
+#if ASYNC
+// The shared tiles hold the operands as read: rounded to TF32 as the fragments are read.
+#define FRAG(x) to_tf32(__uint_as_float(x))
+#else
+// The shared tiles hold the operands rounded to TF32 already.
+#define FRAG(x) (x)
+#endif
 
     const int tid = threadIdx.x;
     const int warp = tid >> 5;
@@ -90,8 +143,6 @@ burnpose_tf32_gemm(const float* __restrict__ A, const float* __restrict__ B, flo
     const int m0 = blockIdx.y * BM;
     const int n0 = blockIdx.x * BN;
 
-    float ra[PER_A];
-    float rb[PER_B];
     float acc[2][4][4];
 #pragma unroll
     for (int i = 0; i < 2; ++i)
@@ -102,6 +153,84 @@ burnpose_tf32_gemm(const float* __restrict__ A, const float* __restrict__ B, flo
 
     const int tiles = (GK + BK - 1) / BK;
 
+    // The products of shared buffer `cur`, a K step of 8 at a time, in order.
+#define COMPUTE(cur)                                                                          \
+    _Pragma("unroll") for (int ks = 0; ks < BK; ks += 8) {                                    \
+        u32 af[2][4];                                                                         \
+        u32 bf[4][2];                                                                         \
+        _Pragma("unroll") for (int i = 0; i < 2; ++i) {                                       \
+            const int r = wm + i * 16 + g;                                                    \
+            af[i][0] = FRAG(AS(cur, r, ks + t));                                              \
+            af[i][1] = FRAG(AS(cur, r + 8, ks + t));                                          \
+            af[i][2] = FRAG(AS(cur, r, ks + t + 4));                                          \
+            af[i][3] = FRAG(AS(cur, r + 8, ks + t + 4));                                      \
+        }                                                                                     \
+        _Pragma("unroll") for (int j = 0; j < 4; ++j) {                                       \
+            const int n = wn + j * 8 + g;                                                     \
+            bf[j][0] = FRAG(BS(cur, n, ks + t));                                              \
+            bf[j][1] = FRAG(BS(cur, n, ks + t + 4));                                          \
+        }                                                                                     \
+        _Pragma("unroll") for (int i = 0; i < 2; ++i)                                         \
+            _Pragma("unroll") for (int j = 0; j < 4; ++j) mma_tf32(acc[i][j], af[i], bf[j]);  \
+    }
+
+#if ASYNC
+    // Tile `kt` of both operands into shared buffer `s`, in chunks of VA (VB) values along
+    // the contiguous axis; a chunk's first index is a multiple of its length.
+#define ISSUE(s, kt)                                                                          \
+    {                                                                                         \
+        const int k0 = (kt) * BK;                                                             \
+        _Pragma("unroll") for (int j = 0; j < BM * BK / VA / THREADS; ++j) {                  \
+            const int ch = tid + j * THREADS;                                                 \
+            int row, k, len;                                                                  \
+            if (A_K_INNER) {                                                                  \
+                row = ch / (BK / VA);                                                         \
+                k = ch % (BK / VA) * VA;                                                      \
+                len = m0 + row < GM ? clamp_len(GK - k0 - k, VA) : 0;                         \
+            } else {                                                                          \
+                k = ch / (BM / VA);                                                           \
+                row = ch % (BM / VA) * VA;                                                    \
+                len = k0 + k < GK ? clamp_len(GM - m0 - row, VA) : 0;                         \
+            }                                                                                 \
+            const float* src = len ? a + (long long)(m0 + row) * SAM + (long long)(k0 + k) * SAK : a; \
+            CP(CP_A, &AS(s, row, k), src, len * 4);                                           \
+        }                                                                                     \
+        _Pragma("unroll") for (int j = 0; j < BN * BK / VB / THREADS; ++j) {                  \
+            const int ch = tid + j * THREADS;                                                 \
+            int row, k, len;                                                                  \
+            if (B_K_INNER) {                                                                  \
+                row = ch / (BK / VB);                                                         \
+                k = ch % (BK / VB) * VB;                                                      \
+                len = n0 + row < GN ? clamp_len(GK - k0 - k, VB) : 0;                         \
+            } else {                                                                          \
+                k = ch / (BN / VB);                                                           \
+                row = ch % (BN / VB) * VB;                                                    \
+                len = k0 + k < GK ? clamp_len(GN - n0 - row, VB) : 0;                         \
+            }                                                                                 \
+            const float* src = len ? b + (long long)(k0 + k) * SBK + (long long)(n0 + row) * SBN : b; \
+            CP(CP_B, &BS(s, row, k), src, len * 4);                                           \
+        }                                                                                     \
+    }
+
+    // STAGES - 1 tiles in flight ahead of the one multiplied; a group per tile (empty past
+    // the last) so that waiting for all but STAGES - 2 groups means "tile kt has landed".
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < tiles) ISSUE(s, s);
+        asm volatile("cp.async.commit_group;");
+    }
+    for (int kt = 0; kt < tiles; ++kt) {
+        asm volatile("cp.async.wait_group %0;" ::"n"(STAGES - 2));
+        __syncthreads();
+        // The buffer refilled here was multiplied in the last iteration, before the barrier.
+        const int next = kt + STAGES - 1;
+        if (next < tiles) ISSUE(next % STAGES, next);
+        asm volatile("cp.async.commit_group;");
+        COMPUTE(kt % STAGES);
+    }
+#else
+    float ra[PER_A];
+    float rb[PER_B];
     // Global → registers: tile `kt` of both operands.
 #define LOAD(kt)                                                                              \
     {                                                                                         \
@@ -124,12 +253,12 @@ burnpose_tf32_gemm(const float* __restrict__ A, const float* __restrict__ B, flo
         _Pragma("unroll") for (int j = 0; j < PER_A; ++j) {                                   \
             int row, k;                                                                       \
             tile_at(tid + j * THREADS, A_K_INNER, BM, row, k);                                \
-            As[s][row][k] = to_tf32(ra[j]);                                                   \
+            AS(s, row, k) = to_tf32(ra[j]);                                                           \
         }                                                                                     \
         _Pragma("unroll") for (int j = 0; j < PER_B; ++j) {                                   \
             int row, k;                                                                       \
             tile_at(tid + j * THREADS, B_K_INNER, BN, row, k);                                \
-            Bs[s][row][k] = to_tf32(rb[j]);                                                   \
+            BS(s, row, k) = to_tf32(rb[j]);                                                           \
         }                                                                                     \
     }
 
@@ -141,32 +270,12 @@ burnpose_tf32_gemm(const float* __restrict__ A, const float* __restrict__ B, flo
         const int cur = kt & 1;
         const bool more = kt + 1 < tiles;
         if (more) LOAD(kt + 1);
-#pragma unroll
-        for (int ks = 0; ks < BK; ks += 8) {
-            u32 af[2][4];
-            u32 bf[4][2];
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-                const int r = wm + i * 16 + g;
-                af[i][0] = As[cur][r][ks + t];
-                af[i][1] = As[cur][r + 8][ks + t];
-                af[i][2] = As[cur][r][ks + t + 4];
-                af[i][3] = As[cur][r + 8][ks + t + 4];
-            }
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const int n = wn + j * 8 + g;
-                bf[j][0] = Bs[cur][n][ks + t];
-                bf[j][1] = Bs[cur][n][ks + t + 4];
-            }
-#pragma unroll
-            for (int i = 0; i < 2; ++i)
-#pragma unroll
-                for (int j = 0; j < 4; ++j) mma_tf32(acc[i][j], af[i], bf[j]);
-        }
+        COMPUTE(cur);
         if (more) STORE(cur ^ 1);
         __syncthreads();
     }
+
+#endif
 
 #pragma unroll
     for (int i = 0; i < 2; ++i) {

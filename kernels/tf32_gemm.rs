@@ -14,14 +14,53 @@ const SOURCE: &str = include_str!("tf32_gemm.cu");
 /// The tile of [`matmul`]'s default and of the implicit columns: `[BM, BN, BK]`.
 const TILE: [usize; 3] = [64, 64, 32];
 
-/// The tile for an `m × n` product with `wide` tiles: 128 rows or columns where the product
-/// has more than 64 (so a weight gradient's columns, B, are read once for up to 128 output
-/// channels), K steps of 16 then (the shared buffers stay under 48 KiB); else [`TILE`]. Every
-/// tile adds the K steps of 8 in the same order, so the tile changes the speed, not the bits.
-fn tile(m: usize, n: usize, wide: bool) -> [usize; 3] {
-    match (wide && m > 64, wide && n > 64) {
-        (false, false) => TILE,
-        (rows, cols) => [if rows { 128 } else { 64 }, if cols { 128 } else { 64 }, 16],
+/// How [`matmul`] runs a product. Every form adds the K steps of 8 in the same order, so the
+/// form changes the speed, not the bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Form {
+    /// 64 × 64 × 32 tiles ([`TILE`]), each K tile read through registers into one of two
+    /// shared buffers while the other is multiplied.
+    Plain,
+    /// Tiles of 128 rows or columns where the product has more than 64 (so a weight
+    /// gradient's columns, B, are read once for up to 128 output channels), K steps of 16 then
+    /// (the shared buffers stay under 48 KiB).
+    Wide,
+    /// 64 × 64 × 16 tiles copied straight into four shared buffers (`cp.async`), three in
+    /// flight while one is multiplied; 16 bytes a copy where the operand allows it
+    /// ([`vector`]).
+    Async,
+}
+
+/// The tile for an `m × n` product in `form`.
+fn tile(m: usize, n: usize, form: Form) -> [usize; 3] {
+    match form {
+        Form::Plain => TILE,
+        Form::Async => [64, 64, 16],
+        Form::Wide => match (m > 64, n > 64) {
+            (false, false) => TILE,
+            (rows, cols) => [if rows { 128 } else { 64 }, if cols { 128 } else { 64 }, 16],
+        },
+    }
+}
+
+/// Values an asynchronous copy of an operand moves at once: 4 (16 bytes) where its contiguous
+/// axis (`inner`, the stride-1 one of `[rows, k]` strides) can be read 4 at a time from
+/// 16-byte aligned addresses (every other stride a multiple of 4, its first value aligned),
+/// else 1.
+fn vector(strides: [usize; 4], offset_bytes: u64) -> usize {
+    let [s0, s1, rows, k] = strides;
+    let other = if k == 1 {
+        rows
+    } else if rows == 1 {
+        k
+    } else {
+        return 1;
+    };
+    let aligned = [s0, s1, other].iter().all(|s| s.is_multiple_of(4));
+    if aligned && offset_bytes.is_multiple_of(16) {
+        4
+    } else {
+        1
     }
 }
 
@@ -41,6 +80,8 @@ struct Problem {
     b: [usize; 4],
     conv: Option<Columns>,
     tile: [usize; 3],
+    /// With [`Form::Async`], the values a copy moves of A and of B ([`vector`]).
+    copies: Option<[usize; 2]>,
 }
 
 /// The columns of a weight gradient as B (`IMPLICIT`): the output's width, the kernel's taps
@@ -85,12 +126,16 @@ impl cuda_source::Problem for Problem {
             }
         };
         let [tile_m, tile_n, tile_k] = self.tile;
+        let copies = match self.copies {
+            None => "#define ASYNC 0\n".to_string(),
+            Some([va, vb]) => format!("#define ASYNC 1\n#define VA {va}\n#define VB {vb}\n"),
+        };
         format!(
             "#define BM {tile_m}\n#define BN {tile_n}\n#define BK {tile_k}\n\
              #define GM {m}\n#define GN {n}\n#define GK {k}\n#define NB1 {nb1}\n\
              #define SA0 {a0}LL\n#define SA1 {a1}LL\n#define SAM {am}LL\n#define SAK {ak}LL\n\
              #define SB0 {b0}LL\n#define SB1 {b1}LL\n#define SBK {bk}LL\n#define SBN {bn}LL\n\
-             #define A_K_INNER {}\n#define B_K_INNER {}\n{implicit}{SOURCE}",
+             #define A_K_INNER {}\n#define B_K_INNER {}\n{implicit}{copies}{SOURCE}",
             ak == 1,
             bk == 1 || self.conv.is_some(),
         )
@@ -98,9 +143,9 @@ impl cuda_source::Problem for Problem {
 }
 
 /// `lhs · rhs` for FP32 `[.., m, k]` by `[.., k, n]` of rank 3 or 4 with the same batch axes,
-/// any strides, into a new contiguous FP32 `[.., m, n]`, in 64 × 64 tiles or, where `wide`,
-/// [`tile`]'s; `None` for other dtypes, ranks or batch shapes.
-pub fn matmul(lhs: &CubeTensor, rhs: &CubeTensor, wide: bool) -> Option<CubeTensor> {
+/// any strides, into a new contiguous FP32 `[.., m, n]`, as `form` says; `None` for other
+/// dtypes, ranks or batch shapes.
+pub fn matmul(lhs: &CubeTensor, rhs: &CubeTensor, form: Form) -> Option<CubeTensor> {
     let (ls, rs) = (lhs.meta.shape().to_vec(), rhs.meta.shape().to_vec());
     let rank = ls.len();
     let f32s = lhs.dtype == DType::F32 && rhs.dtype == DType::F32;
@@ -129,12 +174,17 @@ pub fn matmul(lhs: &CubeTensor, rhs: &CubeTensor, wide: bool) -> Option<CubeTens
     if batches > 65_535 {
         return None;
     }
+    let offset = |t: &CubeTensor| t.handle.offset_start.unwrap_or(0);
+    // B's strides as `[.., rows, k]` (its rows are the product's columns).
+    let b_rows = [b[0], b[1], b[3], b[2]];
     let problem = Problem {
         dims: [m, n, k, batch[1]],
         a,
         b,
         conv: None,
-        tile: tile(m, n, wide),
+        tile: tile(m, n, form),
+        copies: (form == Form::Async)
+            .then(|| [vector(a, offset(lhs)), vector(b_rows, offset(rhs))]),
     };
     let mut shape = ls[..rank - 2].to_vec();
     shape.extend([m, n]);
@@ -179,6 +229,7 @@ pub fn weight_grad_implicit(
             strides: [xst[1], xst[2], xst[3]],
         }),
         tile: TILE,
+        copies: None,
     };
     Some(launch(problem, grad, x, vec![n, s, co, cols], n * s))
 }
@@ -218,7 +269,8 @@ mod tests {
             a: [544_000, 640, 6_400, 1],
             b: [4_896_000, 489_600, 1, 640],
             conv: None,
-            tile: tile(85, 765, true),
+            tile: tile(85, 765, Form::Wide),
+            copies: None,
         };
         let s = p.source();
         assert!(s.starts_with(
@@ -226,7 +278,9 @@ mod tests {
              #define GM 85\n#define GN 765\n#define GK 640\n#define NB1 10\n"
         ));
         assert!(s.contains("#define SAM 6400LL\n#define SAK 1LL\n"));
-        assert!(s.contains("#define A_K_INNER true\n#define B_K_INNER true\n#define IMPLICIT 0\n"));
+        assert!(s.contains(
+            "#define A_K_INNER true\n#define B_K_INNER true\n#define IMPLICIT 0\n#define ASYNC 0\n"
+        ));
         assert!(s.contains(&format!(
             "extern \"C\" __global__ void __launch_bounds__(THREADS)\n{}(",
             Problem::ENTRY
@@ -242,12 +296,45 @@ mod tests {
     /// 32 × 32 of the tile.
     #[test]
     fn wide_tiles_follow_the_product() {
-        assert_eq!(tile(85, 765, false), TILE);
-        assert_eq!(tile(64, 64, true), TILE);
-        assert_eq!(tile(85, 27, true), [128, 64, 16]);
-        assert_eq!(tile(16, 765, true), [64, 128, 16]);
-        assert_eq!(tile(256, 2304, true), [128, 128, 16]);
+        assert_eq!(tile(85, 765, Form::Plain), TILE);
+        assert_eq!(tile(64, 64, Form::Wide), TILE);
+        assert_eq!(tile(85, 27, Form::Wide), [128, 64, 16]);
+        assert_eq!(tile(16, 765, Form::Wide), [64, 128, 16]);
+        assert_eq!(tile(256, 2304, Form::Wide), [128, 128, 16]);
+        assert_eq!(tile(256, 2304, Form::Async), [64, 64, 16]);
         assert_eq!(threads(TILE), 128);
         assert_eq!(threads([128, 128, 16]), 512);
+    }
+
+    /// 16-byte copies only along a contiguous axis whose other strides keep every chunk of 4
+    /// aligned, from an aligned first value.
+    #[test]
+    fn vector_copies_need_alignment() {
+        // K contiguous, rows 640 apart: 4 at a time.
+        assert_eq!(vector([0, 40_960, 640, 1], 0), 4);
+        // Rows contiguous (a channels-last output gradient of 64 channels).
+        assert_eq!(vector([409_600, 40_960, 1, 64], 1_024), 4);
+        // 85 channels: a chunk of 4 would straddle rows' alignment.
+        assert_eq!(vector([544_000, 54_400, 1, 85], 0), 1);
+        // A batch stride off the alignment, an offset off 16 bytes, no contiguous axis.
+        assert_eq!(vector([6, 40_960, 640, 1], 0), 1);
+        assert_eq!(vector([0, 40_960, 640, 1], 8), 1);
+        assert_eq!(vector([0, 40_960, 640, 2], 0), 1);
+    }
+
+    /// The asynchronous form says so, with its copies' widths, after the problem's constants.
+    #[test]
+    fn the_async_form_names_its_copies() {
+        let p = Problem {
+            dims: [64, 576, 512, 12],
+            a: [393_216, 32_768, 1, 64],
+            b: [3_538_944, 294_912, 1, 512],
+            conv: None,
+            tile: tile(64, 576, Form::Async),
+            copies: Some([4, 1]),
+        };
+        let s = p.source();
+        assert!(s.starts_with("#define BM 64\n#define BN 64\n#define BK 16\n"));
+        assert!(s.contains("#define IMPLICIT 0\n#define ASYNC 1\n#define VA 4\n#define VB 1\n"));
     }
 }

@@ -167,7 +167,8 @@ fn routine_at_every_seed_shape(name: &str) {
 /// Our kernel on operands of every layout it reads (K contiguous or not, in either operand),
 /// rank 3 and 4, sizes off its 64 × 64 × 32 tiles, against Burn's routine on the same GPU:
 /// within TF32's bound, the same bits twice, nothing declined; with wide tiles (128 rows or
-/// columns, `own-tf32-wide`) the same bits.
+/// columns, `own-tf32-wide`) and with asynchronous copies (`own-tf32-async`, 16 bytes a copy
+/// where the layout is aligned, 4 where not) the same bits.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn our_tf32_kernel_reads_operands_by_their_strides_on_cuda() {
@@ -181,6 +182,10 @@ fn our_tf32_kernel_reads_operands_by_their_strides_on_cuda() {
         (70, 130, 90, false, false),
         (16, 1000, 27, false, true),
         (129, 33, 65, true, false),
+        // Aligned: 16-byte copies of both operands, in either layout.
+        (64, 256, 96, true, true),
+        (64, 256, 96, false, false),
+        (16, 1000, 28, false, true),
     ] {
         let lhs = if a_k_inner {
             r([2, 3, m, k])
@@ -209,6 +214,7 @@ fn our_tf32_kernel_reads_operands_by_their_strides_on_cuda() {
             let (a, b) = (run("own-tf32"), run("own-tf32"));
             // Wide tiles add the same K steps in the same order: the same bits.
             let wide = run("own-tf32-wide");
+            let pipelined = run("own-tf32-async");
             let declined = matmul::declined() - declined;
             let err = rel_values(&a, &reference);
             let case = format!("{m}×{k}×{n} rank {rank}, K inner {a_k_inner}/{b_k_inner}");
@@ -222,6 +228,9 @@ fn our_tf32_kernel_reads_operands_by_their_strides_on_cuda() {
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             if bits(&wide) != bits(&a) {
                 failures.push(format!("{case}: wide tiles changed the bits"));
+            }
+            if bits(&pipelined) != bits(&a) {
+                failures.push(format!("{case}: asynchronous copies changed the bits"));
             }
         }
     }

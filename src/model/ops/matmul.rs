@@ -9,6 +9,7 @@
 //! same one). `burnpose bench-conv --matmul-routines` compares them (docs/kernels.md, "Matmul
 //! routines").
 
+use super::tf32_gemm::Form;
 use burn::backend::DType;
 use burn_cubecl::kernel::matmul::{MatmulStrategy, init_matmul_output};
 use burn_cubecl::tensor::CubeTensor;
@@ -19,14 +20,15 @@ use cubek::std::InputBinding;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// The routines, by name; the first is the one Burn runs (`Strategy::Auto` on an accelerator),
-/// the last three ours (`own-tf32`: `kernels/tf32_gemm.cu`, FP32 operands only;
+/// the last four ours (`own-tf32`: `kernels/tf32_gemm.cu`, FP32 operands only;
 /// `own-tf32-implicit` the same, and the weight gradients' columns read from the convolution's
 /// input by it rather than written first, [`implicit`]; `own-tf32-wide` with tiles of 128 rows
-/// or columns where the product has more than 64, the same bits as `own-tf32`). cubek's three TMA
+/// or columns where the product has more than 64, `own-tf32-async` with its operands copied
+/// into four shared buffers by `cp.async`, both the same bits as `own-tf32`). cubek's three TMA
 /// routines are left out: on the H200 they returned wrong weight gradients (errors of 0.87–1.15
 /// of the largest value) for stride-2 convolutions without declining them (docs/perf_log.md
 /// AW1).
-pub const ROUTINES: [&str; 24] = [
+pub const ROUTINES: [&str; 25] = [
     "simple-cyclic-cmma",
     "simple-cyclic-mma",
     "simple-strided-cmma",
@@ -51,6 +53,7 @@ pub const ROUTINES: [&str; 24] = [
     "own-tf32",
     "own-tf32-implicit",
     "own-tf32-wide",
+    "own-tf32-async",
 ];
 
 /// The routine `ROUTINES[i]`, with cubek's inferred blueprint for each problem.
@@ -87,7 +90,7 @@ const BURN: usize = 0;
 /// Our own kernel (`ROUTINES[OWN]`, `kernels/tf32_gemm.rs`): FP32 operands on the tensor cores
 /// as TF32, one block per 64 × 64 tile of a product over its whole K; it declines other dtypes.
 /// `ROUTINES[OWN + 1]` is the same kernel with the weight gradients' columns implicit,
-/// `ROUTINES[OWN + 2]` with wide tiles.
+/// `ROUTINES[OWN + 2]` with wide tiles, `ROUTINES[OWN + 3]` with asynchronous copies.
 const OWN: usize = 21;
 
 /// Whether the weight gradients read their columns from the convolution's input inside our
@@ -146,7 +149,14 @@ fn matmul_as(lhs: CubeTensor, rhs: CubeTensor, dtype: DType) -> CubeTensor {
     let i = CHOSEN.load(Ordering::Relaxed);
     if i >= OWN {
         let own = (dtype == DType::F32)
-            .then(|| super::tf32_gemm::matmul(&lhs, &rhs, i == OWN + 2))
+            .then(|| {
+                let form = match i - OWN {
+                    2 => Form::Wide,
+                    3 => Form::Async,
+                    _ => Form::Plain,
+                };
+                super::tf32_gemm::matmul(&lhs, &rhs, form)
+            })
             .flatten();
         if let Some(out) = own {
             return out;
@@ -206,6 +216,7 @@ mod tests {
         assert_eq!(ROUTINES[OWN], "own-tf32");
         assert_eq!(ROUTINES[OWN + 1], "own-tf32-implicit");
         assert_eq!(ROUTINES[OWN + 2], "own-tf32-wide");
+        assert_eq!(ROUTINES[OWN + 3], "own-tf32-async");
         assert!(choose("no-such-routine").is_err());
     }
 }
