@@ -11,17 +11,12 @@
 // 32 × 32 of the tile, each warp 2 × 4 `mma.sync.m16n8k8` TF32 products a K step of 8.
 // Operands are rounded to TF32 (`cvt.rna`) as they are stored to shared memory; the next K tile
 // is read from global memory into registers while the current one is multiplied (two shared
-// buffers, one barrier a tile). Rows of the shared tiles are BK + 4 words (36 or 20), so the
-// fragments' reads (row = lane / 4, column = lane % 4) hit 32 different banks. Out-of-range
-// rows, columns and K are read as zero and not written.
-//
-// With ASYNC (`own-tf32-async`): 64 × 64 × 16 tiles copied straight into four shared buffers
-// (`cp.async`, 16 bytes a copy where the Rust side found the operand aligned, else 4), three
-// tiles in flight while one is multiplied, the operands rounded to TF32 as the fragments are
-// read (the same values: the same bits). An operand whose K axis is contiguous is kept row by
-// row as above; one whose rows (or columns) are contiguous K step by K step, steps of BM + 8
-// (or BN + 8) words, so that a copy along them lands in consecutive words and the fragments'
-// reads still hit 32 different banks (a K step is 8 banks further).
+// buffers, one barrier a tile). An operand whose K axis is contiguous is kept row by row, rows
+// of BK + 4 words (36 or 20); one whose rows (or columns) are contiguous is kept K step by K
+// step, steps of BM + 8 (or BN + 8) words, so that neighbouring threads store neighbouring
+// words. Either way the fragments' reads (row = lane / 4, K = lane % 4) hit 32 different banks
+// (the padding makes a row, or a K step, 4 or 8 banks further). Out-of-range rows, columns and
+// K are read as zero and not written.
 
 typedef unsigned int u32;
 
@@ -45,15 +40,17 @@ __device__ __forceinline__ void mma_tf32(float* d, const u32* a, const u32* b) {
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// Element `i` (< rows · BK) of a tile, as (row, k): K-major when K is the operand's contiguous
-// axis (neighbouring threads read neighbouring K), else row-major.
-__device__ __forceinline__ void tile_at(int i, bool k_inner, int rows, int& row, int& k) {
+// Element `tid + j · THREADS` of a tile of `rows` × BK, as (row, k): K-major when K is the
+// operand's contiguous axis (neighbouring threads read neighbouring K), else row-major. Written
+// as `tid`'s place plus `j` whole steps (THREADS is a multiple of both BK and `rows`), so that
+// a thread's addresses are one base plus constant offsets.
+__device__ __forceinline__ void tile_at(int tid, int j, bool k_inner, int rows, int& row, int& k) {
     if (k_inner) {
-        row = i / BK;
-        k = i % BK;
+        row = tid / BK + j * (THREADS / BK);
+        k = tid % BK;
     } else {
-        row = i % rows;
-        k = i / rows;
+        row = tid % rows;
+        k = tid / rows + j * (THREADS / rows);
     }
 }
 
@@ -102,16 +99,19 @@ __device__ __forceinline__ int clamp_len(int left, int most) {
 #define STAGES 2
 #endif
 
+static_assert(THREADS % BK == 0 && THREADS % BM == 0 && THREADS % BN == 0,
+              "a thread's elements of a tile are whole steps of THREADS apart (tile_at)");
+
 extern "C" __global__ void __launch_bounds__(THREADS)
 burnpose_tf32_gemm(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C) {
-#if A_K_INNER || !ASYNC
+#if A_K_INNER
     __shared__ __align__(16) u32 As[STAGES][BM][ROW];
 #define AS(s, r, k) As[s][r][k]
 #else
     __shared__ __align__(16) u32 As[STAGES][BK][BM + 8];
 #define AS(s, r, k) As[s][k][r]
 #endif
-#if B_K_INNER || !ASYNC
+#if B_K_INNER
     __shared__ __align__(16) u32 Bs[STAGES][BN][ROW];
 #define BS(s, r, k) Bs[s][r][k]
 #else
@@ -237,13 +237,13 @@ burnpose_tf32_gemm(const float* __restrict__ A, const float* __restrict__ B, flo
         const int k0 = (kt) * BK;                                                             \
         _Pragma("unroll") for (int j = 0; j < PER_A; ++j) {                                   \
             int row, k;                                                                       \
-            tile_at(tid + j * THREADS, A_K_INNER, BM, row, k);                                \
+            tile_at(tid, j, A_K_INNER, BM, row, k);                                         \
             const int gm = m0 + row, ak = k0 + k;                                             \
             ra[j] = (gm < GM && ak < GK) ? a[(long long)gm * SAM + (long long)ak * SAK] : 0.0f; \
         }                                                                                     \
         _Pragma("unroll") for (int j = 0; j < PER_B; ++j) {                                   \
             int row, k;                                                                       \
-            tile_at(tid + j * THREADS, B_K_INNER, BN, row, k);                                \
+            tile_at(tid, j, B_K_INNER, BN, row, k);                                         \
             rb[j] = b_at(b, b1, n0 + row, k0 + k);                                            \
         }                                                                                     \
     }
@@ -252,12 +252,12 @@ burnpose_tf32_gemm(const float* __restrict__ A, const float* __restrict__ B, flo
     {                                                                                         \
         _Pragma("unroll") for (int j = 0; j < PER_A; ++j) {                                   \
             int row, k;                                                                       \
-            tile_at(tid + j * THREADS, A_K_INNER, BM, row, k);                                \
+            tile_at(tid, j, A_K_INNER, BM, row, k);                                         \
             AS(s, row, k) = to_tf32(ra[j]);                                                           \
         }                                                                                     \
         _Pragma("unroll") for (int j = 0; j < PER_B; ++j) {                                   \
             int row, k;                                                                       \
-            tile_at(tid + j * THREADS, B_K_INNER, BN, row, k);                                \
+            tile_at(tid, j, B_K_INNER, BN, row, k);                                         \
             BS(s, row, k) = to_tf32(rb[j]);                                                           \
         }                                                                                     \
     }

@@ -56,12 +56,12 @@ pub struct Options {
     /// Override `device.conv_bn_ops`.
     #[arg(long, value_enum)]
     pub conv_bn_ops: Option<crate::model::ops::ConvBnOps>,
-    /// Run the reduced-precision convolutions with this CubeCL routine (`bench-conv
-    /// --routines`; CUDA only).
+    /// Run the reduced-precision convolutions with this routine: our `own-bf16` (the default)
+    /// or one of CubeCL's (`bench-conv --routines`; CUDA only).
     #[arg(long)]
     pub conv_routine: Option<String>,
-    /// Run the weight gradients' matmuls with this CubeCL routine (`bench-conv
-    /// --matmul-routines`; CUDA only).
+    /// Run the weight gradients' matmuls with this routine: one of ours (`own-tf32`, the
+    /// default, and its forms) or one of CubeCL's (`bench-conv --matmul-routines`; CUDA only).
     #[arg(long)]
     pub matmul_routine: Option<String>,
     /// Split the weight gradients' im2col products into matmul batches of at least this many

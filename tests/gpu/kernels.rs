@@ -162,7 +162,7 @@ fn fast_convolutions_match_stock_on_cuda() {
 /// Every implicit-GEMM routine `bench-conv --routines` compares computes the reduced-precision
 /// convolution and its data gradient within BF16's bound of the FP32 reference, at odd channel
 /// counts (85: padded to 88, the result cropped and cast back) and channel counts a multiple of 8
-/// (the GEMM writes FP32 itself), at odd sizes; the default routine is among them.
+/// (the GEMM writes FP32 itself), at odd sizes; our own (`own-bf16`, the default) is among them.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn every_conv_routine_matches_the_reference_on_cuda() {
@@ -179,7 +179,7 @@ fn every_conv_routine_matches_the_reference_on_cuda() {
         let conv = test_conv([ci, co], k, st, 1, &d);
         let x = Tensor::<4>::random([3, ci, hw, hw], Distribution::Normal(0.0, 1.0), &d);
         let reference = conv_run(&conv, &x, FloatDType::F32, false, &d);
-        for (name, _, _) in routine::ROUTINES {
+        for name in routine::ROUTINES.iter().map(|r| r.0).chain([routine::OWN]) {
             routine::choose(name).unwrap();
             let o = conv_run(&conv, &x, FloatDType::BF16, true, &d);
             let errs = [
@@ -192,13 +192,13 @@ fn every_conv_routine_matches_the_reference_on_cuda() {
             }
         }
     }
-    routine::choose(routine::ROUTINES[routine::DEFAULT].0).unwrap();
+    routine::choose_default();
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
 /// Our own BF16 implicit GEMM for the forwards and data gradients (`own-bf16`,
-/// `kernels/bf16_conv.cu`): the result and the data gradient within BF16's bound of the FP32
-/// reference and of the default routine, the same bits twice, at the
+/// `kernels/bf16_conv.cu`, the default): the result and the data gradient within BF16's bound
+/// of the FP32 reference and of cubek's routine it falls back to, the same bits twice, at the
 /// head's 85 channels (padded to 88, as input and output), a strided 3×3, a 1×1, the first
 /// layer's 3 channels (padded to 8) at an odd size, and pixel counts off its 128-pixel tiles.
 #[test]
@@ -218,13 +218,14 @@ fn our_bf16_convolution_matches_the_reference_on_cuda() {
         let conv = test_conv([ci, co], k, st, 1, &d);
         let x = Tensor::<4>::random([3, ci, hw, hw], Distribution::Normal(0.0, 1.0), &d);
         let reference = conv_run(&conv, &x, FloatDType::F32, false, &d);
+        routine::choose(routine::ROUTINES[routine::DEFAULT].0).unwrap();
         let default = conv_run(&conv, &x, FloatDType::BF16, true, &d);
         routine::choose(routine::OWN).unwrap();
         let (a, b) = (
             conv_run(&conv, &x, FloatDType::BF16, true, &d),
             conv_run(&conv, &x, FloatDType::BF16, true, &d),
         );
-        routine::choose(routine::ROUTINES[routine::DEFAULT].0).unwrap();
+        routine::choose_default();
         let errs = [
             rel(a.y.clone(), reference.y.clone()),
             rel(a.y.clone(), default.y),

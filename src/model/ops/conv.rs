@@ -457,26 +457,34 @@ pub mod routine {
         ]
     };
 
-    /// The routine our convolutions run unless another is chosen: on the H200 it took the 16
-    /// heaviest such passes of the seed step from 5.60 to 2.13 ms of GPU time, where the first
-    /// (burn-cubecl's) was the slowest but two (docs/kernels.md, "Implicit-GEMM routines").
+    /// cubek's routine our convolutions run where [`OWN`] declines them, and the fastest of
+    /// cubek's: on the H200 it took the 16 heaviest such passes of the seed step from 5.60 to
+    /// 2.13 ms of GPU time, where the first (burn-cubecl's) was the slowest but two
+    /// (docs/kernels.md, "Implicit-GEMM routines").
     pub const DEFAULT: usize = 3;
 
     static CHOSEN: AtomicUsize = AtomicUsize::new(DEFAULT);
 
     /// Our own BF16 implicit GEMM for the forwards and stride-1 data gradients
-    /// (`kernels/bf16_conv.cu`), by name; what it declines (FP16, layouts it does not read)
-    /// runs [`DEFAULT`].
+    /// (`kernels/bf16_conv.cu`), by name: the routine our convolutions run unless another is
+    /// chosen. On an H100 it took the seed step's 70 heaviest such passes from 5.10 to 4.08 ms
+    /// of GPU time against [`DEFAULT`], with the same bits (docs/perf_log.md BJ1); what it
+    /// declines (FP16, layouts it does not read) runs [`DEFAULT`].
     pub const OWN: &str = "own-bf16";
 
-    static OWN_CHOSEN: AtomicBool = AtomicBool::new(false);
+    static OWN_CHOSEN: AtomicBool = AtomicBool::new(true);
+
+    /// Runs every later convolution of this process with the default routine, [`OWN`].
+    pub fn choose_default() {
+        OWN_CHOSEN.store(true, Ordering::Relaxed);
+        CHOSEN.store(DEFAULT, Ordering::Relaxed);
+    }
 
     /// Runs every later convolution of this process with routine `name` (one of [`ROUTINES`],
     /// or [`OWN`]).
     pub fn choose(name: &str) -> Result<(), String> {
         if name == OWN {
-            OWN_CHOSEN.store(true, Ordering::Relaxed);
-            CHOSEN.store(DEFAULT, Ordering::Relaxed);
+            choose_default();
             return Ok(());
         }
         let i = ROUTINES.iter().position(|r| r.0 == name).ok_or_else(|| {
