@@ -29,12 +29,26 @@ use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::{DType, FloatDType};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::control::Control;
 
 /// Eager runs before each recording: they settle every allocation the recorded launches will
 /// reuse (docs/replay.md, "Recording").
 const WARMUPS: usize = 3;
+
+static WARM_UP_AS_CAPTURED: AtomicBool = AtomicBool::new(false);
+
+/// With one graph ([`record_step`]), one more warm-up after the statistics and the gradients
+/// are laid out that runs eagerly exactly what the window then records — statistics and
+/// gradients written in place, in the window's order — so that the pools hold what the
+/// window asks for where no page may be added (`true`), or only the plain warm-ups (`false`,
+/// the default). A fit on COCO ran out of room at its third recording with the plain ones
+/// (docs/perf_log.md BJ3); this is the candidate fix, off until a GPU has run
+/// `one_graph::one_graph_records_again_as_the_slots_grow_on_coco` with it.
+pub fn choose_warm_up_as_captured(on: bool) {
+    WARM_UP_AS_CAPTURED.store(on, Ordering::Relaxed);
+}
 
 fn err(what: &str, e: &dyn std::fmt::Debug) -> RecordError {
     RecordError(format!("{what}: {e:?}"))
@@ -518,6 +532,23 @@ pub(super) fn record_step(
     // The seeds are the window's temporaries, not views of the pool: the gradients may be
     // written into `grad_flat` as the backward makes them.
     let in_place = in_place_pairs(&sources, &grad_params, &grad_layout, &grad_flat);
+    if WARM_UP_AS_CAPTURED.load(Ordering::Relaxed) {
+        // The window's run below, eagerly, from the pool state the window starts from: its
+        // allocations in its order. What it writes (the private statistics, the sources, the
+        // gradient buffer) every replay writes again from the trainer's values first.
+        let taped = s.statistics_in_place(|| s.forward(step.dtype));
+        let stats = statistics_in_window(&s, &sources);
+        let (seeds, flow_complete) = loss_of(&taped);
+        if let (Some(seeds), true) = (&seeds, flow_complete) {
+            let all = grads_into::into(&in_place, || backward_of(&s.net, &taped, seeds));
+            if same_params(&s.with_grad(&all), &grad_params) && !control.gathers_nothing() {
+                gather_grads(&all, &grad_params, &grad_layout, &grad_flat);
+            }
+        }
+        drop((taped, seeds));
+        inner.sync().map_err(|e| err("warm-up sync", &e))?;
+        drop(stats);
+    }
     inner.sync().map_err(|e| err("sync", &e))?;
     s.mark("warm-ups");
 

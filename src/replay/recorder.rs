@@ -22,6 +22,7 @@
 pub use super::control::Control;
 use super::copy::{copy_into, duplicate};
 use super::loss::{LossGraph, LossInputs, PendingLoss};
+pub use super::record::choose_warm_up_as_captured;
 use super::record::{StepInputs, is_recorded, record, record_step};
 use super::sources::{Pinned, Sources};
 use super::stage::Growth;
