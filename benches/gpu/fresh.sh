@@ -15,7 +15,13 @@ for r in $ARMS; do
   hashes=$(echo "$out" | grep -o "state hashes: .*")
   echo "replay=$r rc=$rc $(( $(date +%s) - start )) s: ${hashes:-no hashes}"
   if [ "$rc" -ne 0 ] || [ -z "$hashes" ]; then
-    echo "$out" | tail -5; status=1; continue
+    # The panic's message and its causes (a backtrace's tail says nothing), else the last lines.
+    if echo "$out" | grep -q "panicked"; then
+      echo "$out" | grep -v "^\s*$" | grep -A10 "panicked" | grep -v "acktrace" | head -12
+    else
+      echo "$out" | tail -5
+    fi
+    status=1; continue
   fi
   if [ -z "$first" ]; then first=$hashes
   elif [ "$hashes" != "$first" ]; then echo "DIFFERS from the first arm"; status=1; fi
