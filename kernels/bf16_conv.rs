@@ -12,7 +12,6 @@ use burn::backend::ops::ConvOptions;
 use burn::cubecl::prelude::CubeCount;
 use burn::tensor::{DType, Shape};
 use burn_cubecl::kernel::into_contiguous;
-use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::ops::permute;
 use burn_cubecl::tensor::CubeTensor;
 
@@ -141,8 +140,9 @@ pub fn forward(
 /// The data gradient of a stride-1 convolution without groups: `grad` (`[N, O, Ho, Wo]`,
 /// channels-last memory, BF16, `O` a multiple of 8) and `weight` (`[O, C, kh, kw]`,
 /// channels-last memory, BF16) → a new dense `[N, H, W, C]` in `out` (FP32 or BF16) for an input
-/// `[C, H, W]` (`input`); `None` where it declines, before launching anything. The weight is copied once with its channels swapped
-/// (`[C, kh, kw, O]`, so that K, the output channels, is its contiguous axis).
+/// `[C, H, W]` (`input`); `None` where it declines, before launching anything. Each call copies
+/// the weight with its channels swapped (`[C, kh, kw, O]`, so that K, the output channels, is
+/// its contiguous axis).
 pub fn data_grad(
     grad: &CubeTensor,
     weight: &CubeTensor,
@@ -194,19 +194,12 @@ fn run(problem: Problem, x: &CubeTensor, weight: &CubeTensor, out: DType) -> Cub
     let [n, _, _, _] = problem.input;
     let [h, w] = problem.out;
     let o = problem.channels;
-    let y = empty_device_contiguous_dtype(
-        x.client.clone(),
-        x.device.clone(),
-        Shape::new([n, h, w, o]),
-        out,
-    );
     let count = CubeCount::Static(
         o.div_ceil(TILE[1]) as u32,
         (n * h * w).div_ceil(TILE[0]) as u32,
         1,
     );
-    cuda_source::launch(problem, count, &[x, weight, &y]);
-    y
+    cuda_source::launch(problem, count, &[x, weight], Shape::new([n, h, w, o]), out)
 }
 
 #[cfg(test)]

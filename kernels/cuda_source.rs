@@ -5,6 +5,8 @@
 //! kernel per problem, kept by the kernel caches), which lets the compiler fold every index.
 
 use burn::cubecl;
+use burn::tensor::{DType, Shape};
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::ir::{UIntKind, metadata::Info};
 use cubecl::prelude::*;
@@ -77,12 +79,25 @@ impl<P: Problem> CubeKernel for Kernel<P> {
     }
 }
 
-/// Launches `problem`'s kernel on `count` blocks with `tensors`' buffers as its arguments, in
-/// order, on the stream of the first one's client.
-pub fn launch<P: Problem>(problem: P, count: CubeCount, tensors: &[&CubeTensor]) {
-    let buffers = tensors.iter().map(|t| t.handle.clone().binding()).collect();
+/// Launches `problem`'s kernel on `count` blocks, on the stream of the first input's client,
+/// with the buffers of `inputs` in order and last that of a new contiguous tensor of `shape`
+/// and `dtype` on the first input's device, which it returns.
+pub fn launch<P: Problem>(
+    problem: P,
+    count: CubeCount,
+    inputs: &[&CubeTensor],
+    shape: Shape,
+    dtype: DType,
+) -> CubeTensor {
+    let first = inputs[0];
+    let out =
+        empty_device_contiguous_dtype(first.client.clone(), first.device.clone(), shape, dtype);
+    let buffers = inputs
+        .iter()
+        .chain([&&out])
+        .map(|t| t.handle.clone().binding())
+        .collect();
     let args = KernelArguments::new().with_buffers(buffers);
-    tensors[0]
-        .client
-        .launch(Box::new(Kernel(problem)), count, args);
+    first.client.launch(Box::new(Kernel(problem)), count, args);
+    out
 }

@@ -6,7 +6,6 @@
 use super::cuda_source::{self, fnv};
 use burn::cubecl;
 use burn::tensor::{DType, Shape};
-use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
@@ -244,15 +243,8 @@ fn launch(
 ) -> CubeTensor {
     let [m, n, _, _] = problem.dims;
     let [bm, bn, _] = problem.tile;
-    let out = empty_device_contiguous_dtype(
-        a.client.clone(),
-        a.device.clone(),
-        Shape::from(shape),
-        DType::F32,
-    );
     let count = CubeCount::Static(n.div_ceil(bn) as u32, m.div_ceil(bm) as u32, batches as u32);
-    cuda_source::launch(problem, count, &[a, b, &out]);
-    out
+    cuda_source::launch(problem, count, &[a, b], Shape::from(shape), DType::F32)
 }
 
 #[cfg(test)]

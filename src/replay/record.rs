@@ -532,46 +532,42 @@ pub(super) fn record_step(
     // The seeds are the window's temporaries, not views of the pool: the gradients may be
     // written into `grad_flat` as the backward makes them.
     let in_place = in_place_pairs(&sources, &grad_params, &grad_layout, &grad_flat);
-    if WARM_UP_AS_CAPTURED.load(Ordering::Relaxed) {
-        // The window's run below, eagerly, from the pool state the window starts from: its
-        // allocations in its order. What it writes (the private statistics, the sources, the
-        // gradient buffer) every replay writes again from the trainer's values first.
+    // The window's run: the statistics and the gradients written in place, the seeds dropped
+    // inside it. A refusal waits until the window is closed (an error inside it would leave
+    // the stream recording).
+    let window = |s: &Start| {
         let taped = s.statistics_in_place(|| s.forward(step.dtype));
-        let stats = statistics_in_window(&s, &sources);
+        let stats = statistics_in_window(s, &sources);
         let (seeds, flow_complete) = loss_of(&taped);
-        if let (Some(seeds), true) = (&seeds, flow_complete) {
+        let complete = flow_complete && seeds.is_some();
+        let mut captured = Vec::new();
+        let mut gathered = (0, 0);
+        if let (Some(seeds), true) = (&seeds, complete) {
             let all = grads_into::into(&in_place, || backward_of(&s.net, &taped, seeds));
-            if same_params(&s.with_grad(&all), &grad_params) && !control.gathers_nothing() {
-                gather_grads(&all, &grad_params, &grad_layout, &grad_flat);
+            captured = s.with_grad(&all);
+            if same_params(&captured, &grad_params) && !control.gathers_nothing() {
+                gathered = gather_grads(&all, &grad_params, &grad_layout, &grad_flat);
             }
         }
+        // Dropped inside the window: the graph keeps every buffer it wrote that is still alive
+        // when it closes; what the loss and the backward need from the forward is freed here,
+        // so its pages serve the rest of the window as natively.
         drop((taped, seeds));
+        (stats, complete, captured, gathered)
+    };
+    if WARM_UP_AS_CAPTURED.load(Ordering::Relaxed) {
+        // The window's run, eagerly, from the pool state the window starts from: its
+        // allocations in its order. What it writes (the private statistics, the sources, the
+        // gradient buffer) every replay writes again from the trainer's values first.
+        let warm = window(&s);
         inner.sync().map_err(|e| err("warm-up sync", &e))?;
-        drop(stats);
+        drop(warm);
     }
     inner.sync().map_err(|e| err("sync", &e))?;
     s.mark("warm-ups");
 
     Dispatch::graph_start_capture(dispatch).map_err(|e| err("start step capture", &e))?;
-    let taped = s.statistics_in_place(|| s.forward(step.dtype));
-    let stats = statistics_in_window(&s, &sources);
-    let (seeds, flow_complete) = loss_of(&taped);
-    let complete = flow_complete && seeds.is_some();
-    // A refusal waits until the window is closed (an error inside it would leave the stream
-    // recording).
-    let mut captured = Vec::new();
-    let mut gathered = (0, 0);
-    if let (Some(seeds), true) = (&seeds, complete) {
-        let all = grads_into::into(&in_place, || backward_of(&s.net, &taped, seeds));
-        captured = s.with_grad(&all);
-        if same_params(&captured, &grad_params) && !control.gathers_nothing() {
-            gathered = gather_grads(&all, &grad_params, &grad_layout, &grad_flat);
-        }
-    }
-    // Dropped inside the window: the graph keeps every buffer it wrote that is still alive when
-    // it closes; what the loss and the backward need from the forward is freed here, so its
-    // pages serve the rest of the window as natively.
-    drop((taped, seeds));
+    let (stats, complete, captured, gathered) = window(&s);
     let graph = Dispatch::graph_stop_capture(dispatch).map_err(|e| err("step capture", &e))?;
     if !complete {
         return Err(incomplete());
