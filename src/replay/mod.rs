@@ -16,6 +16,8 @@ pub mod loss;
 mod record;
 #[cfg(feature = "cuda")]
 pub mod recorder;
+#[cfg(all(test, feature = "cuda"))]
+mod recorder_tests;
 #[cfg(feature = "cuda")]
 mod sources;
 #[cfg(feature = "cuda")]

@@ -471,6 +471,7 @@ pub(super) fn record(
 
 /// What [`record_step`] records the loss with: the loss, the batch's objects, the trainer's
 /// flow, FP16's loss scale and the forward's autocast dtype.
+#[derive(Clone, Copy)]
 pub(super) struct StepInputs<'a> {
     pub loss: &'a E2eLoss,
     pub labels: &'a [Vec<Instance>],
@@ -482,7 +483,8 @@ pub(super) struct StepInputs<'a> {
 /// `replay.one_graph`: the network's forward (under the step's autocast dtype, as the trainer
 /// runs it), the device loss of `step.labels` on its outputs, and the network's backward from
 /// the loss's gradients, as one graph (docs/replay.md, "One window"), with the loss's inputs
-/// and results ([`LossInputs`]).
+/// and results ([`LossInputs`]). `as_captured`: one more warm-up that runs the window's work
+/// eagerly ([`choose_warm_up_as_captured`]), as well as when that switch is on.
 pub(super) fn record_step(
     model: &Yolo,
     images: Tensor<4>,
@@ -490,6 +492,7 @@ pub(super) fn record_step(
     device: &Device,
     control: Control,
     step: StepInputs,
+    as_captured: bool,
 ) -> Result<Recorded, RecordError> {
     let mut s = Start::new(model, images, pinned, device, Scope::Step, control);
     let inner = s.inner.clone();
@@ -555,7 +558,7 @@ pub(super) fn record_step(
         drop((taped, seeds));
         (stats, complete, captured, gathered)
     };
-    if WARM_UP_AS_CAPTURED.load(Ordering::Relaxed) {
+    if as_captured || WARM_UP_AS_CAPTURED.load(Ordering::Relaxed) {
         // The window's run, eagerly, from the pool state the window starts from: its
         // allocations in its order. What it writes (the private statistics, the sources, the
         // gradient buffer) every replay writes again from the trainer's values first.

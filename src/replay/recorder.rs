@@ -52,6 +52,15 @@ pub(super) type Graph = burn::backend::BackendGraph<Dispatch>;
 #[error("feature replay: {0}")]
 pub struct RecordError(pub String);
 
+impl RecordError {
+    /// Whether the recording was refused for room: an allocation inside the capture window
+    /// found no room in the pages held, where no page may be added. CubeCL reports it as text
+    /// only (its `IoError::PageUpdateForbidden`, formatted into Burn's `ExecutionError`).
+    pub fn wants_room(&self) -> bool {
+        self.0.contains("no page may be added")
+    }
+}
+
 pub struct Recorder {
     device: Device,
     scope: Scope,
@@ -481,14 +490,31 @@ impl Recorder {
                 scale,
                 dtype: self.dtype,
             };
-            let recorded = record_step(
-                model,
-                images.clone(),
-                self.pinned.as_ref(),
-                &self.device,
-                self.control,
-                step,
-            );
+            let record = |as_captured: bool| {
+                let pinned = self.pinned.as_ref();
+                let (device, control) = (&self.device, self.control);
+                record_step(
+                    &*model,
+                    images.clone(),
+                    pinned,
+                    device,
+                    control,
+                    step,
+                    as_captured,
+                )
+            };
+            // A window refused for room is recorded again after a warm-up that runs exactly
+            // its work eagerly, which adds the pages it asked for (docs/replay.md, "Recording").
+            let recorded = record(false).or_else(|e| {
+                if !e.wants_room() {
+                    return Err(e);
+                }
+                eprintln!(
+                    "step replay: no room in the pages held for an allocation inside the \
+                     window; recording again after one more warm-up"
+                );
+                record(true)
+            });
             self.state = Some(recorded.unwrap_or_else(|e| panic!("{e}")));
             self.loss_recordings += 1;
             self.skip_rollback(model);
