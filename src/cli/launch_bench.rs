@@ -134,7 +134,7 @@ fn burn_arm(device: &Device, o: &Options, autodiff: bool) -> anyhow::Result<Arm>
 #[cfg(feature = "cuda")]
 mod cube {
     use super::{Arm, Options, sync, time};
-    use crate::replay::recorder::cube;
+    use crate::replay::copy::cube;
     use burn::prelude::*;
     use cudarc::driver::{CudaContext, DevicePtr};
 

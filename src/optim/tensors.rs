@@ -135,7 +135,7 @@ pub fn replace_float_tensors<M: Module>(
 pub fn write_in_place(src: &Tensor<1>, dst: &Tensor<1>) -> bool {
     #[cfg(feature = "cuda")]
     if crate::config::device::is_cuda(&dst.device()) {
-        use crate::replay::recorder::cube;
+        use crate::replay::copy::cube;
         crate::replay::copy::copy_into(cube(src.clone()), &cube(dst.clone()));
         return true;
     }

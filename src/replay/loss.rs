@@ -14,7 +14,8 @@
 //! into one small buffer, read back once per step: which outputs the loss reached is decided on
 //! the host from those counts, outside the graph, as the native device path decides it.
 
-use super::recorder::{Graph, PoolUse, RecordError, copy_of, pool_use, replay, write};
+use super::copy::{copy_of, write};
+use super::recorder::{Graph, PoolUse, RecordError, pool_use, replay};
 use super::sources::{Sources, private_copies};
 use super::stage::outputs_of;
 use crate::data::Instance;

@@ -7,10 +7,9 @@
 //!   in one window, so the backward reuses the pages the forward's and the loss's temporaries
 //!   freed, as the native step does, and no twin warms the backward up.
 
+use super::copy::{copy_of, write};
 use super::loss::LossInputs;
-use super::recorder::{
-    Graphs, PoolUse, RecordError, Recorded, copy_of, is_running_stat, pool_use, write,
-};
+use super::recorder::{Graphs, PoolUse, RecordError, Recorded, is_running_stat, pool_use};
 use super::sources::{Pinned, SharedParams, Sources, private_copies};
 use super::tape::{leaf, seeded_root};
 use crate::config::Scope;

@@ -20,7 +20,7 @@
 //! reads them first and gathers the gradients last.
 
 pub use super::control::Control;
-use super::copy::{copy_into, duplicate};
+use super::copy::{bytes_of, copy_of, cube, write};
 use super::loss::{LossGraph, LossInputs, PendingLoss};
 pub use super::record::choose_warm_up_as_captured;
 use super::record::{StepInputs, is_recorded, record, record_step};
@@ -32,17 +32,15 @@ use crate::data::Instance;
 use crate::loss::E2eLoss;
 use crate::loss::assign::device::ObjectSlots;
 use crate::model::Yolo;
-use crate::model::ops::from_cube;
 use crate::model::precision::compute_dtype;
 use crate::optim::grads::FlatGrads;
 use crate::optim::groups::ParamInfo;
 use crate::optim::layout::Layout;
 use crate::optim::tensors::{float_tensors, replace_float_tensors};
 use crate::train::spans::{self, Span};
-use burn::backend::{Backend, BackendTensor, Dispatch, DispatchTensorKind};
+use burn::backend::{Backend, Dispatch};
 use burn::prelude::*;
 use burn::tensor::FloatDType;
-use burn_cubecl::tensor::CubeTensor;
 use std::collections::HashMap;
 
 pub(super) type Graph = burn::backend::BackendGraph<Dispatch>;
@@ -148,26 +146,6 @@ pub(super) struct Recorded {
     /// `(runs copied, runs in all)` by the recorded backward's gather into `grad_flat`: the runs
     /// not copied were written in place (`model::ops::grads_into`).
     pub(super) gathered: (usize, usize),
-}
-
-/// The CUDA float tensor inside `t` (panics on any other device: callers hold CUDA tensors).
-pub(crate) fn cube<const D: usize>(t: Tensor<D>) -> CubeTensor {
-    match t.inner().into_dispatch().kind {
-        DispatchTensorKind::Cube(BackendTensor::Float(c)) => c,
-        _ => panic!("expected a CUDA float tensor"),
-    }
-}
-
-pub(super) fn write<const D: usize>(src: Tensor<D>, dst: &Tensor<D>) {
-    copy_into(cube(src), &cube(dst.clone()));
-}
-
-pub(super) fn copy_of<const D: usize>(t: Tensor<D>) -> Tensor<D> {
-    from_cube(duplicate(cube(t)))
-}
-
-pub(super) fn bytes_of<const D: usize>(t: &Tensor<D>) -> u64 {
-    (t.shape().num_elements() * t.dtype().size()) as u64
 }
 
 /// What the memory pool holds in use (bytes, and the slices they are in) and has reserved.

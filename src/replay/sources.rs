@@ -13,7 +13,8 @@
 //! tensor.
 
 use super::copy::copy_into;
-use super::recorder::{bytes_of, copy_of, cube, is_running_stat, write};
+use super::copy::{bytes_of, copy_of, cube, write};
+use super::recorder::is_running_stat;
 use crate::model::ops::{run, segment, storage};
 use crate::optim::flat::in_place_steps;
 use crate::optim::groups::ParamInfo;

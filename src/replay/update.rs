@@ -15,7 +15,8 @@
 //! value.
 
 use super::control::Control;
-use super::recorder::{Graph, RecordError, copy_of, replay};
+use super::copy::copy_of;
+use super::recorder::{Graph, RecordError, replay};
 use crate::model::Yolo;
 use crate::model::ops::storage;
 use crate::optim::ema::average;
