@@ -23,7 +23,7 @@ pub use super::control::Control;
 use super::copy::{bytes_of, copy_of, cube, write};
 use super::loss::{LossGraph, LossInputs, PendingLoss};
 pub use super::record::choose_warm_up_as_captured;
-use super::record::{StepInputs, is_recorded, record, record_step};
+use super::record::{is_recorded, record};
 use super::sources::{Pinned, Sources};
 use super::stage::Growth;
 use super::tape::leaf;
@@ -42,6 +42,8 @@ use burn::backend::{Backend, Dispatch};
 use burn::prelude::*;
 use burn::tensor::FloatDType;
 use std::collections::HashMap;
+
+mod one_graph;
 
 pub(super) type Graph = burn::backend::BackendGraph<Dispatch>;
 
@@ -65,6 +67,8 @@ pub struct Recorder {
     state: Option<Recorded>,
     control: Control,
     loss_recordings: usize,
+    /// One graph: recordings refused for room and made again ([`Recorder::room_retries`]).
+    room_retries: usize,
     /// The optimizer's values for the recording to read in place
     /// ([`Recorder::share_parameters`]).
     pinned: Option<Pinned>,
@@ -191,6 +195,7 @@ impl Recorder {
             state: None,
             control,
             loss_recordings: 0,
+            room_retries: 0,
             pinned: None,
             one_graph: false,
             images: None,
@@ -443,83 +448,6 @@ impl Recorder {
         (weight, scale.filter(|_| !self.control.freezes_loss_scale()))
     }
 
-    /// [`Recorder::loss`] with one graph.
-    fn step(
-        &mut self,
-        model: &mut Yolo,
-        loss: &E2eLoss,
-        labels: &[Vec<Instance>],
-        scale: Option<f32>,
-    ) -> PendingLoss {
-        let images = self.images.take().expect("forward before the loss");
-        let fits = |r: &Recorded| match &r.graphs {
-            Graphs::One { loss: l, .. } => l.fits(labels, loss.object_slots),
-            Graphs::Split { .. } => false,
-        };
-        if !self.state.as_ref().is_some_and(fits) {
-            // Dropping the old graph first gives its pages back for the new recording.
-            if self.state.take().is_some() {
-                say_recording_again(labels, loss.object_slots);
-            }
-            let step = StepInputs {
-                loss,
-                labels,
-                flow: model.head.flow.as_ref(),
-                scale,
-                dtype: self.dtype,
-            };
-            let record = |as_captured: bool| {
-                let pinned = self.pinned.as_ref();
-                let (device, control) = (&self.device, self.control);
-                record_step(
-                    &*model,
-                    images.clone(),
-                    pinned,
-                    device,
-                    control,
-                    step,
-                    as_captured,
-                )
-            };
-            // A window refused for room is recorded again after a warm-up that runs exactly
-            // its work eagerly, which adds the pages it asked for (docs/replay.md, "Recording").
-            let recorded = record(false).or_else(|e| {
-                if !e.wants_room() {
-                    return Err(e);
-                }
-                eprintln!(
-                    "step replay: no room in the pages held for an allocation inside the \
-                     window; recording again after one more warm-up"
-                );
-                record(true)
-            });
-            self.state = Some(recorded.unwrap_or_else(|e| panic!("{e}")));
-            self.loss_recordings += 1;
-            self.skip_rollback(model);
-        }
-        let (weight, scale) = self.loss_values(loss, scale);
-        let r = self.state.as_mut().expect("recorded");
-        let stale = self.control.stale_sources();
-        spans::time(Span::LossSources, || r.sources.refresh(model, stale));
-        spans::time(Span::LossImages, || write(images, &r.input));
-        let Graphs::One { step, loss: inputs } = &mut r.graphs else {
-            unreachable!("one graph")
-        };
-        spans::time(Span::LossLabels, || {
-            inputs.write(
-                labels,
-                weight,
-                scale,
-                model.head.flow.as_ref(),
-                &self.device,
-            )
-        });
-        spans::time(Span::LossLaunch, || replay(&self.device, step));
-        let pending = inputs.pending();
-        spans::time(Span::LossStatistics, || r.statistics_into(model));
-        pending
-    }
-
     /// `replay.record_update`: the optimizer step and the EMA update through their recorded
     /// graph ([`super::update::update`]), or `Err` with the gradients when they do not write in
     /// place yet (the caller runs them eagerly).
@@ -561,6 +489,12 @@ impl Recorder {
     /// How many times the loss was recorded ([`Recorder::loss`]; with one graph, the step).
     pub fn loss_recordings(&self) -> usize {
         self.loss_recordings
+    }
+
+    /// How many of those recordings (one graph) were refused for room inside the window and
+    /// made again after one more warm-up (docs/replay.md, "One window").
+    pub fn room_retries(&self) -> usize {
+        self.room_retries
     }
 }
 

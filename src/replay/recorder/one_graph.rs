@@ -1,0 +1,93 @@
+//! [`Recorder::loss`] with one graph (`replay.one_graph`): the step recorded as one window on
+//! the first call and again where the objects outnumber the slots, then replayed.
+
+use super::{Graphs, Recorded, Recorder, replay, say_recording_again};
+use crate::data::Instance;
+use crate::loss::E2eLoss;
+use crate::model::Yolo;
+use crate::replay::copy::write;
+use crate::replay::loss::PendingLoss;
+use crate::replay::record::{StepInputs, record_step};
+use crate::train::spans::{self, Span};
+
+impl Recorder {
+    /// [`Recorder::loss`] with one graph.
+    pub(super) fn step(
+        &mut self,
+        model: &mut Yolo,
+        loss: &E2eLoss,
+        labels: &[Vec<Instance>],
+        scale: Option<f32>,
+    ) -> PendingLoss {
+        let images = self.images.take().expect("forward before the loss");
+        let fits = |r: &Recorded| match &r.graphs {
+            Graphs::One { loss: l, .. } => l.fits(labels, loss.object_slots),
+            Graphs::Split { .. } => false,
+        };
+        if !self.state.as_ref().is_some_and(fits) {
+            // Dropping the old graph first gives its pages back for the new recording.
+            if self.state.take().is_some() {
+                say_recording_again(labels, loss.object_slots);
+            }
+            let step = StepInputs {
+                loss,
+                labels,
+                flow: model.head.flow.as_ref(),
+                scale,
+                dtype: self.dtype,
+            };
+            let record = |as_captured: bool| {
+                let pinned = self.pinned.as_ref();
+                let (device, control) = (&self.device, self.control);
+                record_step(
+                    &*model,
+                    images.clone(),
+                    pinned,
+                    device,
+                    control,
+                    step,
+                    as_captured,
+                )
+            };
+            // A window refused for room is recorded again after a warm-up that runs exactly
+            // its work eagerly, which adds the pages it asked for (docs/replay.md, "Recording").
+            let mut retried = false;
+            let recorded = record(false).or_else(|e| {
+                if !e.wants_room() {
+                    return Err(e);
+                }
+                retried = true;
+                eprintln!(
+                    "step replay: no room in the pages held for an allocation inside the \
+                     window; recording again after one more warm-up"
+                );
+                record(true)
+            });
+            self.state = Some(recorded.unwrap_or_else(|e| panic!("{e}")));
+            self.loss_recordings += 1;
+            self.room_retries += usize::from(retried);
+            self.skip_rollback(model);
+        }
+        let (weight, scale) = self.loss_values(loss, scale);
+        let r = self.state.as_mut().expect("recorded");
+        let stale = self.control.stale_sources();
+        spans::time(Span::LossSources, || r.sources.refresh(model, stale));
+        spans::time(Span::LossImages, || write(images, &r.input));
+        let Graphs::One { step, loss: inputs } = &mut r.graphs else {
+            unreachable!("one graph")
+        };
+        spans::time(Span::LossLabels, || {
+            inputs.write(
+                labels,
+                weight,
+                scale,
+                model.head.flow.as_ref(),
+                &self.device,
+            )
+        });
+        spans::time(Span::LossLaunch, || replay(&self.device, step));
+        let pending = inputs.pending();
+        spans::time(Span::LossStatistics, || r.statistics_into(model));
+        pending
+    }
+}
