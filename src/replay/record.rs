@@ -41,10 +41,10 @@ static WARM_UP_AS_CAPTURED: AtomicBool = AtomicBool::new(false);
 /// With one graph ([`record_step`]), one more warm-up after the statistics and the gradients
 /// are laid out that runs eagerly exactly what the window then records — statistics and
 /// gradients written in place, in the window's order — so that the pools hold what the
-/// window asks for where no page may be added (`true`), or only the plain warm-ups (`false`,
-/// the default). A fit on COCO ran out of room at its third recording with the plain ones
-/// (docs/perf_log.md BJ3); this is the candidate fix, off until a GPU has run
-/// `one_graph::one_graph_records_again_as_the_slots_grow_on_coco` with it.
+/// window asks for where no page may be added, on every recording (`true`), or only on a
+/// recording made again after a window refused for room (`false`, the default: the recorder's
+/// retry, docs/replay.md "One window"). A fit on COCO ran out of room at its third recording
+/// with the plain warm-ups (docs/perf_log.md BJ3).
 pub fn choose_warm_up_as_captured(on: bool) {
     WARM_UP_AS_CAPTURED.store(on, Ordering::Relaxed);
 }
