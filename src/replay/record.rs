@@ -49,7 +49,13 @@ pub fn choose_warm_up_as_captured(on: bool) {
     WARM_UP_AS_CAPTURED.store(on, Ordering::Relaxed);
 }
 
-fn err(what: &str, e: &dyn std::fmt::Debug) -> RecordError {
+/// Whether [`choose_warm_up_as_captured`] asked for the fourth warm-up on every recording.
+pub(super) fn warms_up_as_captured() -> bool {
+    WARM_UP_AS_CAPTURED.load(Ordering::Relaxed)
+}
+
+/// A recording refused by `what`, with the backend's error as it reports it.
+pub(super) fn err(what: &str, e: &dyn std::fmt::Debug) -> RecordError {
     RecordError(format!("{what}: {e:?}"))
 }
 
@@ -483,7 +489,7 @@ pub(super) struct StepInputs<'a> {
 /// runs it), the device loss of `step.labels` on its outputs, and the network's backward from
 /// the loss's gradients, as one graph (docs/replay.md, "One window"), with the loss's inputs
 /// and results ([`LossInputs`]). `as_captured`: one more warm-up that runs the window's work
-/// eagerly ([`choose_warm_up_as_captured`]), as well as when that switch is on.
+/// eagerly ([`choose_warm_up_as_captured`]).
 pub(super) fn record_step(
     model: &Yolo,
     images: Tensor<4>,
@@ -557,7 +563,7 @@ pub(super) fn record_step(
         drop((taped, seeds));
         (stats, complete, captured, gathered)
     };
-    if as_captured || WARM_UP_AS_CAPTURED.load(Ordering::Relaxed) {
+    if as_captured {
         // The window's run, eagerly, from the pool state the window starts from: its
         // allocations in its order. What it writes (the private statistics, the sources, the
         // gradient buffer) every replay writes again from the trainer's values first.

@@ -47,7 +47,8 @@ mod one_graph;
 
 pub(super) type Graph = burn::backend::BackendGraph<Dispatch>;
 
-/// Why recording failed; the trainer then stays native and says so.
+/// Why recording failed. Fatal where it happens (the recorder panics naming it), but for a
+/// step window refused for room ([`RecordError::wants_room`]), which is recorded again.
 #[derive(Debug, thiserror::Error)]
 #[error("feature replay: {0}")]
 pub struct RecordError(pub String);

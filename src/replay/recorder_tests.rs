@@ -1,15 +1,17 @@
 //! What the recorder reads from CubeCL's errors (CUDA build, no device).
 
+use super::record::err;
 use super::recorder::RecordError;
 use burn::backend::{BackTrace, ExecutionError};
 use burn::cubecl::server::IoError;
 
-/// The refusal as it reaches `record_step`: CubeCL's error formatted into Burn's.
+/// The refusal as `record_step` makes it: CubeCL's error formatted into Burn's (as Burn's
+/// `graph_stop_capture` does), then into ours.
 fn refusal(io: IoError) -> RecordError {
     let burn = ExecutionError::WithContext {
         reason: format!("{io}"),
     };
-    RecordError(format!("step capture: {burn:?}"))
+    err("step capture", &burn)
 }
 
 #[test]

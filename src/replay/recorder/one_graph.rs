@@ -7,7 +7,7 @@ use crate::loss::E2eLoss;
 use crate::model::Yolo;
 use crate::replay::copy::write;
 use crate::replay::loss::PendingLoss;
-use crate::replay::record::{StepInputs, record_step};
+use crate::replay::record::{StepInputs, record_step, warms_up_as_captured};
 use crate::train::spans::{self, Span};
 
 impl Recorder {
@@ -50,9 +50,9 @@ impl Recorder {
                 )
             };
             // A window refused for room is recorded again after a warm-up that runs exactly
-            // its work eagerly, which adds the pages it asked for (docs/replay.md, "Recording").
+            // its work eagerly, which adds the pages it asked for (docs/replay.md, "One window").
             let mut retried = false;
-            let recorded = record(false).or_else(|e| {
+            let recorded = record(warms_up_as_captured()).or_else(|e| {
                 if !e.wants_room() {
                     return Err(e);
                 }
