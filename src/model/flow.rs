@@ -238,6 +238,26 @@ fn log_density<const D: usize>(z: Tensor<D>, log_det: Tensor<D>) -> Tensor<D> {
 mod tests {
     use super::*;
     use crate::model::ParamCount;
+    use burn::tensor::TensorData;
+    use rand::{Rng, SeedableRng, rngs::StdRng};
+
+    /// `shape` drawn from N(0, `std`) by the test's own generator (Box–Muller: rand's normal
+    /// sampler is in rand_distr, not a dependency): the device's generator is shared with the
+    /// tests running beside it, whose draws would change these.
+    fn normal<const D: usize>(
+        shape: [usize; D],
+        std: f64,
+        rng: &mut StdRng,
+        d: &Device,
+    ) -> Tensor<D> {
+        let n = shape.iter().product();
+        let draw = |_| {
+            let (u, v): (f64, f64) = (rng.random_range(f64::EPSILON..1.0), rng.random());
+            (std * (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()) as f32
+        };
+        let values: Vec<f32> = (0..n).map(draw).collect();
+        Tensor::from_data(TensorData::new(values, shape), d)
+    }
 
     #[test]
     fn flow_params_and_density_integrates_to_one() {
@@ -267,13 +287,12 @@ mod tests {
     /// parameter, at weights far from the near-identity start.
     #[test]
     fn the_fused_coupling_net_equals_its_layers_with_gradients() {
-        use burn::tensor::Distribution;
         let d = Device::flex().autodiff();
-        d.seed(29);
+        let mut rng = StdRng::seed_from_u64(29);
         let net = CouplingNetConfig::new(16).init(&d);
-        let net = scrambled(net, 0.5, &d);
-        let x0 = Tensor::<3>::random([3, 11, 2], Distribution::Normal(0.0, 2.0), &d);
-        let probe = Tensor::<3>::random([3, 11, 2], Distribution::Normal(0.0, 1.0), &d);
+        let net = scrambled(net, 0.5, &mut rng, &d);
+        let x0 = normal([3, 11, 2], 2.0, &mut rng, &d);
+        let probe = normal([3, 11, 2], 1.0, &mut rng, &d);
         let run = |fused: bool| {
             let x = x0.clone().detach().require_grad();
             let y = if fused {
@@ -308,17 +327,10 @@ mod tests {
 
     /// `module` with every parameter drawn from N(0, `std`): far from the flow's near-identity
     /// start, so that every layer and coupling matters.
-    fn scrambled<M: Module>(module: M, std: f64, d: &Device) -> M {
-        use burn::tensor::Distribution;
+    fn scrambled<M: Module>(module: M, std: f64, rng: &mut StdRng, d: &Device) -> M {
         let mut drawn = crate::optim::tensors::float_tensors(&module)
             .into_iter()
-            .map(|(p, t)| {
-                let n = t.dims()[0];
-                (
-                    p,
-                    Tensor::<1>::random([n], Distribution::Normal(0.0, std), d),
-                )
-            })
+            .map(|(p, t)| (p, normal([t.dims()[0]], std, rng, d)))
             .collect();
         crate::optim::tensors::replace_float_tensors(module, &mut drawn).0
     }
@@ -328,12 +340,12 @@ mod tests {
     /// their gradients for the points and all 72 parameters, with either coordinate kept.
     #[test]
     fn each_coupling_as_one_operation_equals_the_layers_with_gradients() {
-        use burn::tensor::Distribution;
         let d = Device::flex().autodiff();
-        d.seed(31);
-        let flow = scrambled(RealNvpConfig::new().with_hidden(16).init(&d), 0.3, &d);
-        let x0 = Tensor::<3>::random([3, 11, 2], Distribution::Normal(0.0, 2.0), &d);
-        let probe = Tensor::<3>::random([3, 11, 1], Distribution::Normal(0.0, 1.0), &d);
+        let mut rng = StdRng::seed_from_u64(31);
+        let flow = RealNvpConfig::new().with_hidden(16).init(&d);
+        let flow = scrambled(flow, 0.3, &mut rng, &d);
+        let x0 = normal([3, 11, 2], 2.0, &mut rng, &d);
+        let probe = normal([3, 11, 1], 1.0, &mut rng, &d);
         let masks = RealNvp::masks(&d);
         let run = |fused: bool| {
             let x = x0.clone().detach().require_grad();
@@ -373,10 +385,10 @@ mod tests {
     /// The grouped pass gives every point the density of the plain one.
     #[test]
     fn grouped_density_equals_the_plain_one() {
-        use burn::tensor::Distribution;
         let d = Device::flex();
-        let flow = scrambled(RealNvpConfig::new().init(&d), 0.3, &d);
-        let x = Tensor::<3>::random([5, 7, 2], Distribution::Normal(0.0, 2.0), &d);
+        let mut rng = StdRng::seed_from_u64(37);
+        let flow = scrambled(RealNvpConfig::new().init(&d), 0.3, &mut rng, &d);
+        let x = normal([5, 7, 2], 2.0, &mut rng, &d);
         let plain = flow.log_prob(x.clone().reshape([35, 2]));
         let grouped = flow.log_prob_grouped(x, &RealNvp::masks(&d)).reshape([35]);
         let (a, b) = (
