@@ -61,6 +61,11 @@ pub enum Control {
     /// on the batch before it.
     #[cfg(feature = "controls")]
     AheadOfThisBatch,
+    /// Not a broken variant but an injected fault: with one graph, every recording after the
+    /// first is refused as CubeCL refuses a window it cannot record (not for room), so the
+    /// tests see the trainer run the rest of the fit natively.
+    #[cfg(feature = "controls")]
+    RefuseRecordingAgain,
 }
 
 /// Which control is on, as the recorder asks it.
@@ -109,6 +114,10 @@ impl Control {
     pub fn uploads_this_batch_ahead(self) -> bool {
         self == Control::AheadOfThisBatch
     }
+
+    pub fn refuses_recording_again(self) -> bool {
+        self == Control::RefuseRecordingAgain
+    }
 }
 
 /// Without the `controls` feature no control exists.
@@ -155,6 +164,10 @@ impl Control {
     }
 
     pub fn uploads_this_batch_ahead(self) -> bool {
+        false
+    }
+
+    pub fn refuses_recording_again(self) -> bool {
         false
     }
 }

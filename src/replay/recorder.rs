@@ -47,8 +47,9 @@ mod one_graph;
 
 pub(super) type Graph = burn::backend::BackendGraph<Dispatch>;
 
-/// Why recording failed. Fatal where it happens (the recorder panics naming it), but for a
-/// step window refused for room ([`RecordError::wants_room`]), which is recorded again.
+/// Why recording failed. Fatal where it happens (the recorder panics naming it), but for the
+/// one-graph step: a window refused for room ([`RecordError::wants_room`]) is recorded again,
+/// and a step that still cannot be recorded runs natively ([`Unrecorded`]).
 #[derive(Debug, thiserror::Error)]
 #[error("feature replay: {0}")]
 pub struct RecordError(pub String);
@@ -60,6 +61,15 @@ impl RecordError {
     pub fn wants_room(&self) -> bool {
         self.0.contains("no page may be added")
     }
+}
+
+/// A one-graph step the recorder could not record, and its images, which nothing has read yet:
+/// the trainer runs this step and the rest of the fit natively (byte-identical by parity), with
+/// `error` as the logged reason.
+#[derive(Debug)]
+pub struct Unrecorded {
+    pub error: RecordError,
+    pub images: Box<Tensor<4>>,
 }
 
 pub struct Recorder {
@@ -406,14 +416,15 @@ impl Recorder {
     /// [`Recorder::backward_in_place`]. One graph: the whole step on the images of the last
     /// [`Recorder::forward`], the trainer's BatchNorm running statistics updated in `model`.
     /// Recorded on the first call, and again (said on stderr) when a batch needs other shapes
-    /// (another count of object slots).
+    /// (another count of object slots). `Err` only with one graph, when the step could not be
+    /// recorded (nothing of it has run then); split graphs panic on a failed recording.
     pub fn loss(
         &mut self,
         model: &mut Yolo,
         loss: &E2eLoss,
         labels: &[Vec<Instance>],
         scale: Option<f32>,
-    ) -> PendingLoss {
+    ) -> Result<PendingLoss, Unrecorded> {
         if self.one_graph {
             return self.step(model, loss, labels, scale);
         }
@@ -439,7 +450,7 @@ impl Recorder {
             *g = Some(Box::new(recorded));
         }
         let g = g.as_mut().expect("recorded");
-        g.replay(labels, weight, replay_scale, flow, &self.device)
+        Ok(g.replay(labels, weight, replay_scale, flow, &self.device))
     }
 
     /// The ProgLoss weight and the loss scale to write before a replay of the loss (`None`:

@@ -249,7 +249,7 @@ impl Stage {
     /// device until [`Stage::recorded_backward`], which follows, has replayed the backward;
     /// the flow's gradients come with them ([`super::loss::RecordedLoss::flow`]). With
     /// `replay.one_graph` this replays the whole step and updates `model`'s running
-    /// statistics.
+    /// statistics, or gives the step back unrun when it cannot be recorded.
     #[cfg(feature = "cuda")]
     pub fn recorded_loss(
         &mut self,
@@ -258,7 +258,7 @@ impl Stage {
         loss: &crate::loss::E2eLoss,
         labels: &[Vec<crate::data::Instance>],
         scale: Option<f32>,
-    ) -> super::loss::PendingLoss {
+    ) -> Result<super::loss::PendingLoss, super::recorder::Unrecorded> {
         let Stage::Replay(r) = self else {
             panic!("the recorded loss needs a replayed stage");
         };

@@ -6,7 +6,7 @@
 
 use super::replay::{
     assert_empty_parity, assert_keeping_unreached_breaks_parity, assert_parity_of,
-    assert_stale_parameters_break_parity, config_for, fit,
+    assert_stale_parameters_break_parity, config_for, fit, trainer,
 };
 use super::step::{
     assert_fp16_parity, assert_frozen_loss_scale_breaks_parity,
@@ -113,10 +113,43 @@ fn assert_records_again_as_the_slots_grow_on_coco() {
     };
     let native = run(false);
     let replay = run(true);
+    assert!(
+        replay.stage.is_replay(),
+        "ran natively: {:?}",
+        replay.replay_off
+    );
     say_recordings(&replay);
     assert!(recordings(&replay) >= 3, "the slots grew fewer than twice");
     assert_eq!(native.step_losses, replay.step_losses, "per-step losses");
     assert_eq!(native.state_hashes(), replay.state_hashes(), "state hashes");
+}
+
+/// A step that cannot be recorded (the injected `RefuseRecordingAgain`: every recording after
+/// the first refused) runs natively, and so does the rest of the fit: replay off with the
+/// reason kept, the same per-step losses and state hashes as native. BF16: the step's forward
+/// runs again under the fit's autocast.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_step_that_cannot_be_recorded_runs_natively() {
+    let mut cfg = config_for(TASK, "bf16", true);
+    // No spare slots: a batch with more objects than the first records the step again.
+    cfg.train.object_slots = 0;
+    let mut native_cfg = cfg.clone();
+    native_cfg.replay.enabled = false;
+    let (native, native_losses, _) = fit(&native_cfg, Control::None);
+    let mut t = trainer(&cfg, Control::RefuseRecordingAgain);
+    while !t.finished() {
+        t.run_epoch(&mut |_, _, _| {}).unwrap();
+    }
+    assert!(!t.stage.is_replay(), "still replayed: recorded only once");
+    // The control refuses only a recording after a first one that succeeded.
+    let why = t.replay_off.as_deref().unwrap_or_default();
+    assert!(
+        why.contains("refused by the control"),
+        "reason kept: {why:?}"
+    );
+    assert_eq!(t.step_losses, native_losses, "per-step losses");
+    assert_eq!(t.state_hashes(), native, "state hashes");
 }
 
 /// Negative control: the recorded zero gradients of unreached outputs kept.

@@ -1,7 +1,7 @@
 //! [`Recorder::loss`] with one graph (`replay.one_graph`): the step recorded as one window on
 //! the first call and again where the objects outnumber the slots, then replayed.
 
-use super::{Graphs, Recorded, Recorder, replay, say_recording_again};
+use super::{Graphs, RecordError, Recorded, Recorder, Unrecorded, replay, say_recording_again};
 use crate::data::Instance;
 use crate::loss::E2eLoss;
 use crate::model::Yolo;
@@ -11,14 +11,15 @@ use crate::replay::record::{StepInputs, record_step, warms_up_as_captured};
 use crate::train::spans::{self, Span};
 
 impl Recorder {
-    /// [`Recorder::loss`] with one graph.
+    /// [`Recorder::loss`] with one graph. A step that cannot be recorded comes back with its
+    /// images ([`Unrecorded`]); the recorder is left without a graph.
     pub(super) fn step(
         &mut self,
         model: &mut Yolo,
         loss: &E2eLoss,
         labels: &[Vec<Instance>],
         scale: Option<f32>,
-    ) -> PendingLoss {
+    ) -> Result<PendingLoss, Unrecorded> {
         let images = self.images.take().expect("forward before the loss");
         let fits = |r: &Recorded| match &r.graphs {
             Graphs::One { loss: l, .. } => l.fits(labels, loss.object_slots),
@@ -52,7 +53,13 @@ impl Recorder {
             // A window refused for room is recorded again after a warm-up that runs exactly
             // its work eagerly, which adds the pages it asked for (docs/replay.md, "One window").
             let mut retried = false;
-            let recorded = record(warms_up_as_captured()).or_else(|e| {
+            let refused = self.control.refuses_recording_again() && self.loss_recordings > 0;
+            let first = if refused {
+                Err(RecordError("a recording refused by the control".into()))
+            } else {
+                record(warms_up_as_captured())
+            };
+            let recorded = first.or_else(|e| {
                 if !e.wants_room() {
                     return Err(e);
                 }
@@ -63,7 +70,14 @@ impl Recorder {
                 );
                 record(true)
             });
-            self.state = Some(recorded.unwrap_or_else(|e| panic!("{e}")));
+            let recorded = match recorded {
+                Ok(r) => r,
+                Err(error) => {
+                    let images = Box::new(images);
+                    return Err(Unrecorded { error, images });
+                }
+            };
+            self.state = Some(recorded);
             self.loss_recordings += 1;
             self.room_retries += usize::from(retried);
             self.skip_rollback(model);
@@ -88,6 +102,6 @@ impl Recorder {
         spans::time(Span::LossLaunch, || replay(&self.device, step));
         let pending = inputs.pending();
         spans::time(Span::LossStatistics, || r.statistics_into(model));
-        pending
+        Ok(pending)
     }
 }

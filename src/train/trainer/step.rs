@@ -62,23 +62,36 @@ impl Trainer {
         labels: &[Vec<Instance>],
         clock: &mut PhaseClock,
         detach: bool,
-    ) -> Launched {
+    ) -> Result<Launched, crate::replay::recorder::Unrecorded> {
         clock.mark(Phase::Assign);
         let scale = self.scaler.as_ref().map(|s| s.scale);
         let pending =
             self.stage
-                .recorded_loss(&mut self.model, features, &self.loss, labels, scale);
+                .recorded_loss(&mut self.model, features, &self.loss, labels, scale)?;
         clock.mark(Phase::Loss);
         clock.mark(Phase::HeadBackward);
         let grads = self.stage.recorded_grads();
-        if detach && !self.stage.control().reads_late_in_place() {
+        Ok(if detach && !self.stage.control().reads_late_in_place() {
             Launched {
                 grads: grads.detached(),
                 pending: pending.detached(),
             }
         } else {
             Launched { grads, pending }
-        }
+        })
+    }
+
+    /// A step the recorder could not record: replay is off from here on (the reason logged
+    /// and kept in [`Trainer::replay_off`]), and this step's stage runs natively on its images,
+    /// which nothing has read yet, so the fit stays byte-identical to a native one.
+    #[cfg(feature = "cuda")]
+    fn fall_back(&mut self, unrecorded: crate::replay::recorder::Unrecorded) -> StageOutputs {
+        let why = format!("the step could not be recorded ({})", unrecorded.error);
+        eprintln!("feature replay off: {why}; the network runs natively from this step on");
+        self.stage = Stage::Native(self.cfg.replay_scope());
+        self.replay_off = Some(why);
+        let _reduced = autocast(self.cfg.train.precision.compute_dtype());
+        self.stage.forward(&mut self.model, *unrecorded.images)
     }
 
     /// [`Trainer::loss_and_backward`] from a [`Trainer::launch_recorded`] replay: its items are
@@ -283,47 +296,67 @@ impl Trainer {
         // the next forward.
         let queue = defer && !stepped;
         let mut done = Vec::new();
+        #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
+        let mut features = Some(features);
+        #[cfg(feature = "cuda")]
+        let mut recorded = None;
         // The recorded loss reads the outputs' buffers itself: no head view of them.
-        let (mut grads, mut flats, items) = if self.stage.records_loss() {
+        if self.stage.records_loss() {
             clock.mark(Phase::Head);
             #[cfg(feature = "cuda")]
             {
-                let launched = time(Span::Loss, || {
-                    self.launch_recorded(features, &labels, &mut clock, queue)
-                });
-                // Read at once, this step waits for its graph below: the next batch's upload
-                // and augmentation go behind the graph first, so the GPU runs them then
-                // instead of idling while the next step starts.
-                if let Some(next) = next.filter(|_| !queue && self.cfg.upload_ahead()) {
-                    time(Span::Ahead, || self.upload_ahead(batch, next));
+                let f = features.take().expect("this step's stage outputs");
+                match time(Span::Loss, || {
+                    self.launch_recorded(f, &labels, &mut clock, queue)
+                }) {
+                    Ok(launched) => recorded = Some(launched),
+                    // Nothing of the step has run: it runs natively below.
+                    Err(unrecorded) => features = Some(self.fall_back(unrecorded)),
                 }
-                // The step queued before this one accumulates first, while this one runs.
-                done.extend(time(Span::Read, || self.finish_queued()));
-                if queue {
-                    self.queued = Some(launched);
-                    self.read_late += 1;
-                    if let Some(t) = self.timing.as_mut() {
-                        t.optimizer_step.push(false);
-                    }
-                    self.ni += 1;
-                    return done;
-                }
-                time(Span::Read, || self.finish_recorded(launched, &mut clock))
             }
             #[cfg(not(feature = "cuda"))]
-            {
-                let _ = (queue, next);
-                unreachable!("only a replayed stage records the loss")
+            unreachable!("only a replayed stage records the loss");
+        }
+        let (mut grads, mut flats, items) = match features {
+            None => {
+                #[cfg(feature = "cuda")]
+                {
+                    let launched = recorded.expect("launched where the outputs were taken");
+                    // Read at once, this step waits for its graph below: the next batch's
+                    // upload and augmentation go behind the graph first, so the GPU runs them
+                    // then instead of idling while the next step starts.
+                    if let Some(next) = next.filter(|_| !queue && self.cfg.upload_ahead()) {
+                        time(Span::Ahead, || self.upload_ahead(batch, next));
+                    }
+                    // The step queued before this one accumulates first, while this one runs.
+                    done.extend(time(Span::Read, || self.finish_queued()));
+                    if queue {
+                        self.queued = Some(launched);
+                        self.read_late += 1;
+                        if let Some(t) = self.timing.as_mut() {
+                            t.optimizer_step.push(false);
+                        }
+                        self.ni += 1;
+                        return done;
+                    }
+                    time(Span::Read, || self.finish_recorded(launched, &mut clock))
+                }
+                #[cfg(not(feature = "cuda"))]
+                {
+                    let _ = (queue, next);
+                    unreachable!("only a replayed stage records the loss")
+                }
             }
-        } else {
-            let out = {
-                let _reduced = autocast(dtype);
-                features.head(&self.model.head)
-            };
-            clock.mark(Phase::Head);
-            let r = self.loss_and_backward(&out, features, &labels, &mut clock);
-            done.extend(self.finish_queued());
-            r
+            Some(features) => {
+                let out = {
+                    let _reduced = autocast(dtype);
+                    features.head(&self.model.head)
+                };
+                clock.mark(Phase::Head);
+                let r = self.loss_and_backward(&out, features, &labels, &mut clock);
+                done.extend(self.finish_queued());
+                r
+            }
         };
         if let Some(c) = &self.collective {
             grads = all_reduce_grads(c.as_ref(), grads, &self.optimizer.table, &self.device);
