@@ -59,6 +59,11 @@ impl Recorder {
             } else {
                 record(warms_up_as_captured())
             };
+            // A refused window's launch metadata uploads never ran, but CubeCL 0.11.3 keeps
+            // their buffers cached (`capture_discard`): a later eager launch with the same
+            // metadata would read garbage. A cleanup drops every cached buffer no live graph
+            // pins (docs/replay.md, "One window").
+            let forget_the_window = || self.device.memory_cleanup();
             let recorded = first.or_else(|e| {
                 if !e.wants_room() {
                     return Err(e);
@@ -68,11 +73,13 @@ impl Recorder {
                     "step replay: no room in the pages held for an allocation inside the \
                      window; recording again after one more warm-up"
                 );
+                forget_the_window();
                 record(true)
             });
             let recorded = match recorded {
                 Ok(r) => r,
                 Err(error) => {
+                    forget_the_window();
                     let images = Box::new(images);
                     return Err(Unrecorded { error, images });
                 }
