@@ -21,9 +21,7 @@ fn fit(
     let mut cfg = config_for(task, precision, replayed);
     cfg.replay.upload_ahead = Some(ahead);
     let mut t = trainer(&cfg, control);
-    while !t.finished() {
-        t.run_epoch(&mut |_, _, _| {}).unwrap();
-    }
+    super::replay::run_to_end(&mut t);
     (t.state_hashes(), t.step_losses.clone(), t.uploaded_ahead)
 }
 

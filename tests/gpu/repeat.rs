@@ -19,9 +19,7 @@ fn augmented(batch: usize, imgsz: usize, seed: u64) -> Config {
 fn fit(cfg: &Config) -> (StateHashes, Vec<[f32; 6]>) {
     let mut t = Trainer::new(cfg.clone(), Path::new("repeat.toml"), cuda()).unwrap();
     assert!(t.cfg.augment.hsv_device);
-    while !t.finished() {
-        t.run_epoch(&mut |_, _, _| {}).unwrap();
-    }
+    super::replay::run_to_end(&mut t);
     (t.state_hashes(), t.step_losses.clone())
 }
 
@@ -78,9 +76,7 @@ pub(super) fn coco_b3_parity(replay_keys: &str, train_keys: &str) -> Trainer {
     let run = |capture: bool| {
         let mut t = Trainer::new(config(capture), Path::new("coco_b3.toml"), cuda()).unwrap();
         assert_eq!(t.stage.is_replay(), capture, "{:?}", t.replay_off);
-        while !t.finished() {
-            t.run_epoch(&mut |_, _, _| {}).unwrap();
-        }
+        super::replay::run_to_end(&mut t);
         t
     };
     let native = run(false);

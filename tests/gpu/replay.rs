@@ -102,11 +102,24 @@ pub(super) fn differing(a: &Tensors, b: &Tensors) -> String {
     )
 }
 
-pub(super) fn fit(cfg: &Config, control: Control) -> (StateHashes, Vec<[f32; 6]>, Tensors) {
-    let mut t = trainer(cfg, control);
+/// `t`'s fit to its end. A fit that starts replayed must end replayed: a step that cannot be
+/// recorded runs natively with the rest of the fit, byte-identical, so the parity checks alone
+/// would pass a replay that broke.
+pub(super) fn run_to_end(t: &mut Trainer) {
+    let replayed = t.stage.is_replay();
     while !t.finished() {
         t.run_epoch(&mut |_, _, _| {}).unwrap();
     }
+    assert!(
+        !replayed || t.stage.is_replay(),
+        "replay turned off mid-fit: {:?}",
+        t.replay_off
+    );
+}
+
+pub(super) fn fit(cfg: &Config, control: Control) -> (StateHashes, Vec<[f32; 6]>, Tensors) {
+    let mut t = trainer(cfg, control);
+    run_to_end(&mut t);
     (
         t.state_hashes(),
         t.step_losses.clone(),

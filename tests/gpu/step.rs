@@ -16,9 +16,7 @@ pub(super) fn recordings(t: &Trainer) -> usize {
 
 /// `t`'s fit to its end.
 fn run(mut t: Trainer) -> Trainer {
-    while !t.finished() {
-        t.run_epoch(&mut |_, _, _| {}).unwrap();
-    }
+    super::replay::run_to_end(&mut t);
     t
 }
 

@@ -30,9 +30,7 @@ fn update_replays(t: &Trainer) -> usize {
 fn assert_update_parity(task: &str, precision: &str) {
     let (native, native_losses, _) = fit(&config_for(task, precision, false), Control::None);
     let mut t = trainer(&recorded(task, precision), Control::None);
-    while !t.finished() {
-        t.run_epoch(&mut |_, _, _| {}).unwrap();
-    }
+    super::replay::run_to_end(&mut t);
     let steps = t.step_losses.len();
     assert!(
         update_replays(&t) + 1 >= steps / 2,
