@@ -117,6 +117,12 @@ pub struct Options {
     /// buffer, one copy per tensor (`false`). The same values either way.
     #[arg(long)]
     pub flow_segments: Option<bool>,
+    /// With one graph, run one more warm-up before each step recording that runs the window's
+    /// own work eagerly (`true`; `replay::recorder::choose_warm_up_as_captured`, CUDA only), or
+    /// only the plain warm-ups (`false`, the default; a window refused for room is then
+    /// recorded again with it). The same values either way.
+    #[arg(long)]
+    pub warm_up_as_captured: Option<bool>,
     /// Have each BatchNorm's backward write its convolution's output gradient as the data
     /// gradient's GEMM takes it (`true`, the default; `model::ops::grad_operands`, CUDA only), or
     /// have the convolution cast it (`false`). Both give the same bits.
@@ -287,6 +293,12 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
         crate::replay::loss::choose_flow_segments(on);
         #[cfg(not(feature = "cuda"))]
         anyhow::bail!("--flow-segments {on}: the loss is recorded on CUDA only");
+    }
+    if let Some(on) = o.warm_up_as_captured {
+        #[cfg(feature = "cuda")]
+        crate::replay::recorder::choose_warm_up_as_captured(on);
+        #[cfg(not(feature = "cuda"))]
+        anyhow::bail!("--warm-up-as-captured {on}: the step is recorded on CUDA only");
     }
     if let Some(k) = o.conv_bn_ops {
         cfg.device.conv_bn_ops = k;
