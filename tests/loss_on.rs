@@ -139,3 +139,43 @@ fn defer_readback_changes_nothing_without_a_recorded_loss() {
     assert_eq!(on.1.len(), 8, "two epochs of four steps");
     assert_eq!(on, off);
 }
+
+/// The device loss's object slots only grow during a fit: each step takes the largest count any
+/// batch so far needed, so a batch with fewer objects keeps it (a recorded step is recorded
+/// again only on growth). The count is training state: a checkpoint carries it into a resume.
+#[test]
+fn the_object_slots_only_grow_and_a_checkpoint_keeps_them() {
+    use burnpose::loss::assign::device::ObjectSlots;
+    use burnpose::train::checkpoint;
+    let mut t = trainer("device", "pose");
+    assert_eq!(t.loss.object_slots, 0, "train.object_slots by default");
+    let (mut reached, mut fewer) = (0, 0);
+    for epoch in 0..2 {
+        let order = t.epoch_order(epoch);
+        for i in 0..t.batches_per_epoch() {
+            let batch = t.batch(&order, i).unwrap();
+            let labels: Vec<_> = batch.samples.iter().map(|s| s.instances.clone()).collect();
+            let own = ObjectSlots::slots_for(&labels, 0);
+            fewer += usize::from(own < reached);
+            reached = reached.max(own);
+            t.train_step(&batch);
+            assert_eq!(t.loss.object_slots, reached, "epoch {epoch}, batch {i}");
+        }
+    }
+    assert!(
+        fewer > 0,
+        "no batch needed fewer slots than one before it: nothing tested"
+    );
+    let dir = std::env::temp_dir().join(format!("burnpose-slots-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("last.safetensors");
+    checkpoint::save(&t, &path).unwrap();
+    let mut resumed = trainer("device", "pose");
+    assert!(reached > 0 && resumed.loss.object_slots == 0);
+    checkpoint::load_into(&mut resumed, &path).unwrap();
+    assert_eq!(
+        resumed.loss.object_slots, reached,
+        "the count a resume starts from"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -60,9 +60,11 @@ pub struct TrainSection {
     pub loss_on: LossOn,
     /// With `loss_on = "device"`: object slots per image, at least (a batch's images hold their
     /// objects in `max(object_slots, the most objects one image of the batch holds)` slots).
-    /// The slot count is part of a recorded loss's shapes (`replay.scope = "step"`): a batch
-    /// needing another count records the loss again, which the fit logs; set it to the most
-    /// objects an image of your batches holds to record once (default 0).
+    /// On one device the count only grows during a fit: a batch keeps the largest count an
+    /// earlier batch needed. The slot count is part of a recorded loss's shapes
+    /// (`replay.scope = "step"`): a batch holding more objects than any before it records the
+    /// loss again, which the fit logs; set it to the most objects an image of your batches
+    /// holds to record once (default 0).
     pub object_slots: usize,
 }
 

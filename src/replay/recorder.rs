@@ -535,10 +535,10 @@ impl Recorded {
 
 /// Says on stderr that a batch needs another count of object slots than the recording's.
 fn say_recording_again(labels: &[Vec<Instance>], min_slots: usize) {
+    let slots = ObjectSlots::slots_for(labels, min_slots);
     eprintln!(
-        "step replay: recording the loss again for {} object slots per image \
-         (train.object_slots = {min_slots})",
-        ObjectSlots::slots_for(labels, min_slots),
+        "step replay: recording the loss again for {slots} object slots per image \
+         (train.object_slots = {slots} or more records it once)",
     );
 }
 

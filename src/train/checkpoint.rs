@@ -57,6 +57,10 @@ struct Meta {
     /// Training images the run's epochs were counted over (absent in older checkpoints).
     #[serde(default)]
     train_images: Option<usize>,
+    /// The device loss's object slots per image reached so far (`Trainer::grow_object_slots`;
+    /// absent in older checkpoints: `train.object_slots` then).
+    #[serde(default)]
+    object_slots: Option<usize>,
 }
 
 const FORMAT: &str = "burnpose-checkpoint-1";
@@ -143,6 +147,7 @@ pub fn save(trainer: &Trainer, path: &Path) -> Result<(), CheckpointError> {
         one2many_weight: trainer.loss.one2many_weight,
         history: trainer.history.clone(),
         scaler: trainer.scaler.clone(),
+        object_slots: Some(trainer.loss.object_slots),
         train_images: Some(trainer.loader.source.len()),
     };
     let info = HashMap::from([(
@@ -391,6 +396,9 @@ fn load(trainer: &mut Trainer, path: &Path, resume: bool) -> Result<(), Checkpoi
     trainer.ni = meta.ni;
     trainer.last_opt_step = meta.last_opt_step;
     trainer.loss.one2many_weight = meta.one2many_weight;
+    if let Some(slots) = meta.object_slots {
+        trainer.loss.object_slots = slots;
+    }
     trainer.history = meta.history;
     trainer.scaler = meta.scaler;
     trainer.pending = any_pending.then_some(pending);

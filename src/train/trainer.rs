@@ -494,6 +494,7 @@ impl Trainer {
         sched.u64("ni", self.ni as u64);
         sched.u64("last_opt_step", self.last_opt_step as u64);
         sched.f64("one2many_weight", self.loss.one2many_weight as f64);
+        sched.u64("object_slots", self.loss.object_slots as u64);
         let mut losses = StateHasher::new();
         for l in &self.step_losses {
             for v in l {

@@ -81,6 +81,20 @@ impl Trainer {
         })
     }
 
+    /// `train.loss_on = "device"` on one device: the device loss's object slots per image only
+    /// grow during a fit (from `train.object_slots`): a batch with fewer objects than an
+    /// earlier one keeps the larger count, so the step scope records the step again only for a
+    /// batch that holds more objects than any before it, not whenever the count changes. The
+    /// native loop takes the same count, so the two stay byte-identical; the count is training
+    /// state (hashed, checkpointed). With a data-parallel group each rank would grow its own
+    /// count from its own slice, so the count stays each batch's own there, as before.
+    fn grow_object_slots(&mut self, labels: &[Vec<Instance>]) {
+        if self.cfg.train.loss_on == LossOn::Device && self.collective.is_none() {
+            self.loss.object_slots =
+                crate::loss::assign::device::ObjectSlots::slots_for(labels, self.loss.object_slots);
+        }
+    }
+
     /// A step the recorder could not record: replay is off from here on (the reason logged
     /// and kept in [`Trainer::replay_off`]), and this step's stage runs natively on its images,
     /// which nothing has read yet, so the fit stays byte-identical to a native one.
@@ -277,6 +291,7 @@ impl Trainer {
     fn step(&mut self, batch: &Batch, next: Option<&Batch>, defer: bool) -> Vec<[f32; 6]> {
         let labels: Vec<Vec<Instance>> =
             batch.samples.iter().map(|s| s.instances.clone()).collect();
+        self.grow_object_slots(&labels);
         let mut clock = PhaseClock::new(self.timing.as_ref(), &self.device);
         if self.cfg.replay.shared_parameters && self.stage.records_next() {
             self.share_parameters();
