@@ -311,58 +311,48 @@ impl Trainer {
         // the next forward.
         let queue = defer && !stepped;
         let mut done = Vec::new();
-        #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
-        let mut features = Some(features);
-        #[cfg(feature = "cuda")]
-        let mut recorded = None;
         // The recorded loss reads the outputs' buffers itself: no head view of them.
-        if self.stage.records_loss() {
+        #[cfg(feature = "cuda")]
+        let path = if self.stage.records_loss() {
             clock.mark(Phase::Head);
+            match time(Span::Loss, || {
+                self.launch_recorded(features, &labels, &mut clock, queue)
+            }) {
+                Ok(launched) => LossPath::Recorded(Box::new(launched)),
+                // Nothing of the step has run: it runs natively below.
+                Err(unrecorded) => LossPath::Native(self.fall_back(unrecorded)),
+            }
+        } else {
+            LossPath::Native(features)
+        };
+        #[cfg(not(feature = "cuda"))]
+        let path = {
+            let _ = (queue, next);
+            LossPath::Native(features)
+        };
+        let (mut grads, mut flats, items) = match path {
             #[cfg(feature = "cuda")]
-            {
-                let f = features.take().expect("this step's stage outputs");
-                match time(Span::Loss, || {
-                    self.launch_recorded(f, &labels, &mut clock, queue)
-                }) {
-                    Ok(launched) => recorded = Some(launched),
-                    // Nothing of the step has run: it runs natively below.
-                    Err(unrecorded) => features = Some(self.fall_back(unrecorded)),
+            LossPath::Recorded(launched) => {
+                // Read at once, this step waits for its graph below: the next batch's upload
+                // and augmentation go behind the graph first, so the GPU runs them then
+                // instead of idling while the next step starts.
+                if let Some(next) = next.filter(|_| !queue && self.cfg.upload_ahead()) {
+                    time(Span::Ahead, || self.upload_ahead(batch, next));
                 }
-            }
-            #[cfg(not(feature = "cuda"))]
-            unreachable!("only a replayed stage records the loss");
-        }
-        let (mut grads, mut flats, items) = match features {
-            None => {
-                #[cfg(feature = "cuda")]
-                {
-                    let launched = recorded.expect("launched where the outputs were taken");
-                    // Read at once, this step waits for its graph below: the next batch's
-                    // upload and augmentation go behind the graph first, so the GPU runs them
-                    // then instead of idling while the next step starts.
-                    if let Some(next) = next.filter(|_| !queue && self.cfg.upload_ahead()) {
-                        time(Span::Ahead, || self.upload_ahead(batch, next));
+                // The step queued before this one accumulates first, while this one runs.
+                done.extend(time(Span::Read, || self.finish_queued()));
+                if queue {
+                    self.queued = Some(*launched);
+                    self.read_late += 1;
+                    if let Some(t) = self.timing.as_mut() {
+                        t.optimizer_step.push(false);
                     }
-                    // The step queued before this one accumulates first, while this one runs.
-                    done.extend(time(Span::Read, || self.finish_queued()));
-                    if queue {
-                        self.queued = Some(launched);
-                        self.read_late += 1;
-                        if let Some(t) = self.timing.as_mut() {
-                            t.optimizer_step.push(false);
-                        }
-                        self.ni += 1;
-                        return done;
-                    }
-                    time(Span::Read, || self.finish_recorded(launched, &mut clock))
+                    self.ni += 1;
+                    return done;
                 }
-                #[cfg(not(feature = "cuda"))]
-                {
-                    let _ = (queue, next);
-                    unreachable!("only a replayed stage records the loss")
-                }
+                time(Span::Read, || self.finish_recorded(*launched, &mut clock))
             }
-            Some(features) => {
+            LossPath::Native(features) => {
                 let out = {
                     let _reduced = autocast(dtype);
                     features.head(&self.model.head)
@@ -410,6 +400,16 @@ impl Trainer {
         done.push(items);
         done
     }
+}
+
+/// Where a step's loss and backward run after its forward.
+enum LossPath {
+    /// In Burn autodiff, from the stage's outputs (the stage native, or replaying the features
+    /// or the network, or a step that could not be recorded).
+    Native(StageOutputs),
+    /// Recorded (`replay.scope = "step"`), replayed already.
+    #[cfg(feature = "cuda")]
+    Recorded(Box<Launched>),
 }
 
 /// A replay of the recorded loss and backward whose results are still on the device
