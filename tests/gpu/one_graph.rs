@@ -84,7 +84,8 @@ fn one_graph_records_again_as_the_slots_grow_on_coco() {
 }
 
 /// [`one_graph_records_again_as_the_slots_grow_on_coco`] with one more warm-up that runs what
-/// the window records (`recorder::choose_warm_up_as_captured`, the candidate fix).
+/// the window records (`recorder::choose_warm_up_as_captured`): no window should run short
+/// then (docs/perf_log.md BM1).
 #[test]
 #[ignore = "needs a CUDA GPU and ../shared/data/pose-real/pose_minicoco"]
 fn one_graph_records_again_on_coco_with_the_window_warmed_up() {
