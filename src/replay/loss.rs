@@ -14,7 +14,7 @@
 //! into one small buffer, read back once per step: which outputs the loss reached is decided on
 //! the host from those counts, outside the graph, as the native device path decides it.
 
-use super::copy::{copy_of, write};
+use super::copy::{copy_of, cube, write};
 use super::recorder::{Graph, PoolUse, RecordError, pool_use, replay};
 use super::sources::{Sources, private_copies};
 use super::stage::outputs_of;
@@ -57,27 +57,92 @@ const RESULTS: usize = 11;
 pub struct PendingLoss {
     results: Tensor<1>,
     flow: Option<FlatGrads>,
+    /// The results' copy to the host, enqueued by [`PendingLoss::detached`]: waiting for it
+    /// waits for the work queued before it only, not for the next step's replay queued after.
+    copied: Option<HostCopy>,
+}
+
+/// The bytes a device-to-host copy resolves to.
+type Read = Result<burn_cubecl::cubecl::bytes::Bytes, burn_cubecl::cubecl::server::ServerError>;
+
+/// A device-to-host copy already enqueued on the stream, resolved by the fence that follows it
+/// (cubecl-server's `read_async`). CubeCL's read borrows the client it was asked through, so
+/// the copy keeps that client beside it.
+struct HostCopy {
+    /// Declared first, so dropped first: it borrows `*client`.
+    read: std::pin::Pin<Box<dyn std::future::Future<Output = Read> + Send>>,
+    /// On the heap, where it stays put however the struct moves.
+    _client: Box<burn_cubecl::cubecl::client::Client>,
+}
+
+impl HostCopy {
+    /// The copy of `t` to the host enqueued now, behind the work queued so far. Burn's own
+    /// read is lazy on this runtime (`read_lazy_async`): its copy would be enqueued only when
+    /// the bytes are first touched, behind whatever was queued by then.
+    fn of(t: &Tensor<1>) -> Self {
+        let c = cube(t.clone());
+        let descriptor = burn_cubecl::cubecl::server::CopyDescriptor::new(
+            c.handle.clone().binding(),
+            c.meta.shape().clone(),
+            c.meta.strides().clone(),
+            c.elem_size(),
+        );
+        let client = Box::new(c.client.clone());
+        let read: std::pin::Pin<Box<dyn std::future::Future<Output = Read> + Send + '_>> =
+            Box::pin(client.read_one_tensor_async(descriptor));
+        // SAFETY: `read` borrows `*client` only. That value lives on the heap, where moving the
+        // `Box` (or this struct) leaves it, and it is dropped after `read` (field order), so the
+        // borrow outlives every use of the future; only the lifetime changes, not the type.
+        let read = unsafe {
+            std::mem::transmute::<
+                std::pin::Pin<Box<dyn std::future::Future<Output = Read> + Send + '_>>,
+                std::pin::Pin<Box<dyn std::future::Future<Output = Read> + Send + 'static>>,
+            >(read)
+        };
+        Self {
+            read,
+            _client: client,
+        }
+    }
+
+    /// The FP32 values, once the copy has landed.
+    fn wait(self) -> Vec<f32> {
+        // The future is consumed, and dropped, here: before the client it borrows.
+        let bytes = burn_cubecl::cubecl::future::block_on(self.read)
+            .unwrap_or_else(|e| panic!("reading the recorded loss back failed: {e:?}"));
+        bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect()
+    }
 }
 
 impl PendingLoss {
     /// The same results and flow gradients on buffers of their own (copies queued now, the
     /// same bits), so that the next replay may rewrite the graph's before these are read
-    /// (`replay.defer_readback`).
+    /// (`replay.defer_readback`); the results' copy to the host is enqueued now too, so that
+    /// reading them after the next step's replay is queued does not wait for that replay.
     pub fn detached(self) -> Self {
+        let results = copy_of(self.results);
+        let copied = (results.dtype() == burn::tensor::DType::F32).then(|| HostCopy::of(&results));
         Self {
-            results: copy_of(self.results),
+            results,
             flow: self.flow.map(FlatGrads::detached),
+            copied,
         }
     }
 
     /// Waits for the replay's loss items and counts.
     pub fn read(self) -> RecordedLoss {
-        let v: Vec<f32> = self
-            .results
-            .into_data()
-            .convert::<f32>()
-            .try_into_vec()
-            .expect("f32 results");
+        let v: Vec<f32> = match self.copied {
+            Some(copy) => copy.wait(),
+            None => self
+                .results
+                .into_data()
+                .convert::<f32>()
+                .try_into_vec()
+                .expect("f32 results"),
+        };
         RecordedLoss {
             items: [v[1], v[2], v[3], v[4], v[5], v[6]],
             reached: Reached::of_counts([v[7], v[8], v[9], v[10]]),
@@ -252,6 +317,7 @@ impl LossInputs {
     /// After a replay: its results, still on the device, and a copy of the flow's gradients.
     pub fn pending(&self) -> PendingLoss {
         PendingLoss {
+            copied: None,
             results: self.results.clone(),
             flow: (!self.flow_params.is_empty()).then(|| FlatGrads {
                 params: self.flow_params.clone(),
