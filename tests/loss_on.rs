@@ -128,7 +128,7 @@ fn the_device_path_trains_in_fp16_at_the_step_cut() {
 fn defer_readback_changes_nothing_without_a_recorded_loss() {
     let run = |defer: bool| {
         let mut t = trainer_in("device", "pose", Some("step"));
-        t.cfg.replay.defer_readback = defer;
+        t.cfg.replay.defer_readback = Some(defer);
         while !t.finished() {
             t.run_epoch(&mut |_, _, _| {}).unwrap();
         }

@@ -206,7 +206,7 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
         cfg.replay.record_update = Some(u);
     }
     if let Some(d) = o.defer_readback {
-        cfg.replay.defer_readback = d;
+        cfg.replay.defer_readback = Some(d);
     }
     if let Some(u) = o.upload_ahead {
         cfg.replay.upload_ahead = Some(u);

@@ -376,6 +376,11 @@ impl Config {
     }
 
     /// Whether a step of the recorded step scope uploads the next batch while its graph runs:
+    /// `replay.defer_readback`, on by default with the step scope, which it needs.
+    pub fn defer_readback(&self) -> bool {
+        self.replay_scope() == Scope::Step && self.replay.defer_readback.unwrap_or(true)
+    }
+
     /// `replay.upload_ahead`, on by default with the step scope, which it needs.
     pub fn upload_ahead(&self) -> bool {
         self.replay_scope() == Scope::Step && self.replay.upload_ahead.unwrap_or(true)
@@ -434,11 +439,11 @@ impl Config {
                     .into(),
             );
         }
-        if self.replay.defer_readback && self.replay_scope() != Scope::Step {
+        if self.replay.defer_readback == Some(true) && self.replay_scope() != Scope::Step {
             return bad(
                 "replay.defer_readback",
                 "only the recorded loss is read back a step late: set replay.scope = \"step\" \
-                 (with train.loss_on = \"device\") or leave replay.defer_readback off"
+                 (with train.loss_on = \"device\") or leave replay.defer_readback unset"
                     .into(),
             );
         }

@@ -49,8 +49,12 @@ pub struct ReplaySection {
     /// once the next step's replay is queued too, so the GPU runs that one while the host reads
     /// and accumulates this one (docs/replay.md, "Reading a step late"). The same decisions on
     /// the same values as reading at once: byte-identical to native on the H100
-    /// (docs/perf_log.md AX2), no faster there yet (AX3; default false). Steps timed by `--report` or `--phases` read at once.
-    pub defer_readback: bool,
+    /// (docs/perf_log.md AX2, BM3), and with the results' copy to the host enqueued behind the
+    /// step's own graph, 24.94 → 21.73 ms a seed step there (BM3). Steps timed by `--report` or
+    /// `--phases` read at once. Unset: on with the step scope
+    /// ([`Config::defer_readback`](super::Config::defer_readback)); `true` with another scope is
+    /// refused.
+    pub defer_readback: Option<bool>,
     /// With `scope = "step"`: once a step's recorded graph is queued, the next batch is uploaded
     /// and augmented (its images made on the device, behind the graph on the same stream)
     /// before the host waits for the step's loss results, so that the next step starts from

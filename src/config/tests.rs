@@ -36,15 +36,21 @@ fn shared_parameters_need_the_flat_update() {
     );
 }
 
-/// `replay.defer_readback` reads the recorded loss late: refused without the step scope, with
-/// the key and what to set.
+/// `replay.defer_readback` reads the recorded loss late: on by default with the step scope
+/// only, can be turned off there, and is refused with another scope, with the key and what to
+/// set.
 #[test]
-fn defer_readback_needs_the_step_scope() {
-    let ok =
-        parse("[replay]\nscope = \"step\"\ndefer_readback = true\n[train]\nloss_on = \"device\"\n")
-            .unwrap();
-    assert!(ok.replay.defer_readback);
-    assert!(!parse("").unwrap().replay.defer_readback);
+fn defer_readback_follows_the_step_scope() {
+    let step = "[replay]\nscope = \"step\"\n[train]\nloss_on = \"device\"\n";
+    assert!(parse(step).unwrap().defer_readback());
+    let off = "[replay]\nscope = \"step\"\ndefer_readback = false\n[train]\nloss_on = \"device\"\n";
+    assert!(!parse(off).unwrap().defer_readback());
+    assert!(!parse("").unwrap().defer_readback());
+    assert!(
+        !parse("[replay]\ndefer_readback = false\n")
+            .unwrap()
+            .defer_readback()
+    );
     let e = parse("[replay]\ndefer_readback = true\n")
         .unwrap_err()
         .to_string();
@@ -362,12 +368,14 @@ fn the_defaults_file_holds_every_key_at_its_default() {
     every.replay.one_graph = Some(false);
     every.replay.record_update = Some(false);
     every.replay.upload_ahead = Some(false);
+    every.replay.defer_readback = Some(false);
     every.model.weights = Some("x.pt".into());
     assert_eq!(keys(&uncommented), keys(&every.to_toml()));
     // Only the optional keys differ from the defaults once uncommented.
     assert!(full.data.path.is_some() && full.replay.scope.is_some());
     assert_eq!(full.replay.one_graph, Some(false));
     assert_eq!(full.replay.record_update, Some(false));
+    assert_eq!(full.replay.defer_readback, Some(false));
     assert_eq!(full.replay.upload_ahead, Some(false));
     assert!(full.model.weights.is_some());
     assert_eq!(

@@ -20,6 +20,8 @@ fn fit(
 ) -> (StateHashes, Vec<[f32; 6]>, usize) {
     let mut cfg = config_for(task, precision, replayed);
     cfg.replay.upload_ahead = Some(ahead);
+    // Read at once: a step left queued makes no images ahead (its successor runs behind it).
+    cfg.replay.defer_readback = Some(false);
     let mut t = trainer(&cfg, control);
     super::replay::run_to_end(&mut t);
     (t.state_hashes(), t.step_losses.clone(), t.uploaded_ahead)

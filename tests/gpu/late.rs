@@ -16,7 +16,7 @@ fn fit(
     control: Control,
 ) -> (StateHashes, Vec<[f32; 6]>, usize) {
     let mut cfg = config_for(task, precision, replayed);
-    cfg.replay.defer_readback = true;
+    cfg.replay.defer_readback = Some(true);
     let mut t = trainer(&cfg, control);
     super::replay::run_to_end(&mut t);
     (t.state_hashes(), t.step_losses.clone(), t.read_late)
@@ -83,7 +83,7 @@ fn empty_late(replayed: bool, control: Control) -> (StateHashes, Vec<[f32; 6]>, 
     let mut cfg = config_for("pose-one-graph", "fp32", replayed);
     cfg.train.nbs = 8;
     cfg.optim.warmup_epochs = 0.0;
-    cfg.replay.defer_readback = true;
+    cfg.replay.defer_readback = Some(true);
     let mut t = trainer(&cfg, control);
     let order = t.epoch_order(0);
     let mut finished = 0;

@@ -217,7 +217,7 @@ impl Trainer {
     /// oldest first.
     pub fn queue_step(&mut self, batch: &Batch, next: Option<&Batch>) -> Vec<[f32; 6]> {
         // Only a recorded loss is read late, and never on the step that records it.
-        let defer = self.cfg.replay.defer_readback
+        let defer = self.cfg.defer_readback()
             && !self.steps_synced()
             && self.collective.is_none()
             && self.stage.records_loss()
