@@ -66,6 +66,11 @@ pub enum Control {
     /// tests see the trainer run the rest of the fit natively.
     #[cfg(feature = "controls")]
     RefuseRecordingAgain,
+    /// An injected fault too: with split graphs (any scope), the first recording of the
+    /// stage's forward and backward is refused, so the tests see the trainer run the whole fit
+    /// natively from its first step.
+    #[cfg(feature = "controls")]
+    RefuseRecording,
 }
 
 /// Which control is on, as the recorder asks it.
@@ -118,6 +123,10 @@ impl Control {
     pub fn refuses_recording_again(self) -> bool {
         self == Control::RefuseRecordingAgain
     }
+
+    pub fn refuses_recording(self) -> bool {
+        self == Control::RefuseRecording
+    }
 }
 
 /// Without the `controls` feature no control exists.
@@ -168,6 +177,10 @@ impl Control {
     }
 
     pub fn refuses_recording_again(self) -> bool {
+        false
+    }
+
+    pub fn refuses_recording(self) -> bool {
         false
     }
 }

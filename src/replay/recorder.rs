@@ -47,9 +47,10 @@ mod one_graph;
 
 pub(super) type Graph = burn::backend::BackendGraph<Dispatch>;
 
-/// Why recording failed. Fatal where it happens (the recorder panics naming it), but for the
-/// one-graph step: a window refused for room ([`RecordError::wants_room`]) is recorded again,
-/// and a step that still cannot be recorded runs natively ([`Unrecorded`]).
+/// Why recording failed. A stage (split graphs) or a one-graph step that cannot be recorded
+/// runs natively ([`Unrecorded`]), a one-graph window refused for room
+/// ([`RecordError::wants_room`]) first being recorded again; the loss graph of split graphs,
+/// recorded once the forward graph has run, panics naming it.
 #[derive(Debug, thiserror::Error)]
 #[error("feature replay: {0}")]
 pub struct RecordError(pub String);
@@ -63,7 +64,8 @@ impl RecordError {
     }
 }
 
-/// A one-graph step the recorder could not record, and its images, which nothing has read yet:
+/// A stage or one-graph step the recorder could not record, and its images, which nothing has
+/// read yet:
 /// the trainer runs this step and the rest of the fit natively (byte-identical by parity), with
 /// `error` as the logged reason.
 #[derive(Debug)]
@@ -318,24 +320,42 @@ impl Recorder {
     /// the stage's outputs as leaves; the trainer's BatchNorm running statistics are updated in
     /// `model`. With one graph it only keeps `images` (and the autocast dtype in effect) for
     /// [`Recorder::loss`], which runs the whole step, and returns no leaves.
-    /// A recording failure is fatal and names the stage that failed: eligibility was decided
-    /// before, and silently training natively would hide it.
-    pub fn forward(&mut self, model: &mut Yolo, images: Tensor<4>) -> Vec<Tensor<4>> {
+    /// A stage that cannot be recorded comes back with its images ([`Unrecorded`]): the
+    /// recording ran on a private copy, so nothing of the step has run and the trainer's model
+    /// is as it was; the recorder is left without a graph.
+    pub fn forward(
+        &mut self,
+        model: &mut Yolo,
+        images: Tensor<4>,
+    ) -> Result<Vec<Tensor<4>>, Unrecorded> {
         if self.one_graph {
             self.images = Some(images);
             self.dtype = compute_dtype();
-            return Vec::new();
+            return Ok(Vec::new());
         }
         if self.state.is_none() {
-            let recorded = record(
-                model,
-                images.clone(),
-                self.pinned.take().as_ref(),
-                &self.device,
-                self.scope,
-                self.control,
-            );
-            self.state = Some(recorded.unwrap_or_else(|e| panic!("{e}")));
+            let recorded = if self.control.refuses_recording() {
+                Err(RecordError("a recording refused by the control".into()))
+            } else {
+                record(
+                    model,
+                    images.clone(),
+                    self.pinned.take().as_ref(),
+                    &self.device,
+                    self.scope,
+                    self.control,
+                )
+            };
+            match recorded {
+                Ok(r) => self.state = Some(r),
+                Err(error) => {
+                    // A refused window's launch metadata is cached though its uploads never
+                    // ran (docs/replay.md, "One window"): dropped before anything runs eagerly.
+                    self.device.memory_cleanup();
+                    let images = Box::new(images);
+                    return Err(Unrecorded { error, images });
+                }
+            }
             self.skip_rollback(model);
         }
         let r = self.state.as_mut().expect("recorded");
@@ -350,7 +370,7 @@ impl Recorder {
         replay(&self.device, forward);
         let leaves = outputs.iter().map(leaf).collect();
         r.statistics_into(model);
-        leaves
+        Ok(leaves)
     }
 
     /// The `SkipRollback` control, right after recording: the private copy's BatchNorm

@@ -21,6 +21,15 @@ use super::tape::{leaf, seeded_root};
 #[cfg(feature = "cuda")]
 use super::recorder::Recorder;
 
+/// A replayed stage that could not be recorded, with its images ([`Stage::forward`]).
+#[cfg(feature = "cuda")]
+pub use super::recorder::Unrecorded;
+
+/// Without CUDA nothing is recorded, so no recording fails.
+#[cfg(not(feature = "cuda"))]
+#[derive(Debug)]
+pub enum Unrecorded {}
+
 /// One stage of recording: what it added in use (negative: freed), in how many slices, and
 /// the pool's reservation after it.
 #[derive(Clone, Copy, Debug)]
@@ -151,23 +160,28 @@ impl Stage {
     }
 
     /// The stage on `images` (autodiff device). The replay path also writes the updated
-    /// BatchNorm running statistics into `model`.
-    pub fn forward(&mut self, model: &mut Yolo, images: Tensor<4>) -> StageOutputs {
+    /// BatchNorm running statistics into `model`; where it cannot record the stage it gives
+    /// the images back ([`Unrecorded`]) and nothing of the step has run.
+    pub fn forward(
+        &mut self,
+        model: &mut Yolo,
+        images: Tensor<4>,
+    ) -> Result<StageOutputs, Unrecorded> {
         match self {
             Stage::Native(scope) => {
                 let taped = scope.run(model, images);
-                StageOutputs {
+                Ok(StageOutputs {
                     scope: scope.cut(),
                     leaves: taped.iter().map(leaf).collect(),
                     taped: Some(taped),
-                }
+                })
             }
             #[cfg(feature = "cuda")]
-            Stage::Replay(r) => StageOutputs {
+            Stage::Replay(r) => Ok(StageOutputs {
                 scope: r.scope().cut(),
-                leaves: r.forward(model, images),
+                leaves: r.forward(model, images)?,
                 taped: None,
-            },
+            }),
         }
     }
 

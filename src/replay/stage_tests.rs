@@ -18,7 +18,9 @@ fn both(task: Task, scope: Scope, loss: Loss) -> (Yolo, GradientsParams, Gradien
     );
     let whole = GradientsParams::from_grads(loss(model.forward(x.clone())).backward(), &model);
     let mut stage = Stage::Native(scope);
-    let f = stage.forward(&mut model, x);
+    let f = stage
+        .forward(&mut model, x)
+        .expect("a native stage records nothing");
     let rest = loss(f.head(&model.head)).backward();
     let (below, _) = stage.backward(&model, f, &rest, None);
     let mut cut = GradientsParams::from_grads(rest, &model);

@@ -404,3 +404,24 @@ pub(super) fn assert_stale_parameters_break_parity(task: &str) {
         "the parity check missed stale parameters"
     );
 }
+
+/// A stage whose recording fails (the injected `RefuseRecording`: split graphs, the features
+/// scope and the step scope's three graphs) runs natively from that step on: replay off with
+/// the reason kept, the same per-step losses and state hashes as native. The recording ran on
+/// a private copy, so the trainer's model is as it was when the step runs natively.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_stage_that_cannot_be_recorded_runs_natively() {
+    for (task, precision) in [("pose", "bf16"), ("pose-step", "fp32")] {
+        let (native, native_losses, _) = fit(&config_for(task, precision, false), Control::None);
+        let mut t = trainer(&config_for(task, precision, true), Control::RefuseRecording);
+        while !t.finished() {
+            t.run_epoch(&mut |_, _, _| {}).unwrap();
+        }
+        assert!(!t.stage.is_replay(), "{task}: still replayed");
+        let why = t.replay_off.as_deref().unwrap_or_default();
+        assert!(why.contains("refused by the control"), "{task}: {why:?}");
+        assert_eq!(t.step_losses, native_losses, "{task}: per-step losses");
+        assert_eq!(t.state_hashes(), native, "{task}: state hashes");
+    }
+}

@@ -105,7 +105,14 @@ impl Trainer {
         self.stage = Stage::Native(self.cfg.replay_scope());
         self.replay_off = Some(why);
         let _reduced = autocast(self.cfg.train.precision.compute_dtype());
-        self.stage.forward(&mut self.model, *unrecorded.images)
+        let native = self.stage.forward(&mut self.model, *unrecorded.images);
+        native.expect("a native stage records nothing")
+    }
+
+    /// Without CUDA nothing is recorded, so nothing falls back.
+    #[cfg(not(feature = "cuda"))]
+    fn fall_back(&mut self, unrecorded: crate::replay::stage::Unrecorded) -> StageOutputs {
+        match unrecorded {}
     }
 
     /// [`Trainer::loss_and_backward`] from a [`Trainer::launch_recorded`] replay: its items are
@@ -303,7 +310,8 @@ impl Trainer {
             clock.mark(Phase::Augment);
             let features = time(Span::Stage, || self.stage.forward(&mut self.model, images));
             clock.mark(Phase::Features);
-            features
+            // Nothing of the step has run: it runs natively.
+            features.unwrap_or_else(|unrecorded| self.fall_back(unrecorded))
         };
         let stepped =
             self.ni as i64 - self.last_opt_step >= self.schedule.accumulate(self.ni) as i64;
