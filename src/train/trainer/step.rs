@@ -309,9 +309,10 @@ impl Trainer {
             let images = time(Span::Images, || self.images(batch, &mut clock));
             clock.mark(Phase::Augment);
             let features = time(Span::Stage, || self.stage.forward(&mut self.model, images));
+            // Nothing of the step has run where the stage could not be recorded: natively.
+            let features = features.unwrap_or_else(|unrecorded| self.fall_back(unrecorded));
             clock.mark(Phase::Features);
-            // Nothing of the step has run: it runs natively.
-            features.unwrap_or_else(|unrecorded| self.fall_back(unrecorded))
+            features
         };
         let stepped =
             self.ni as i64 - self.last_opt_step >= self.schedule.accumulate(self.ni) as i64;
