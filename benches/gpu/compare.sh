@@ -17,6 +17,9 @@ for r in $(seq 1 "$ROUNDS"); do
     # shellcheck disable=SC2086 # a variant is a list of arguments
     timeout "$LIMIT" burnpose bench-step "$CONFIG" --skip "$SKIP" --steps "$STEPS" $v 2>&1 |
       grep -E "^bench-step|^unsynced|^peak in use within|^padding in use|^replay buffers|^recording, MiB|^recorded |^output-gradient|^input operands|accumulating only|rror|panick" | cut -c1-420
+    # A run that timed out or failed says so (a fresh machine's first run compiles kernels).
+    rc=${PIPESTATUS[0]}
+    [ "$rc" -ne 0 ] && echo "bench-step rc=$rc$( [ "$rc" -eq 124 ] && echo " (LIMIT=$LIMIT s ran out)")"
   done
 done
 if [ "${CENSUS:-0}" -gt 0 ]; then
