@@ -340,6 +340,8 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
     for batch in &batches {
         t.timed_step(batch)?;
     }
+    // The timed steps' own: the unsynced and census steps after them replay it too.
+    let timed_updates = t.stage.update_replays();
     let cpu = process_cpu_seconds()
         .zip(cpu_before)
         .map(|(after, before)| after - before);
@@ -493,8 +495,8 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
     if t.cfg.record_update() && t.stage.is_replay() {
         let steps = timing.optimizer_step.iter().filter(|s| **s).count();
         println!(
-            "recorded updates: {} of {steps} optimizer steps",
-            t.stage.update_replays()
+            "recorded updates: {timed_updates} replays in the {steps} timed optimizer steps \
+             (the first records it)"
         );
     }
     let buffers = t.stage.buffer_bytes();
