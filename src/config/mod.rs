@@ -375,12 +375,14 @@ impl Config {
         self.replay_scope() == Scope::Step && self.replay.one_graph.unwrap_or(true)
     }
 
-    /// Whether a step of the recorded step scope uploads the next batch while its graph runs:
-    /// `replay.defer_readback`, on by default with the step scope, which it needs.
+    /// Whether a step of the recorded step scope that ends without an optimizer step is read
+    /// back during the next one: `replay.defer_readback`, on by default with the step scope,
+    /// which it needs.
     pub fn defer_readback(&self) -> bool {
         self.replay_scope() == Scope::Step && self.replay.defer_readback.unwrap_or(true)
     }
 
+    /// Whether a step of the recorded step scope uploads the next batch while its graph runs:
     /// `replay.upload_ahead`, on by default with the step scope, which it needs.
     pub fn upload_ahead(&self) -> bool {
         self.replay_scope() == Scope::Step && self.replay.upload_ahead.unwrap_or(true)
