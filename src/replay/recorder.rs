@@ -62,6 +62,11 @@ impl RecordError {
     pub fn wants_room(&self) -> bool {
         self.0.contains("no page may be added")
     }
+
+    /// A recording the `RefuseRecording*` controls refuse.
+    fn refused_by_control() -> Self {
+        RecordError("a recording refused by the control".into())
+    }
 }
 
 /// A stage or one-graph step the recorder could not record, and its images, which nothing has
@@ -335,7 +340,7 @@ impl Recorder {
         }
         if self.state.is_none() {
             let recorded = if self.control.refuses_recording() {
-                Err(RecordError("a recording refused by the control".into()))
+                Err(RecordError::refused_by_control())
             } else {
                 record(
                     model,
@@ -348,13 +353,7 @@ impl Recorder {
             };
             match recorded {
                 Ok(r) => self.state = Some(r),
-                Err(error) => {
-                    // A refused window's launch metadata is cached though its uploads never
-                    // ran (docs/replay.md, "One window"): dropped before anything runs eagerly.
-                    self.device.memory_cleanup();
-                    let images = Box::new(images);
-                    return Err(Unrecorded { error, images });
-                }
+                Err(error) => return Err(self.unrecorded(error, images)),
             }
             self.skip_rollback(model);
         }
@@ -371,6 +370,22 @@ impl Recorder {
         let leaves = outputs.iter().map(leaf).collect();
         r.statistics_into(model);
         Ok(leaves)
+    }
+
+    /// A recording that failed, with the images of the step it was for. A refused window's
+    /// launch metadata stays cached though its uploads never ran (CubeCL 0.11.3's
+    /// `capture_discard`): a later eager launch with the same metadata would read garbage, so
+    /// the cleanup drops every cached buffer no live graph pins before anything runs eagerly
+    /// (docs/replay.md, "One window").
+    fn unrecorded(&self, error: RecordError, images: Tensor<4>) -> Unrecorded {
+        self.forget_refused_windows();
+        let images = Box::new(images);
+        Unrecorded { error, images }
+    }
+
+    /// See [`Recorder::unrecorded`]: what refused windows left cached, dropped.
+    fn forget_refused_windows(&self) {
+        self.device.memory_cleanup();
     }
 
     /// The `SkipRollback` control, right after recording: the private copy's BatchNorm

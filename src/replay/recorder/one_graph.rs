@@ -55,15 +55,10 @@ impl Recorder {
             let mut retried = false;
             let refused = self.control.refuses_recording_again() && self.loss_recordings > 0;
             let first = if refused {
-                Err(RecordError("a recording refused by the control".into()))
+                Err(RecordError::refused_by_control())
             } else {
                 record(warms_up_as_captured())
             };
-            // A refused window's launch metadata uploads never ran, but CubeCL 0.11.3 keeps
-            // their buffers cached (`capture_discard`): a later eager launch with the same
-            // metadata would read garbage. A cleanup drops every cached buffer no live graph
-            // pins (docs/replay.md, "One window").
-            let forget_the_window = || self.device.memory_cleanup();
             let recorded = first.or_else(|e| {
                 if !e.wants_room() {
                     return Err(e);
@@ -73,16 +68,13 @@ impl Recorder {
                     "step replay: no room in the pages held for an allocation inside the \
                      window; recording again after one more warm-up"
                 );
-                forget_the_window();
+                // Not what the refused window left cached (`Recorder::unrecorded`).
+                self.forget_refused_windows();
                 record(true)
             });
             let recorded = match recorded {
                 Ok(r) => r,
-                Err(error) => {
-                    forget_the_window();
-                    let images = Box::new(images);
-                    return Err(Unrecorded { error, images });
-                }
+                Err(error) => return Err(self.unrecorded(error, images)),
             };
             self.state = Some(recorded);
             self.loss_recordings += 1;

@@ -99,7 +99,7 @@ impl Trainer {
     /// and kept in [`Trainer::replay_off`]), and this step's stage runs natively on its images,
     /// which nothing has read yet, so the fit stays byte-identical to a native one.
     #[cfg(feature = "cuda")]
-    fn fall_back(&mut self, unrecorded: crate::replay::recorder::Unrecorded) -> StageOutputs {
+    fn fall_back(&mut self, unrecorded: crate::replay::stage::Unrecorded) -> StageOutputs {
         let why = format!("the step could not be recorded ({})", unrecorded.error);
         eprintln!("feature replay off: {why}; the network runs natively from this step on");
         self.stage = Stage::Native(self.cfg.replay_scope());
