@@ -117,6 +117,25 @@ pub(super) fn run_to_end(t: &mut Trainer) {
     );
 }
 
+/// A replayed fit of `cfg` whose recordings `control` refuses, to its end: replay turned off
+/// with the control's reason kept, and the per-step losses and state hashes of `native`'s fit
+/// (the same config, native). `what` names the case in a failure.
+pub(super) fn assert_runs_natively(cfg: &Config, native: &Config, control: Control, what: &str) {
+    let (hashes, losses, _) = fit(native, Control::None);
+    let mut t = trainer(cfg, control);
+    while !t.finished() {
+        t.run_epoch(&mut |_, _, _| {}).unwrap();
+    }
+    assert!(!t.stage.is_replay(), "{what}: still replayed");
+    let why = t.replay_off.as_deref().unwrap_or_default();
+    assert!(
+        why.contains("refused by the control"),
+        "{what}: reason kept: {why:?}"
+    );
+    assert_eq!(t.step_losses, losses, "{what}: per-step losses");
+    assert_eq!(t.state_hashes(), hashes, "{what}: state hashes");
+}
+
 pub(super) fn fit(cfg: &Config, control: Control) -> (StateHashes, Vec<[f32; 6]>, Tensors) {
     let mut t = trainer(cfg, control);
     run_to_end(&mut t);
@@ -413,15 +432,11 @@ pub(super) fn assert_stale_parameters_break_parity(task: &str) {
 #[ignore = "needs a CUDA GPU"]
 fn a_stage_that_cannot_be_recorded_runs_natively() {
     for (task, precision) in [("pose", "bf16"), ("pose-step", "fp32")] {
-        let (native, native_losses, _) = fit(&config_for(task, precision, false), Control::None);
-        let mut t = trainer(&config_for(task, precision, true), Control::RefuseRecording);
-        while !t.finished() {
-            t.run_epoch(&mut |_, _, _| {}).unwrap();
-        }
-        assert!(!t.stage.is_replay(), "{task}: still replayed");
-        let why = t.replay_off.as_deref().unwrap_or_default();
-        assert!(why.contains("refused by the control"), "{task}: {why:?}");
-        assert_eq!(t.step_losses, native_losses, "{task}: per-step losses");
-        assert_eq!(t.state_hashes(), native, "{task}: state hashes");
+        assert_runs_natively(
+            &config_for(task, precision, true),
+            &config_for(task, precision, false),
+            Control::RefuseRecording,
+            task,
+        );
     }
 }
