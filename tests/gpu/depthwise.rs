@@ -1,8 +1,10 @@
-//! The depthwise gradient kernels (`kernels/depthwise.rs`) against the operations they replace:
-//! Burn's direct transposed convolution in FP32 for the data gradient, the im2col product and
-//! reductions of `model::ops::wgrad` for the weight gradient. Odd sizes, batches of 1 and 3,
-//! stride 2, dilation, padding other than k/2, a 5×5 kernel, NHWC-strided and BF16 inputs, and
-//! positions enough for several partial sums per channel; two runs give the same bits.
+//! The depthwise kernels (`kernels/depthwise.rs`) against the operations they replace: Burn's
+//! direct convolution in FP32 (on operands rounded to BF16 for the autocast forward) for the
+//! forward, Burn's direct transposed convolution in FP32 for the data gradient, the im2col
+//! product and reductions of `model::ops::wgrad` for the weight gradient. Odd sizes, batches of
+//! 1 and 3, stride 2, dilation, padding other than k/2, a 5×5 kernel, NHWC-strided and BF16
+//! inputs, and positions enough for several partial sums per channel; two runs give the same
+//! bits.
 
 use super::{cube, cube_values as values, cuda, rel_values};
 use burn::backend::ops::{ConvOptions, FloatTensorOps};
@@ -76,6 +78,51 @@ fn depthwise_gradients_match_the_operations_they_replace_on_cuda() {
         );
         let e = rel_values(&a, &reference);
         assert!(e < 1e-5, "{what}: dx differs from Burn's by {e}");
+
+        // Forward: Burn's direct kernel in FP32 as the reference, on the operands as given and
+        // rounded to BF16 first (what autocast convolves); the same values NHWC-strided give the
+        // same bits, and rounding changes the result.
+        let plain_nhwc = Tensor::<4>::from_data(plain.clone().permute([0, 2, 3, 1]).to_data(), &d)
+            .permute([0, 3, 1, 2]);
+        let mut by_dtype = Vec::new();
+        for dtype in [FloatDType::F32, FloatDType::BF16] {
+            let round = |t: &Tensor<4>| t.clone().cast(dtype).cast(FloatDType::F32);
+            let reference = values(
+                conv::conv_forward::<2>(
+                    cube(round(&plain)),
+                    cube(round(&weight)),
+                    None,
+                    options.clone(),
+                    ConvStrategy::Direct,
+                )
+                .unwrap(),
+            );
+            let run = |x: &Tensor<4>| {
+                depthwise::forward(cube(x.clone()), cube(weight.clone()), &options, dtype)
+            };
+            let y = run(&plain);
+            assert_eq!(y.dtype, DType::F32);
+            assert_eq!(y.meta.shape().dims::<4>(), [n, c, out[0], out[1]], "{what}");
+            let (a, b, t) = (values(y), values(run(&plain)), values(run(&plain_nhwc)));
+            assert!(
+                a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{what} {dtype:?}: forward not reproducible"
+            );
+            assert!(
+                a.iter().zip(&t).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{what} {dtype:?}: an NHWC-strided input gives other bits"
+            );
+            let e = rel_values(&a, &reference);
+            assert!(
+                e < 1e-5,
+                "{what} {dtype:?}: forward differs from Burn's by {e}"
+            );
+            by_dtype.push(a);
+        }
+        assert!(
+            by_dtype[0].iter().zip(&by_dtype[1]).any(|(x, y)| x != y),
+            "{what}: rounding to BF16 changed nothing"
+        );
 
         // Weight gradient: the tensor-operation columns, product and reductions as the reference,
         // for an NCHW, an NHWC-strided and a BF16 input.

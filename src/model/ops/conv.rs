@@ -144,8 +144,9 @@ pub mod gemm {
     /// result in FP32. Without groups, both operands go channels-last, cast and zero-padded to
     /// [`padded`] channels in one launch each; the GEMM accumulates in FP32 and, where the output
     /// channels need no padding, writes FP32 itself (no cast launch, no BF16 rounding of the
-    /// result); otherwise its padded result is cropped and cast back in one launch. Grouped
-    /// convolutions run Burn's direct kernel on cast operands.
+    /// result); otherwise its padded result is cropped and cast back in one launch. Depthwise
+    /// convolutions run our kernel (`kernels/depthwise.rs`: operands rounded to `dtype`, FP32
+    /// sums, FP32 result, one launch); other grouped ones Burn's direct kernel on cast operands.
     pub fn forward_in(
         x: CubeTensor,
         weight: CubeTensor,
@@ -194,6 +195,9 @@ pub mod gemm {
     ) -> CubeTensor {
         let d: DType = dtype.into();
         let cast = |t: CubeTensor, d: DType| burn_cubecl::kernel::cast(t, d);
+        if depthwise::is_depthwise(x.shape()[1], &weight.shape(), &options) {
+            return depthwise::forward(x, weight, &options, dtype);
+        }
         if options.groups == 1 {
             let (n, ci, co) = (x.shape()[0], x.shape()[1], weight.shape()[0]);
             let xp = x_operand
@@ -207,7 +211,14 @@ pub mod gemm {
         cast(forward(cast(x, d), cast(weight, d), options), DType::F32)
     }
 
+    /// A convolution in `x`'s and `weight`'s dtype: depthwise ones in FP32 by our kernel
+    /// (when both are FP32), others by CubeCL's implicit GEMM or, where it declines, Burn's
+    /// direct kernel.
     pub fn forward(x: CubeTensor, weight: CubeTensor, options: ConvOptions<2>) -> CubeTensor {
+        let f32s = x.dtype == DType::F32 && weight.dtype == DType::F32;
+        if f32s && depthwise::is_depthwise(x.shape()[1], &weight.shape(), &options) {
+            return depthwise::forward(x, weight, &options, FloatDType::F32);
+        }
         conv::conv_forward::<2>(
             x.clone(),
             weight.clone(),
