@@ -140,12 +140,14 @@ pub fn forward(
 /// The data gradient of a stride-1 convolution without groups: `grad` (`[N, O, Ho, Wo]`,
 /// channels-last memory, BF16, `O` a multiple of 8) and `weight` (`[O, C, kh, kw]`,
 /// channels-last memory, BF16) → a new dense `[N, H, W, C]` in `out` (FP32 or BF16) for an input
-/// `[C, H, W]` (`input`); `None` where it declines, before launching anything. Each call copies
-/// the weight with its channels swapped (`[C, kh, kw, O]`, so that K, the output channels, is
-/// its contiguous axis).
+/// `[C, H, W]` (`input`); `None` where it declines, before launching anything. It reads the
+/// weight with its channels swapped (`[C, kh, kw, O]` memory seen as `[C, O, kh, kw]`, so that
+/// K, the output channels, is its contiguous axis): `swapped` where given in that form
+/// (`channels::weight_operands` writes it beside the forward's operand), else copied here.
 pub fn data_grad(
     grad: &CubeTensor,
     weight: &CubeTensor,
+    swapped: Option<&CubeTensor>,
     input: [usize; 3],
     options: &ConvOptions<2>,
     out: DType,
@@ -166,8 +168,19 @@ pub fn data_grad(
     let (n, o, ho, wo) = (gs[0], gs[1], gs[2], gs[3]);
     let (kh, kw) = (ws[2], ws[3]);
     // `[C, kh, kw, O]` memory, seen as `[C, O, kh, kw]`.
-    let swapped = into_contiguous(permute(weight.clone(), &[1, 2, 3, 0]));
-    let swapped = permute(swapped, &[0, 3, 1, 2]);
+    let of_weight = |t: &&CubeTensor| {
+        let st = t.meta.strides();
+        t.dtype == weight.dtype
+            && t.meta.shape().dims::<4>() == [ws[1], ws[0], kh, kw]
+            && [st[0], st[1], st[2], st[3]] == [kh * kw * o, 1, kw * o, o]
+    };
+    let swapped = match swapped.filter(of_weight) {
+        Some(s) => s.clone(),
+        None => permute(
+            into_contiguous(permute(weight.clone(), &[1, 2, 3, 0])),
+            &[0, 3, 1, 2],
+        ),
+    };
     if !vectorised(&swapped) {
         return None;
     }

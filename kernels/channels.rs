@@ -19,7 +19,7 @@
 use burn::cubecl;
 use burn::tensor::{DType, Shape};
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
-use burn_cubecl::ops::permute_nhwc_to_nchw;
+use burn_cubecl::ops::{permute, permute_nhwc_to_nchw};
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 use cubecl::{CubeCount, CubeDim, calculate_cube_count_elemwise};
@@ -88,6 +88,87 @@ fn channels_last_kernel<I: Float, O: Float>(
         v = O::cast_from(x[src]);
     }
     out[dst] = v;
+}
+
+/// [`channels_last_kernel`]'s stride-1 value for every unit of `out`, written twice: into
+/// `out` and into `swapped`, a `[C', O', kh, kw]` tensor (a convolution weight's data-gradient
+/// operand) at `(c, n, h, w)`.
+#[cube(launch_unchecked, create_dummy_kernel)]
+fn weight_operands_kernel<I: Float, O: Float>(
+    x: &Tensor<I>,
+    out: &mut Tensor<O>,
+    swapped: &mut Tensor<O>,
+    #[define(I, O)] _dtypes: [ElemType; 2],
+) {
+    let c_n = out.shape(1);
+    let h = out.shape(2);
+    let w = out.shape(3);
+    if ABSOLUTE_POS >= out.shape(0) * c_n * h * w {
+        terminate!();
+    }
+    let mut rest = ABSOLUTE_POS;
+    let c = rest % c_n;
+    rest /= c_n;
+    let ow = rest % w;
+    rest /= w;
+    let oh = rest % h;
+    let n = rest / h;
+    let mut v = O::from_int(0);
+    if n < x.shape(0) && c < x.shape(1) {
+        let src = n * x.stride(0) + c * x.stride(1) + oh * x.stride(2) + ow * x.stride(3);
+        v = O::cast_from(x[src]);
+    }
+    let dst = n * out.stride(0) + c * out.stride(1) + oh * out.stride(2) + ow * out.stride(3);
+    out[dst] = v;
+    let at = c * swapped.stride(0)
+        + n * swapped.stride(1)
+        + oh * swapped.stride(2)
+        + ow * swapped.stride(3);
+    swapped[at] = v;
+}
+
+/// A convolution weight `[O, C, kh, kw]` (any float dtype, any strides) as both operands of our
+/// BF16 kernel, in one launch: [`channels_last`]`(weight, o, c, dtype)` (the forward's), and
+/// the same values with the channel axes swapped, `[c, o, kh, kw]` whose memory is
+/// `[c, kh, kw, o]` (the data gradient's: its contiguous axis is the output channels, the data
+/// gradient's K).
+pub fn weight_operands(
+    weight: CubeTensor,
+    o: usize,
+    c: usize,
+    dtype: DType,
+) -> (CubeTensor, CubeTensor) {
+    let s = weight.meta.shape();
+    assert_eq!(
+        s.num_dims(),
+        4,
+        "weight_operands: expects [O, C, kh, kw], got {s:?}"
+    );
+    let (kh, kw) = (s[2], s[3]);
+    let (client, device) = (weight.client.clone(), weight.device.clone());
+    let empty = |shape: [usize; 4]| {
+        empty_device_contiguous_dtype(client.clone(), device.clone(), Shape::new(shape), dtype)
+    };
+    let out = permute_nhwc_to_nchw(empty([o, kh, kw, c]));
+    let swapped = permute(empty([c, kh, kw, o]), &[0, 3, 1, 2]);
+    let total = o * c * kh * kw;
+    let dim = CubeDim::new(&client, total);
+    let count = calculate_cube_count_elemwise(&client, total, dim);
+    let types = [storage(weight.dtype), storage(dtype)];
+    // SAFETY: each unit reads `weight` inside its shape by its strides and writes its own
+    // element of `out` and of `swapped`, both of `out`'s element count, by their strides.
+    unsafe {
+        weight_operands_kernel::launch_unchecked(
+            &client,
+            count,
+            dim,
+            weight.into_tensor_arg(),
+            out.clone().into_tensor_arg(),
+            swapped.clone().into_tensor_arg(),
+            types,
+        );
+    }
+    (out, swapped)
 }
 
 /// [`channels_last`] of `x` zero-dilated by `stride`: a `[n, channels, size[0], size[1]]`
@@ -235,4 +316,31 @@ pub fn channel_sums(x: CubeTensor) -> CubeTensor {
         );
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::compile_check::{compiles, device, tensor};
+    use super::*;
+    use cubecl::ir::{ElemType, FloatKind};
+
+    /// The two-operand weight cast compiles for CUDA on a machine without a GPU (FP32 in,
+    /// BF16 and F16 out).
+    #[test]
+    fn weight_operands_kernel_compiles_for_cuda_without_a_device() {
+        let (props, target) = device();
+        for kind in [FloatKind::BF16, FloatKind::F16] {
+            let k = weight_operands_kernel::create_dummy_kernel(
+                props.clone(),
+                target.clone(),
+                CubeCount::Static(4, 1, 1),
+                CubeDim::new_1d(256),
+                tensor(&[5, 3, 3, 3]),
+                tensor(&[8, 8, 3, 3]),
+                tensor(&[8, 8, 3, 3]),
+                [ElemType::Float(FloatKind::F32), ElemType::Float(kind)],
+            );
+            compiles(k.define());
+        }
+    }
 }

@@ -684,3 +684,62 @@ fn oks_kernel_matches_the_formula_on_cuda() {
     );
     println!("oks [{b}, {n}, {a}] x {k} keypoints: within {worst} of the formula, two runs equal");
 }
+
+/// The data gradient's weight operand written beside the forward's
+/// (`conv::gemm::weight_operand` with `data_grad`) gives the bits of the one the data gradient
+/// copies itself, at stride 1 and 2 (by GEMM over the dilated gradient), 1×1, and with padded
+/// channels; a wrong swapped operand of the same form changes the result (so it is read), and
+/// without `data_grad` none is made.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_swapped_weight_operand_gives_the_copied_ones_bits_on_cuda() {
+    use burn::backend::ops::ConvOptions;
+    use burnpose::model::ops::conv::gemm;
+    let d = cuda();
+    d.seed(29);
+    let bf16 = FloatDType::BF16;
+    let cube = super::cube::<4>;
+    for (ci, co, k, st, hw) in [
+        (85, 85, 3, 1, 37),
+        (64, 128, 3, 2, 41),
+        (16, 32, 3, 2, 37),
+        (48, 64, 1, 1, 23),
+    ] {
+        let what = format!("{ci}->{co} k{k} s{st} {hw}px");
+        let options = ConvOptions::new([st, st], [k / 2, k / 2], [1, 1], 1);
+        let normal = || Distribution::Normal(0.0, 1.0);
+        let x = Tensor::<4>::random([3, ci, hw, hw], normal(), &d);
+        let weight = Tensor::<4>::random([co, ci, k, k], normal(), &d);
+        let ho = (hw + 2 * (k / 2) - k) / st + 1;
+        let grad = Tensor::<4>::random([3, co, ho, ho], normal(), &d);
+        let (operand, swapped) = gemm::weight_operand(cube(weight.clone()), &options, bf16, true);
+        let swapped = swapped.unwrap_or_else(|| panic!("{what}: no swapped operand made"));
+        let (_, wrong) = gemm::weight_operand(cube(weight.clone() * 2.0), &options, bf16, true);
+        let dx = |swapped: Option<burn_cubecl::tensor::CubeTensor>| {
+            let operands = [Some(operand.clone()), swapped, None];
+            let dx = gemm::x_backward_with(
+                cube(x.clone()),
+                cube(weight.clone()),
+                operands,
+                cube(grad.clone()),
+                options.clone(),
+                bf16,
+            );
+            super::cube_values(dx)
+        };
+        let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+        let (given, copied) = (dx(Some(swapped)), dx(None));
+        assert!(
+            given.iter().any(|v| *v != 0.0),
+            "{what}: data gradient all zero"
+        );
+        assert_eq!(bits(given.clone()), bits(copied), "{what}: other bits");
+        assert_ne!(
+            bits(dx(wrong)),
+            bits(given),
+            "{what}: the swapped operand is not read"
+        );
+        let (_, none) = gemm::weight_operand(cube(weight), &options, bf16, false);
+        assert!(none.is_none(), "{what}: made without data_grad");
+    }
+}

@@ -79,7 +79,7 @@ impl<B: Backend + FastOps> Backward<B, 2> for ConvOp {
         NodeId,
         NodeId,
         ConvOptions<2>,
-        Option<(FloatDType, FloatTensor<B>)>,
+        Option<(FloatDType, FloatTensor<B>, Option<FloatTensor<B>>)>,
     );
 
     fn backward(
@@ -91,7 +91,7 @@ impl<B: Backend + FastOps> Backward<B, 2> for ConvOp {
         let [node_x, node_weight] = ops.parents;
         let grad = grads.consume::<B>(&ops.node);
         let (x_state, weight_state, options, reduced) = ops.state;
-        let dtype = reduced.as_ref().map(|(d, _)| *d);
+        let dtype = reduced.as_ref().map(|(d, _, _)| *d);
         let x = checkpointer.retrieve_node_output::<FloatTensor<B>>(x_state);
         let weight = checkpointer.retrieve_node_output::<FloatTensor<B>>(weight_state);
         if let (Some(nx), Some(nw), None) = (&node_x, &node_weight, dtype)
@@ -115,11 +115,19 @@ impl<B: Backend + FastOps> Backward<B, 2> for ConvOp {
         if let Some(node) = node_x {
             let (x, w, g, o) = (x.clone(), weight.clone(), grad.clone(), options.clone());
             let dx = match (&reduced, grad_operands::take::<B>(ops.node.id)) {
-                (Some((dtype, operand)), Some(gp)) => {
-                    B::conv_in_x_backward_given(x, w, operand.clone(), g, gp, o, *dtype)
+                (Some((d, operand, Some(swapped))), Some(gp)) => {
+                    let (op, sw) = (operand.clone(), swapped.clone());
+                    B::conv_in_x_backward_swapped_given(x, w, op, sw, g, gp, o, *d)
                 }
-                (Some((dtype, operand)), None) => {
-                    B::conv_in_x_backward_with(x, w, operand.clone(), g, o, *dtype)
+                (Some((d, operand, Some(swapped))), None) => {
+                    let (op, sw) = (operand.clone(), swapped.clone());
+                    B::conv_in_x_backward_swapped(x, w, op, sw, g, o, *d)
+                }
+                (Some((d, operand, None)), Some(gp)) => {
+                    B::conv_in_x_backward_given(x, w, operand.clone(), g, gp, o, *d)
+                }
+                (Some((d, operand, None)), None) => {
+                    B::conv_in_x_backward_with(x, w, operand.clone(), g, o, *d)
                 }
                 (None, _) => B::conv_x_backward(x, w, g, o),
             };
@@ -217,8 +225,9 @@ fn tracked_conv<B: Backend + FastOps, C: CheckpointStrategy>(
             let weight_state = prep.checkpoint(&weight);
             // The data gradient's GEMM takes an output-gradient operand the BatchNorm after it
             // can make (stride 1, no groups, reduced dtype, an input that wants a gradient).
+            let x_tracked = x.is_tracked();
             let gemm_data_grad =
-                dtype.filter(|_| x.is_tracked() && options.groups == 1 && options.stride == [1, 1]);
+                dtype.filter(|_| x_tracked && options.groups == 1 && options.stride == [1, 1]);
             // The input's operand where the BatchNorm before made it (no groups, reduced dtype).
             let x_operand = dtype
                 .filter(|_| options.groups == 1)
@@ -227,12 +236,13 @@ fn tracked_conv<B: Backend + FastOps, C: CheckpointStrategy>(
             let (out, reduced) = match dtype {
                 // The weight's operand made once, for the forward and the data gradient.
                 Some(d) => {
-                    let operand = B::conv_in_operand(w.clone(), options.clone(), d);
+                    let (operand, swapped) =
+                        B::conv_in_operand(w.clone(), options.clone(), d, x_tracked);
                     let out = match x_operand {
                         Some(xp) => B::conv_in_given(x, w, operand.clone(), xp, options.clone(), d),
                         None => B::conv_in_with(x, w, operand.clone(), options.clone(), d),
                     };
-                    (out, Some((d, operand)))
+                    (out, Some((d, operand, swapped)))
                 }
                 None => (B::conv(x, w, options.clone()), None),
             };

@@ -158,17 +158,29 @@ pub mod gemm {
 
     /// The GEMM's weight operand of [`forward_in`] and [`x_backward_in`] for convolutions
     /// without groups: `weight` channels-last, cast to `dtype` and padded to [`padded`]
-    /// channels; `weight` itself otherwise (they take no such operand).
+    /// channels; `weight` itself otherwise (they take no such operand). With `data_grad` (the
+    /// input wants a gradient), BF16 and our kernel chosen, also the data gradient's operand,
+    /// the same values with the channel axes swapped, written by the same launch (each data
+    /// gradient copied the operand so, one launch a convolution).
     pub fn weight_operand(
         weight: CubeTensor,
         options: &ConvOptions<2>,
         dtype: FloatDType,
-    ) -> CubeTensor {
+        data_grad: bool,
+    ) -> (CubeTensor, Option<CubeTensor>) {
         if options.groups != 1 {
-            return weight;
+            return (weight, None);
         }
         let (co, ci) = (weight.shape()[0], weight.shape()[1]);
-        channels_last(weight, padded(co), padded(ci), dtype.into())
+        if data_grad && dtype == FloatDType::BF16 && routine::own_chosen() {
+            let (operand, swapped) =
+                channels::weight_operands(weight, padded(co), padded(ci), dtype.into());
+            return (operand, Some(swapped));
+        }
+        (
+            channels_last(weight, padded(co), padded(ci), dtype.into()),
+            None,
+        )
     }
 
     /// `operand` when it is [`weight_operand`]'s for `weight` in `d`, else that made now.
@@ -279,17 +291,18 @@ pub mod gemm {
         options: ConvOptions<2>,
         dtype: FloatDType,
     ) -> CubeTensor {
-        x_backward_with(x, weight, [None, None], grad, options, dtype)
+        x_backward_with(x, weight, [None, None, None], grad, options, dtype)
     }
 
-    /// [`x_backward_in`] with the weight's GEMM operand made already ([`weight_operand`]) and,
-    /// for a stride-1 convolution, the output gradient's (`grad` channels-last, cast to `dtype`
-    /// and padded to [`padded`], as the BatchNorm after the convolution writes it
-    /// beside its input gradient); either is made here where not given or not of that form.
+    /// [`x_backward_in`] with the weight's GEMM operands made already ([`weight_operand`]:
+    /// the forward's and, where made, its swapped form) and, for a stride-1 convolution, the
+    /// output gradient's (`grad` channels-last, cast to `dtype` and padded to [`padded`], as
+    /// the BatchNorm after the convolution writes it beside its input gradient); each is made
+    /// here where not given or not of that form.
     pub fn x_backward_with(
         x: CubeTensor,
         weight: CubeTensor,
-        [operand, grad_operand]: [Option<CubeTensor>; 2],
+        [operand, swapped, grad_operand]: [Option<CubeTensor>; 3],
         grad: CubeTensor,
         options: ConvOptions<2>,
         dtype: FloatDType,
@@ -335,9 +348,15 @@ pub mod gemm {
                     .unwrap_or_else(|| channels_last(grad.clone(), n, padded(co), d));
                 (gp, options.clone())
             };
+            // The swapped form goes with the forward's operand only.
+            let given = operand
+                .as_ref()
+                .map(|w| w.dtype == d && w.shape()[0] == padded(co));
+            let swapped = swapped.filter(|_| given == Some(true));
             let wp = operand_of(&weight, operand, d);
             let shape_p = Shape::new([n, padded(ci), shape[2], shape[3]]);
-            if let Ok(dx) = routine::data_grad(gp, wp, shape_p, &unit, written_as(ci, d)) {
+            let out = written_as(ci, d);
+            if let Ok(dx) = routine::data_grad(gp, wp, swapped, shape_p, &unit, out) {
                 return in_f32(dx, n, ci);
             }
         }

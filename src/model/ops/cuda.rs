@@ -311,8 +311,9 @@ impl FastOps for burn_cubecl::CubeBackend {
         weight: FloatTensor<Self>,
         options: ConvOptions<2>,
         dtype: FloatDType,
-    ) -> FloatTensor<Self> {
-        conv::gemm::weight_operand(weight, &options, dtype)
+        data_grad: bool,
+    ) -> (FloatTensor<Self>, Option<FloatTensor<Self>>) {
+        conv::gemm::weight_operand(weight, &options, dtype, data_grad)
     }
     fn conv_in_with(
         x: FloatTensor<Self>,
@@ -341,7 +342,32 @@ impl FastOps for burn_cubecl::CubeBackend {
         options: ConvOptions<2>,
         dtype: FloatDType,
     ) -> FloatTensor<Self> {
-        conv::gemm::x_backward_with(x, weight, [Some(operand), None], grad, options, dtype)
+        conv::gemm::x_backward_with(x, weight, [Some(operand), None, None], grad, options, dtype)
+    }
+    fn conv_in_x_backward_swapped(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        operand: FloatTensor<Self>,
+        swapped: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        options: ConvOptions<2>,
+        dtype: FloatDType,
+    ) -> FloatTensor<Self> {
+        let operands = [Some(operand), Some(swapped), None];
+        conv::gemm::x_backward_with(x, weight, operands, grad, options, dtype)
+    }
+    fn conv_in_x_backward_swapped_given(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        operand: FloatTensor<Self>,
+        swapped: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        grad_operand: FloatTensor<Self>,
+        options: ConvOptions<2>,
+        dtype: FloatDType,
+    ) -> FloatTensor<Self> {
+        let operands = [Some(operand), Some(swapped), Some(grad_operand)];
+        conv::gemm::x_backward_with(x, weight, operands, grad, options, dtype)
     }
     fn conv_in_x_backward_given(
         x: FloatTensor<Self>,
@@ -355,7 +381,7 @@ impl FastOps for burn_cubecl::CubeBackend {
         conv::gemm::x_backward_with(
             x,
             weight,
-            [Some(operand), Some(grad_operand)],
+            [Some(operand), None, Some(grad_operand)],
             grad,
             options,
             dtype,

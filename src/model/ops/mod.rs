@@ -436,13 +436,17 @@ pub trait FastOps: Backend {
     /// The weight as [`FastOps::conv_in_with`] and [`FastOps::conv_in_x_backward_with`] take
     /// it, made once for both: here the weight itself (the defaults cast it each time); on CUDA
     /// the GEMM's operand, channels-last, cast and padded, which the data gradient would make
-    /// again.
+    /// again. Beside it, where `data_grad` (the input wants a gradient) and the backend's data
+    /// gradient reads the weight in another layout, that form, made in the same launch
+    /// ([`FastOps::conv_in_x_backward_swapped`] takes it; on CUDA our BF16 kernel's, the
+    /// channel axes swapped); `None` here.
     fn conv_in_operand(
         weight: FloatTensor<Self>,
         _options: ConvOptions<2>,
         _dtype: FloatDType,
-    ) -> FloatTensor<Self> {
-        weight
+        _data_grad: bool,
+    ) -> (FloatTensor<Self>, Option<FloatTensor<Self>>) {
+        (weight, None)
     }
     /// [`FastOps::conv_in`] with the weight's operand of [`FastOps::conv_in_operand`].
     fn conv_in_with(
@@ -491,6 +495,34 @@ pub trait FastOps: Backend {
         dtype: FloatDType,
     ) -> FloatTensor<Self> {
         Self::conv_in_x_backward_with(x, weight, operand, grad, options, dtype)
+    }
+    /// [`FastOps::conv_in_x_backward_with`] with the data gradient's form of the weight
+    /// (`swapped`, made by [`FastOps::conv_in_operand`]); here it is not used.
+    fn conv_in_x_backward_swapped(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        operand: FloatTensor<Self>,
+        _swapped: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        options: ConvOptions<2>,
+        dtype: FloatDType,
+    ) -> FloatTensor<Self> {
+        Self::conv_in_x_backward_with(x, weight, operand, grad, options, dtype)
+    }
+    /// [`FastOps::conv_in_x_backward_given`] with the data gradient's form of the weight, as
+    /// [`FastOps::conv_in_x_backward_swapped`].
+    #[allow(clippy::too_many_arguments)]
+    fn conv_in_x_backward_swapped_given(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        operand: FloatTensor<Self>,
+        _swapped: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        grad_operand: FloatTensor<Self>,
+        options: ConvOptions<2>,
+        dtype: FloatDType,
+    ) -> FloatTensor<Self> {
+        Self::conv_in_x_backward_given(x, weight, operand, grad, grad_operand, options, dtype)
     }
     /// Gradient of [`FastOps::conv_in`] with respect to its (FP32) weight, in FP32: here
     /// [`FastOps::conv_weight_backward`]'s, from the FP32 operands (CUDA may take reduced ones,

@@ -55,6 +55,11 @@ pub const OWN: &str = "own-bf16";
 
 static OWN_CHOSEN: AtomicBool = AtomicBool::new(true);
 
+/// Whether our own kernel ([`OWN`]) runs the convolutions it takes.
+pub fn own_chosen() -> bool {
+    OWN_CHOSEN.load(Ordering::Relaxed)
+}
+
 /// Runs every later convolution of this process with the default routine, [`OWN`].
 pub fn choose_default() {
     OWN_CHOSEN.store(true, Ordering::Relaxed);
@@ -183,6 +188,7 @@ pub fn forward(
 pub fn data_grad(
     grad: CubeTensor,
     weight: CubeTensor,
+    swapped: Option<CubeTensor>,
     in_shape: Shape,
     options: &ConvOptions<2>,
     out: DType,
@@ -192,7 +198,10 @@ pub fn data_grad(
     }
     if OWN_CHOSEN.load(Ordering::Relaxed) {
         let input = [in_shape[1], in_shape[2], in_shape[3]];
-        if let Some(dx) = super::super::bf16_conv::data_grad(&grad, &weight, input, options, out) {
+        let swapped = swapped.as_ref();
+        if let Some(dx) =
+            super::super::bf16_conv::data_grad(&grad, &weight, swapped, input, options, out)
+        {
             return Ok(permute_nhwc_to_nchw(dx));
         }
     }
