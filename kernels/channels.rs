@@ -4,7 +4,9 @@
 //!   operands channels-last and picks its vector width from the channel count: with 85 channels
 //!   (the pose head's keypoint branch) it ran unvectorised at ~7 TFLOP/s, 10 ms of a seed-shape
 //!   step on the H200. Padding to a multiple of 8 adds only zero terms to every sum. The same
-//!   launch replaces the cast and the channels-last copy the GEMM made of each operand.
+//!   launch replaces the cast and the channels-last copy the GEMM made of each operand. An
+//!   NCHW input read one unit per output value loads 32 channels `H·W` apart per warp;
+//!   [`choose_tiled`] transposes it through shared-memory tiles instead.
 //!   [`dilated_channels_last`] also spreads the values out by a stride, with zeros between:
 //!   a strided convolution's output gradient as its stride-1 twin's.
 //! - [`channel_sums`]: `Σ` over N, H, W of every channel, the gradient of a per-channel bias, as a
@@ -25,6 +27,25 @@ use cubecl::prelude::*;
 use cubecl::{CubeCount, CubeDim, calculate_cube_count_elemwise};
 
 use super::tree::{UNITS, parts, tree_sum};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Pixels and channels of a transposing tile ([`channels_last_tiled_kernel`]); a cube is
+/// `TILE × ROWS` units, each taking `TILE / ROWS` values of the tile each way.
+const TILE: usize = 32;
+const ROWS: usize = 8;
+/// A tile row in shared memory: one more than `TILE`, so the units of a warp reading a column
+/// hit 32 different banks.
+const PITCH: usize = TILE + 1;
+
+static TILED: AtomicBool = AtomicBool::new(false);
+
+/// Whether [`channels_last`] transposes an input whose pixels lie in rows (NCHW) through
+/// shared-memory tiles ([`channels_last_tiled_kernel`]; `bench-step --tiled-casts true`) or
+/// one unit per value (`false`, the default until the tiles are measured on a GPU). The same
+/// values either way.
+pub fn choose_tiled(on: bool) {
+    TILED.store(on, Ordering::Relaxed);
+}
 
 /// `x` `[N, C, H, W]` (any float dtype, any strides) as a `[n, channels, H, W]` tensor of
 /// `dtype` whose memory is channels-last (`[n, H, W, channels]`, contiguous): values cast,
@@ -171,6 +192,54 @@ pub fn weight_operands(
     (out, swapped)
 }
 
+/// [`channels_last_kernel`]'s stride-1 values for an `x` whose pixels lie in rows (`stride(3)
+/// = 1`, `stride(2) = W`: NCHW and its like), through shared memory. Cube `(p, t, n)` reads
+/// `TILE` channels × `TILE` pixels of image `n` along the pixels (a warp reads one channel's
+/// neighbouring pixels) and writes them along the channels (a warp writes one pixel's
+/// neighbouring channels), where one unit per output value read 32 channels `H·W` values apart
+/// per warp. Each value is cast once, from `I` through FP32 (exact for the 16- and 32-bit
+/// floats) to `O`, as [`channels_last_kernel`] casts it.
+#[cube(launch_unchecked, create_dummy_kernel)]
+fn channels_last_tiled_kernel<I: Float, O: Float>(
+    x: &Tensor<I>,
+    out: &mut Tensor<O>,
+    #[define(I, O)] _dtypes: [ElemType; 2],
+) {
+    let mut tile = Shared::<[f32]>::new_slice(TILE * PITCH);
+    let lane = UNIT_POS_X as usize;
+    let row = UNIT_POS_Y as usize;
+    let p0 = CUBE_POS_X as usize * TILE;
+    let c0 = CUBE_POS_Y as usize * TILE;
+    let n = CUBE_POS_Z as usize;
+    let w = out.shape(3);
+    let hw = out.shape(2) * w;
+    let p = p0 + lane;
+    #[unroll]
+    for r in 0..TILE / ROWS {
+        let cl = row + r * ROWS;
+        let c = c0 + cl;
+        let mut v = 0.0f32;
+        if p < hw && c < x.shape(1) && n < x.shape(0) {
+            v = f32::cast_from(x[n * x.stride(0) + c * x.stride(1) + p]);
+        }
+        tile[cl * PITCH + lane] = v;
+    }
+    sync_cube();
+    let c = c0 + lane;
+    #[unroll]
+    for r in 0..TILE / ROWS {
+        let pl = row + r * ROWS;
+        let q = p0 + pl;
+        if q < hw && c < out.shape(1) {
+            let at = n * out.stride(0)
+                + c * out.stride(1)
+                + (q / w) * out.stride(2)
+                + (q % w) * out.stride(3);
+            out[at] = O::cast_from(tile[lane * PITCH + pl]);
+        }
+    }
+}
+
 /// [`channels_last`] of `x` zero-dilated by `stride`: a `[n, channels, size[0], size[1]]`
 /// tensor of `dtype`, channels-last in memory, holding `x[.., i, j]` at `(i·s_h, j·s_w)` and
 /// zeros elsewhere (also past `x`'s last row and column). The gradient of a strided
@@ -197,6 +266,29 @@ pub fn dilated_channels_last(
         Shape::new([n, size[0], size[1], channels]),
         dtype,
     ));
+    let xs = x.meta.strides();
+    if TILED.load(Ordering::Relaxed) && stride == [1, 1] && xs[3] == 1 && xs[2] == s[3] {
+        let count = CubeCount::Static(
+            (size[0] * size[1]).div_ceil(TILE) as u32,
+            channels.div_ceil(TILE) as u32,
+            n as u32,
+        );
+        let types = [storage(x.dtype), storage(dtype)];
+        let client = x.client.clone();
+        // SAFETY: each unit reads `x` inside its shape (its pixels in rows, checked above) and
+        // writes `out` inside its shape, both by their strides.
+        unsafe {
+            channels_last_tiled_kernel::launch_unchecked(
+                &client,
+                count,
+                CubeDim::new_2d(TILE as u32, ROWS as u32),
+                x.into_tensor_arg(),
+                out.clone().into_tensor_arg(),
+                types,
+            );
+        }
+        return out;
+    }
     let total = n * channels * size[0] * size[1];
     let dim = CubeDim::new(&x.client, total);
     let count = calculate_cube_count_elemwise(&x.client, total, dim);
@@ -323,6 +415,27 @@ mod tests {
     use super::super::compile_check::{compiles, device, tensor};
     use super::*;
     use cubecl::ir::{ElemType, FloatKind};
+
+    /// The tiled channels-last cast compiles for CUDA on a machine without a GPU.
+    #[test]
+    fn tiled_cast_compiles_for_cuda_without_a_device() {
+        let (props, target) = device();
+        for (i, o) in [
+            (FloatKind::F32, FloatKind::BF16),
+            (FloatKind::BF16, FloatKind::F32),
+        ] {
+            let k = channels_last_tiled_kernel::create_dummy_kernel(
+                props.clone(),
+                target.clone(),
+                CubeCount::Static(4, 3, 2),
+                CubeDim::new_2d(TILE as u32, ROWS as u32),
+                tensor(&[2, 85, 9, 13]),
+                tensor(&[2, 88, 9, 13]),
+                [ElemType::Float(i), ElemType::Float(o)],
+            );
+            compiles(k.define());
+        }
+    }
 
     /// The two-operand weight cast compiles for CUDA on a machine without a GPU (FP32 in,
     /// BF16 and F16 out).

@@ -133,6 +133,11 @@ pub struct Options {
     /// have the convolution cast it (`false`). Both give the same bits.
     #[arg(long)]
     pub input_operands: Option<bool>,
+    /// Cast NCHW operands channels-last through shared-memory tiles (`true`;
+    /// `model::ops::channels::choose_tiled`, CUDA only) or one unit per value (`false`, the
+    /// default). Both give the same bits.
+    #[arg(long)]
+    pub tiled_casts: Option<bool>,
     /// Also read the memory pool inside every step (at the ends of loss, backward and optimizer)
     /// and print the largest bytes in use.
     #[arg(long)]
@@ -275,6 +280,12 @@ pub fn run(config_path: &Path, o: Options) -> anyhow::Result<()> {
         crate::model::ops::input_operands::choose(on);
         #[cfg(not(feature = "cuda"))]
         anyhow::bail!("--input-operands {on}: the operands are made on CUDA only");
+    }
+    if let Some(on) = o.tiled_casts {
+        #[cfg(feature = "cuda")]
+        crate::model::ops::channels::choose_tiled(on);
+        #[cfg(not(feature = "cuda"))]
+        anyhow::bail!("--tiled-casts {on}: the casts run on CUDA only");
     }
     if let Some(single) = o.bn_single_pass {
         #[cfg(feature = "cuda")]

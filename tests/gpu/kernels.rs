@@ -743,3 +743,68 @@ fn the_swapped_weight_operand_gives_the_copied_ones_bits_on_cuda() {
         assert!(none.is_none(), "{what}: made without data_grad");
     }
 }
+
+/// `channels::channels_last`, one unit per value and (`channels::choose_tiled`) through tiles
+/// for inputs whose pixels lie in rows: every value is the input's cast at its channels-last
+/// place and every padded channel or image is zero, at pixel and channel counts off the 32 × 32
+/// tiles, from FP32 and BF16, into BF16 and FP32, from a channel slice of a wider tensor (rows,
+/// not contiguous) and from a channels-last input (never tiled).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn channels_last_casts_put_every_value_in_its_place_on_cuda() {
+    use burn::tensor::DType;
+    use burnpose::model::ops::channels;
+    let d = cuda();
+    d.seed(31);
+    let cube = super::cube::<4>;
+    for ([n, c, h, w], [n2, c2], from, to) in [
+        ([3, 85, 37, 29], [3, 88], FloatDType::F32, DType::BF16),
+        ([4, 64, 80, 80], [4, 64], FloatDType::F32, DType::BF16),
+        ([2, 3, 65, 65], [3, 8], FloatDType::F32, DType::BF16),
+        ([1, 130, 5, 7], [1, 136], FloatDType::BF16, DType::F32),
+        ([2, 40, 9, 11], [2, 33], FloatDType::F32, DType::F32),
+    ] {
+        let what = format!("{n}x{c}x{h}x{w} {from:?} -> {n2}x{c2} {to:?}");
+        let wide =
+            Tensor::<4>::random([n, c + 5, h, w], Distribution::Normal(0.0, 1.0), &d).cast(from);
+        let x = wide.clone().slice([0..n, 2..c + 2, 0..h, 0..w]);
+        let nhwc = Tensor::<4>::from_data(x.clone().permute([0, 2, 3, 1]).to_data(), &d)
+            .permute([0, 3, 1, 2]);
+        let expected = {
+            // Burn's cast to `to` and back: the value the operand must hold.
+            let v = match to {
+                DType::BF16 => x.clone().cast(FloatDType::BF16),
+                _ => x.clone(),
+            };
+            let v = values(v.cast(FloatDType::F32));
+            let mut e = vec![0f32; n2 * c2 * h * w];
+            for i in 0..n.min(n2) {
+                for k in 0..c.min(c2) {
+                    for p in 0..h * w {
+                        e[(i * c2 + k) * h * w + p] = v[(i * c + k) * h * w + p];
+                    }
+                }
+            }
+            e
+        };
+        let inputs = [
+            (false, &x, "rows"),
+            (true, &x, "rows, tiled"),
+            (true, &nhwc, "NHWC"),
+        ];
+        for (tiled, input, layout) in inputs {
+            channels::choose_tiled(tiled);
+            let out = channels::channels_last(cube(input.clone()), n2, c2, to);
+            channels::choose_tiled(false);
+            assert_eq!(out.dtype, to, "{what} {layout}");
+            let strides = out.meta.strides().to_vec();
+            assert_eq!(strides[1], 1, "{what} {layout}: not channels-last");
+            let got = super::cube_values(out);
+            let bad = got
+                .iter()
+                .zip(&expected)
+                .filter(|(a, b)| a.to_bits() != b.to_bits());
+            assert_eq!(bad.count(), 0, "{what} {layout}: values out of place");
+        }
+    }
+}

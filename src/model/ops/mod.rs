@@ -25,7 +25,7 @@ mod bf16_conv;
 mod bn_act;
 #[cfg(feature = "cuda")]
 #[path = "../../../kernels/channels.rs"]
-mod channels;
+pub mod channels;
 #[cfg(all(test, feature = "cuda"))]
 mod compile_check;
 pub mod conv;
