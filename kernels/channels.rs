@@ -192,10 +192,10 @@ pub fn weight_operands(
     (out, swapped)
 }
 
-/// [`channels_last_kernel`]'s stride-1 values for an `x` whose pixels lie in rows (`stride(3)
-/// = 1`, `stride(2) = W`: NCHW and its like), through shared memory. Cube `(p, t, n)` reads
-/// `TILE` channels × `TILE` pixels of image `n` along the pixels (a warp reads one channel's
-/// neighbouring pixels) and writes them along the channels (a warp writes one pixel's
+/// [`channels_last_kernel`]'s values (dilated or not) for an `x` whose pixels are contiguous
+/// along its rows (`stride(3) = 1`: NCHW and its like), through shared memory. Cube `(p, t, n)`
+/// reads `TILE` channels × `TILE` output pixels of image `n` along the pixels (a warp reads one
+/// channel's neighbouring pixels) and writes them along the channels (a warp writes one pixel's
 /// neighbouring channels), where one unit per output value read 32 channels `H·W` values apart
 /// per warp. Each value is cast once, from `I` through FP32 (exact for the 16- and 32-bit
 /// floats) to `O`, as [`channels_last_kernel`] casts it.
@@ -203,6 +203,9 @@ pub fn weight_operands(
 fn channels_last_tiled_kernel<I: Float, O: Float>(
     x: &Tensor<I>,
     out: &mut Tensor<O>,
+    stride_h: u32,
+    stride_w: u32,
+    #[comptime] dilated: bool,
     #[define(I, O)] _dtypes: [ElemType; 2],
 ) {
     let mut tile = Shared::<[f32]>::new_slice(TILE * PITCH);
@@ -214,13 +217,23 @@ fn channels_last_tiled_kernel<I: Float, O: Float>(
     let w = out.shape(3);
     let hw = out.shape(2) * w;
     let p = p0 + lane;
+    let (sh, sw) = (stride_h as usize, stride_w as usize);
     #[unroll]
     for r in 0..TILE / ROWS {
         let cl = row + r * ROWS;
         let c = c0 + cl;
         let mut v = 0.0f32;
         if p < hw && c < x.shape(1) && n < x.shape(0) {
-            v = f32::cast_from(x[n * x.stride(0) + c * x.stride(1) + p]);
+            let (oh, ow) = (p / w, p % w);
+            let base = n * x.stride(0) + c * x.stride(1);
+            if dilated {
+                let (xh, xw) = (oh / sh, ow / sw);
+                if oh % sh == 0 && ow % sw == 0 && xh < x.shape(2) && xw < x.shape(3) {
+                    v = f32::cast_from(x[base + xh * x.stride(2) + xw]);
+                }
+            } else if oh < x.shape(2) && ow < x.shape(3) {
+                v = f32::cast_from(x[base + oh * x.stride(2) + ow]);
+            }
         }
         tile[cl * PITCH + lane] = v;
     }
@@ -267,7 +280,7 @@ pub fn dilated_channels_last(
         dtype,
     ));
     let xs = x.meta.strides();
-    if TILED.load(Ordering::Relaxed) && stride == [1, 1] && xs[3] == 1 && xs[2] == s[3] {
+    if TILED.load(Ordering::Relaxed) && xs[3] == 1 {
         let count = CubeCount::Static(
             (size[0] * size[1]).div_ceil(TILE) as u32,
             channels.div_ceil(TILE) as u32,
@@ -275,8 +288,8 @@ pub fn dilated_channels_last(
         );
         let types = [storage(x.dtype), storage(dtype)];
         let client = x.client.clone();
-        // SAFETY: each unit reads `x` inside its shape (its pixels in rows, checked above) and
-        // writes `out` inside its shape, both by their strides.
+        // SAFETY: each unit reads `x` inside its shape (its pixels contiguous along a row,
+        // checked above) and writes `out` inside its shape, both by their strides.
         unsafe {
             channels_last_tiled_kernel::launch_unchecked(
                 &client,
@@ -284,6 +297,9 @@ pub fn dilated_channels_last(
                 CubeDim::new_2d(TILE as u32, ROWS as u32),
                 x.into_tensor_arg(),
                 out.clone().into_tensor_arg(),
+                stride[0] as u32,
+                stride[1] as u32,
+                stride != [1, 1],
                 types,
             );
         }
@@ -416,21 +432,27 @@ mod tests {
     use super::*;
     use cubecl::ir::{ElemType, FloatKind};
 
-    /// The tiled channels-last cast compiles for CUDA on a machine without a GPU.
+    /// The tiled channels-last cast, dilated and not, compiles for CUDA on a machine without a
+    /// GPU.
     #[test]
     fn tiled_cast_compiles_for_cuda_without_a_device() {
         let (props, target) = device();
-        for (i, o) in [
-            (FloatKind::F32, FloatKind::BF16),
-            (FloatKind::BF16, FloatKind::F32),
-        ] {
+        let kinds = [
+            (FloatKind::F32, FloatKind::BF16, false),
+            (FloatKind::F32, FloatKind::BF16, true),
+            (FloatKind::BF16, FloatKind::F32, false),
+        ];
+        for (i, o, dilated) in kinds {
             let k = channels_last_tiled_kernel::create_dummy_kernel(
                 props.clone(),
                 target.clone(),
                 CubeCount::Static(4, 3, 2),
                 CubeDim::new_2d(TILE as u32, ROWS as u32),
                 tensor(&[2, 85, 9, 13]),
-                tensor(&[2, 88, 9, 13]),
+                tensor(&[2, 88, 18, 26]),
+                2,
+                2,
+                dilated,
                 [ElemType::Float(i), ElemType::Float(o)],
             );
             compiles(k.define());

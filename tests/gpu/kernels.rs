@@ -748,7 +748,9 @@ fn the_swapped_weight_operand_gives_the_copied_ones_bits_on_cuda() {
 /// for inputs whose pixels lie in rows: every value is the input's cast at its channels-last
 /// place and every padded channel or image is zero, at pixel and channel counts off the 32 × 32
 /// tiles, from FP32 and BF16, into BF16 and FP32, from a channel slice of a wider tensor (rows,
-/// not contiguous) and from a channels-last input (never tiled).
+/// not contiguous) and from a channels-last input; and `dilated_channels_last` (a strided
+/// convolution's output gradient spread out by its stride) the same way, with its last rows
+/// and columns past the input's.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn channels_last_casts_put_every_value_in_its_place_on_cuda() {
@@ -805,6 +807,41 @@ fn channels_last_casts_put_every_value_in_its_place_on_cuda() {
                 .zip(&expected)
                 .filter(|(a, b)| a.to_bits() != b.to_bits());
             assert_eq!(bad.count(), 0, "{what} {layout}: values out of place");
+        }
+    }
+    for ([n, c, h, w], stride, size) in [
+        ([3usize, 32, 21, 21], [2usize, 2], [41usize, 41]),
+        ([2, 16, 19, 20], [2, 2], [38, 40]),
+        ([1, 85, 10, 10], [2, 1], [20, 11]),
+    ] {
+        let what = format!("{n}x{c}x{h}x{w} by {stride:?} into {size:?}");
+        let x = Tensor::<4>::random([n, c, h, w], Distribution::Normal(0.0, 1.0), &d);
+        let c2 = c.next_multiple_of(8);
+        let v = values(x.clone().cast(FloatDType::BF16).cast(FloatDType::F32));
+        let [sh, sw] = size;
+        let mut expected = vec![0f32; n * c2 * sh * sw];
+        for i in 0..n {
+            for k in 0..c {
+                for (y, x) in (0..h).flat_map(|y| (0..w).map(move |x| (y, x))) {
+                    let (oy, ox) = (y * stride[0], x * stride[1]);
+                    if oy < sh && ox < sw {
+                        expected[((i * c2 + k) * sh + oy) * sw + ox] =
+                            v[((i * c + k) * h + y) * w + x];
+                    }
+                }
+            }
+        }
+        for tiled in [false, true] {
+            channels::choose_tiled(tiled);
+            let out =
+                channels::dilated_channels_last(cube(x.clone()), n, c2, DType::BF16, stride, size);
+            channels::choose_tiled(false);
+            let got = super::cube_values(out);
+            let bad = got
+                .iter()
+                .zip(&expected)
+                .filter(|(a, b)| a.to_bits() != b.to_bits());
+            assert_eq!(bad.count(), 0, "{what} tiled {tiled}: values out of place");
         }
     }
 }
