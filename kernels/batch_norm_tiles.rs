@@ -29,12 +29,12 @@ use super::fused_bn::{channel, grad_z, inv_std, sigmoid};
 use super::fused_bn_nhwc::dense_channels_last;
 
 /// Pixels and channels of a tile; a cube is `TILE × ROWS` units, each unit taking
-/// `TILE / ROWS` values of the tile each way.
-const TILE: usize = 32;
-const ROWS: usize = 8;
+/// `TILE / ROWS` values of the tile each way (also `channels.rs`'s transposing casts).
+pub(super) const TILE: usize = 32;
+pub(super) const ROWS: usize = 8;
 /// A tile row in shared memory: one more than `TILE`, so the units of a warp reading a column
 /// hit 32 different banks.
-const PITCH: usize = TILE + 1;
+pub(super) const PITCH: usize = TILE + 1;
 
 static CHANNELS_LAST_GRAD: AtomicBool = AtomicBool::new(true);
 

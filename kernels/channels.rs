@@ -26,16 +26,11 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 use cubecl::{CubeCount, CubeDim, calculate_cube_count_elemwise};
 
+// The transposing casts' tiles are the BatchNorm tile kernels' (32 × 32 values, cubes of
+// 32 × 8 units, rows one longer than a tile so that a warp reading a column hits 32 banks).
+use super::fused_bn_tiles::{PITCH, ROWS, TILE};
 use super::tree::{UNITS, parts, tree_sum};
 use std::sync::atomic::{AtomicBool, Ordering};
-
-/// Pixels and channels of a transposing tile ([`channels_last_tiled_kernel`]); a cube is
-/// `TILE × ROWS` units, each taking `TILE / ROWS` values of the tile each way.
-const TILE: usize = 32;
-const ROWS: usize = 8;
-/// A tile row in shared memory: one more than `TILE`, so the units of a warp reading a column
-/// hit 32 different banks.
-const PITCH: usize = TILE + 1;
 
 static TILED: AtomicBool = AtomicBool::new(false);
 
