@@ -17,6 +17,8 @@ mod ahead;
 mod batch_norm;
 #[path = "gpu/bn_single.rs"]
 mod bn_single;
+#[path = "gpu/casts.rs"]
+mod casts;
 #[path = "gpu/depthwise.rs"]
 mod depthwise;
 #[path = "gpu/flow.rs"]
