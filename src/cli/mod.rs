@@ -12,6 +12,7 @@ mod predict;
 mod profile;
 mod smoke;
 mod step_bench;
+mod step_options;
 mod step_report;
 mod val;
 mod warmup;
@@ -218,7 +219,7 @@ pub enum Command {
     BenchStep {
         config: PathBuf,
         #[command(flatten)]
-        options: step_bench::Options,
+        options: step_options::Options,
     },
     /// Every convolution of a config's training step, each pass timed on its own (GPU busy
     /// time on CUDA), with its TFLOP/s and GB/s: the worst first.
