@@ -1,13 +1,15 @@
 //! A depthwise convolution (`groups` = input channels = output channels, weight `[C, 1, kh, kw]`)
 //! and its gradients in FP32: one launch for the forward (its operands rounded to the autocast
-//! dtype, the products summed in FP32), one for the data gradient, two for the weight gradient.
+//! dtype, the products summed in FP32; one more where its input is not channels-last), one for
+//! the data gradient, two for the weight gradient.
 //! Through tensor operations the weight gradient took an im2col copy nine times the input, a
 //! product as large and two reductions, and Burn 0.22.1's direct transposed convolution took
 //! ~0.27 ms per data gradient at batch 16 on the H200 (docs/perf_log.md, 2026-12-02).
 //!
 //! Every sum runs in a fixed order that depends on the shapes only (a fixed split, a fixed
 //! shared-memory tree, the parts merged in order): the same bits every run, no atomics. Every
-//! tensor is read by its own strides; outputs are contiguous.
+//! tensor is read by its own strides; outputs are dense (the forward's channels-last, the
+//! gradients' NCHW).
 
 // The kernels' arithmetic stays in the form CubeCL's frontend expands (`(m + parts - 1) / parts`),
 // not clippy's rewrite.
