@@ -185,13 +185,20 @@ pub mod gemm {
 
     /// `operand` when it is [`weight_operand`]'s for `weight` in `d`, else that made now.
     fn operand_of(weight: &CubeTensor, operand: Option<CubeTensor>, d: DType) -> CubeTensor {
-        let s = weight.shape();
-        let (co, ci) = (s[0], s[1]);
-        let want = [padded(co), padded(ci), s[2], s[3]];
         match operand {
-            Some(w) if w.dtype == d && w.shape() == Shape::new(want) => w,
-            _ => channels_last(weight.clone(), padded(co), padded(ci), d),
+            Some(w) if is_weight_operand(weight, &w, d) => w,
+            _ => {
+                let s = weight.shape();
+                channels_last(weight.clone(), padded(s[0]), padded(s[1]), d)
+            }
         }
+    }
+
+    /// Whether `operand` has the form of [`weight_operand`]'s for `weight` in `d`.
+    fn is_weight_operand(weight: &CubeTensor, operand: &CubeTensor, d: DType) -> bool {
+        let s = weight.shape();
+        let want = [padded(s[0]), padded(s[1]), s[2], s[3]];
+        operand.dtype == d && operand.shape() == Shape::new(want)
     }
 
     /// [`forward_in`] with the weight's GEMM operand made already ([`weight_operand`]) and the
@@ -348,11 +355,11 @@ pub mod gemm {
                     .unwrap_or_else(|| channels_last(grad.clone(), n, padded(co), d));
                 (gp, options.clone())
             };
-            // The swapped form goes with the forward's operand only.
-            let given = operand
+            // The swapped form goes with the forward's operand only, where that is taken.
+            let taken = operand
                 .as_ref()
-                .map(|w| w.dtype == d && w.shape()[0] == padded(co));
-            let swapped = swapped.filter(|_| given == Some(true));
+                .is_some_and(|w| is_weight_operand(&weight, w, d));
+            let swapped = swapped.filter(|_| taken);
             let wp = operand_of(&weight, operand, d);
             let shape_p = Shape::new([n, padded(ci), shape[2], shape[3]]);
             let out = written_as(ci, d);

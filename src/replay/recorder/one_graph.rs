@@ -68,7 +68,8 @@ impl Recorder {
                     "step replay: no room in the pages held for an allocation inside the \
                      window; recording again after one more warm-up"
                 );
-                // Not what the refused window left cached (`Recorder::unrecorded`).
+                // What the refused window left cached goes before anything runs eagerly, as
+                // for a step that falls back (`Recorder::unrecorded`).
                 self.forget_refused_windows();
                 record(true)
             });
