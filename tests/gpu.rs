@@ -13,6 +13,8 @@ use std::path::Path;
 
 #[path = "gpu/ahead.rs"]
 mod ahead;
+#[path = "gpu/assign.rs"]
+mod assign;
 #[path = "gpu/batch_norm.rs"]
 mod batch_norm;
 #[path = "gpu/bn_single.rs"]

@@ -143,6 +143,10 @@ pub struct Options {
     /// default). Both give the same bits.
     #[arg(long)]
     pub tiled_casts: Option<bool>,
+    /// Run the device assignment as our kernels (`true`; `loss::assign::device::kernel_assign`,
+    /// CUDA only) or as tensor operations (`false`, the default). The same rules.
+    #[arg(long)]
+    pub assign_kernels: Option<bool>,
     /// Also read the memory pool inside every step (at the ends of loss, backward and optimizer)
     /// and print the largest bytes in use.
     #[arg(long)]
@@ -291,6 +295,12 @@ pub fn apply(o: &Options, cfg: &mut Config) -> anyhow::Result<()> {
         "--tiled-casts",
         "the casts run on CUDA only",
         crate::model::ops::channels::choose_tiled
+    );
+    cuda_only!(
+        o.assign_kernels,
+        "--assign-kernels",
+        "the kernels run on CUDA only",
+        crate::loss::assign::device::kernel_assign::choose
     );
     cuda_only!(
         o.bn_single_pass,

@@ -23,6 +23,9 @@ use std::f32::consts::PI;
 #[cfg(feature = "cuda")]
 use crate::model::ops::cuda_f32;
 #[cfg(feature = "cuda")]
+#[path = "../../../kernels/assign.rs"]
+pub mod kernel_assign;
+#[cfg(feature = "cuda")]
 #[path = "../../../kernels/oks.rs"]
 pub mod kernel_oks;
 #[cfg(feature = "cuda")]
@@ -73,6 +76,8 @@ pub struct ObjectSlots {
     pub keypoints: Option<Tensor<4>>,
     /// `[B, N]`: the slot holds an object.
     pub valid: Tensor<2, Bool>,
+    /// [`ObjectSlots::pack`]'s block these are views of, `[B, N, 6 + 3·nk]`.
+    pub packed: Tensor<3>,
 }
 
 impl ObjectSlots {
@@ -133,6 +138,7 @@ impl ObjectSlots {
             boxes: column(2, 4),
             keypoints: (nk > 0).then(|| column(PACKED, 3 * nk).reshape([b, n, nk, 3])),
             valid: column(1, 1).reshape([b, n]).greater_elem(0.5),
+            packed,
         }
     }
 
@@ -374,6 +380,10 @@ pub fn assign_batch(
         anchors.len(),
         "anchor count of head output and input size disagree"
     );
+    #[cfg(feature = "cuda")]
+    if let Some(asg) = assign_on_cuda(cfg, anchors, out, objects, sigmas) {
+        return asg;
+    }
     let n = objects.slots();
     let device = out.scores.device();
     let (ax, ay, st) = (anchors.x.clone(), anchors.y.clone(), anchors.stride.clone());
@@ -528,6 +538,65 @@ pub fn assign_batch(
         target_scores,
         max_positives: (n * cfg.topk.min(cfg.topk2)).min(a),
     }
+}
+
+/// [`assign_batch`] by `kernels/assign.rs` when chosen ([`kernel_assign::choose`]), or `None`
+/// off CUDA or for outputs not in FP32. The same rules, in a few launches.
+#[cfg(feature = "cuda")]
+fn assign_on_cuda(
+    cfg: &AssignerConfig,
+    anchors: &AnchorTensors,
+    out: &BranchOutput,
+    objects: &ObjectSlots,
+    sigmas: &[f32],
+) -> Option<BatchAssignment> {
+    if !kernel_assign::chosen() || out.scores.dims()[0] == 0 {
+        return None;
+    }
+    let poses = match (&objects.keypoints, &out.kpts, cfg.pose) {
+        (Some(_), Some(raw), true) if !sigmas.is_empty() => {
+            // `8·σ²` as the tensor operations' scalar: f32, `(8·σ)·σ`.
+            let c: Vec<f32> = sigmas.iter().map(|&s| 8.0 * s * s).collect();
+            let sig = Tensor::<1>::from_floats(c.as_slice(), &raw.device());
+            Some(kernel_assign::Poses {
+                raw: cuda_f32(raw)?,
+                kd: raw.dims()[1] / sigmas.len(),
+                sig: cuda_f32(&sig)?,
+            })
+        }
+        _ => None,
+    };
+    let rules = kernel_assign::Rules {
+        alpha: cfg.alpha,
+        beta: cfg.beta,
+        stal_min_side: cfg.stal_min_side,
+        pose: cfg.pose,
+        strides: [STRIDES[0] as f32, STRIDES[2] as f32],
+        area_of_box: crate::data::source::AREA_OF_BOX as f32,
+        eps: EPS,
+        topk: cfg.topk,
+        topk2: cfg.topk2,
+    };
+    let r = kernel_assign::assign(
+        cuda_f32(&out.boxes)?,
+        cuda_f32(&out.scores)?,
+        poses,
+        [
+            cuda_f32(&anchors.x)?,
+            cuda_f32(&anchors.y)?,
+            cuda_f32(&anchors.stride)?,
+        ],
+        cuda_f32(&objects.packed)?,
+        &rules,
+    );
+    let like = &out.scores;
+    let a = like.dims()[2];
+    Some(BatchAssignment {
+        fg: on_kind_of::<2, 3>(r.fg, like).equal_elem(1.0),
+        gt_index: on_kind_of::<2, 3>(r.gt, like).int(),
+        target_scores: on_kind_of::<3, 3>(r.target, like),
+        max_positives: (objects.slots() * cfg.topk.min(cfg.topk2)).min(a),
+    })
 }
 
 #[cfg(test)]

@@ -27,7 +27,7 @@ mod bn_act;
 #[path = "../../../kernels/channels.rs"]
 pub mod channels;
 #[cfg(all(test, feature = "cuda"))]
-mod compile_check;
+pub(crate) mod compile_check;
 pub mod conv;
 mod coupling;
 pub use coupling::{STATE, coupling, coupling_net};
