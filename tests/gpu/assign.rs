@@ -1,12 +1,15 @@
-//! The device assignment's kernels (`kernels/assign.rs`, `bench-step --assign-kernels`)
-//! against its tensor operations on CUDA: random batches at odd input sizes, batches of 1 to 4,
-//! padded object slots, tiny objects (STAL), repeated ones (contested anchors), objects with no
-//! labelled keypoint (CIoU), pose and detection, both branch copies and a second cut of other
-//! sizes; continuous and quantised predictions (exact ties). The foreground and the objects
-//! learnt must be equal, the soft targets within a few float steps; two runs the same bits.
+//! The device assignment's kernels on CUDA. `kernels/assign.rs` (`bench-step --assign-kernels`)
+//! against the tensor operations it replaces: random batches at odd input sizes, batches of 1
+//! to 4, padded object slots, tiny objects (STAL), repeated ones (contested anchors), objects
+//! with no labelled keypoint (CIoU), pose and detection, both branch copies and a second cut of
+//! other sizes; continuous and quantised predictions (exact ties). The foreground and the
+//! objects learnt must be equal, the soft targets within a few float steps; two runs the same
+//! bits. Then the top-k (`kernels/top_k.rs`) and OKS (`kernels/oks.rs`) kernels against the
+//! host's rounds and formula.
 
-use super::{Choice, cuda};
+use super::{Choice, cube, cube_values_of, cuda, values};
 use burn::prelude::*;
+use burn::tensor::{Distribution, TensorData};
 use burnpose::data::Instance;
 use burnpose::loss::assign::device::{AnchorTensors, ObjectSlots, assign_batch, kernel_assign};
 use burnpose::loss::assign::{Anchors, AssignerConfig};
@@ -210,4 +213,141 @@ fn assignment_kernels_match_the_tensor_operations_on_cuda() {
     );
     assert!(caught >= 10, "the check caught only {caught} wrong β");
     println!("{fg} foreground anchors equal; a wrong β caught in {caught} cases");
+}
+
+/// The device assignment's top-k kernel (`kernels/top_k.rs`) against the rounds it replaces,
+/// run on the host: each round picks the largest value not yet picked (picked ones −∞) at its
+/// lowest anchor. Ties (values in steps of ¼), −∞ values, a row of −∞ only, `k` above the
+/// finite count and above `A`, a transposed input; the mask equal, two runs equal.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn top_k_kernel_picks_the_rounds_picks_on_cuda() {
+    use burnpose::loss::assign::device::top_k::top_k_mask;
+    let d = cuda();
+    d.seed(37);
+    for (b, n, a, k, transposed) in [
+        (4, 12, 8400, 10, false),
+        (4, 12, 8400, 7, true),
+        (3, 5, 37, 40, false),
+        (2, 3, 3, 1, false),
+        (1, 2, 300, 13, true),
+    ] {
+        let x = Tensor::<3>::random([b, n, a], Distribution::Normal(0.0, 2.0), &d);
+        let x = (x * 4.0).round() / 4.0;
+        // About a quarter −∞; row (0, 0) all −∞.
+        let drop =
+            Tensor::<3>::random([b, n, a], Distribution::Uniform(0.0, 1.0), &d).lower_elem(0.25);
+        let x = x.mask_fill(drop, f32::NEG_INFINITY);
+        let x = x.slice_assign(
+            [0..1, 0..1, 0..a],
+            Tensor::full([1, 1, a], f32::NEG_INFINITY, &d),
+        );
+        let host = values(x.clone());
+        let input = if transposed {
+            // The same values through a `[B, A, N]` buffer viewed as `[B, N, A]`.
+            let mut t = vec![0.0f32; host.len()];
+            for (i, v) in host.iter().enumerate() {
+                let (bi, ni, ai) = (i / (n * a), i / a % n, i % a);
+                t[(bi * a + ai) * n + ni] = *v;
+            }
+            Tensor::<3>::from_data(TensorData::new(t, [b, a, n]), &d).swap_dims(1, 2)
+        } else {
+            x
+        };
+        let got = cube_values_of::<3>(top_k_mask(cube(input.clone()), k));
+        let again = cube_values_of::<3>(top_k_mask(cube(input), k));
+        for (r, row) in host.chunks(a).enumerate() {
+            let mut vals = row.to_vec();
+            let mut want = vec![0.0f32; a];
+            for _ in 0..k.min(a) {
+                let mut best = 0;
+                for i in 1..a {
+                    if vals[i] > vals[best] {
+                        best = i;
+                    }
+                }
+                want[best] = 1.0;
+                vals[best] = f32::NEG_INFINITY;
+            }
+            assert_eq!(
+                &got[r * a..(r + 1) * a],
+                want.as_slice(),
+                "[{b}, {n}, {a}] k {k} row {r}"
+            );
+        }
+        assert_eq!(got, again, "[{b}, {n}, {a}] k {k}: runs differ");
+        println!("top_k [{b}, {n}, {a}] k {k} transposed {transposed}: the rounds' mask");
+    }
+}
+
+/// The device assignment's OKS kernel (`kernels/oks.rs`) against its formula on the host: every
+/// `(b, n, a)` within 2e-6 (CUDA's `exp` and a fused multiply-add against the host's), unlabelled
+/// keypoints left out, an object without any labelled keypoint 0, strided poses and areas; two
+/// runs bit-equal.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn oks_kernel_matches_the_formula_on_cuda() {
+    use burnpose::loss::assign::device::kernel_oks::oks;
+    let d = cuda();
+    d.seed(41);
+    let (b, n, k, a) = (3, 5, 17, 1_343);
+    let sigmas: Vec<f32> = (0..k).map(|i| 0.025 + 0.005 * (i % 7) as f32).collect();
+    let c: Vec<f32> = sigmas.iter().map(|&s| 8.0 * s * s).collect();
+    // Poses as a narrow view of a wider tensor (the assignment's are slices of the raw output).
+    let wide = Tensor::<3>::random([b, 2 * k, a], Distribution::Uniform(0.0, 64.0), &d);
+    let (px, py) = (wide.clone().narrow(1, 0, k), wide.narrow(1, k, k));
+    let xy = Tensor::<4>::random([b, n, k, 2], Distribution::Uniform(0.0, 64.0), &d);
+    let vis = Tensor::<4>::random([b, n, k, 1], Distribution::Uniform(0.0, 3.0), &d).floor();
+    // Object (0, 0) has no labelled keypoint.
+    let vis = vis.slice_assign([0..1, 0..1, 0..k, 0..1], Tensor::zeros([1, 1, k, 1], &d));
+    let gt = Tensor::cat(vec![xy, vis], 3);
+    let area =
+        Tensor::<3>::random([b, n, 2], Distribution::Uniform(10.0, 900.0), &d).narrow(2, 1, 1);
+    let (hx, hy, ha) = (values(px.clone()), values(py.clone()), values(area.clone()));
+    let hg = values(gt.clone());
+    let run = || {
+        let ct = Tensor::<1>::from_floats(c.as_slice(), &d);
+        cube_values_of::<3>(oks(
+            cube(px.clone()),
+            cube(py.clone()),
+            cube(gt.clone()),
+            cube(area.clone()),
+            cube(ct),
+        ))
+    };
+    let (got, again) = (run(), run());
+    assert_eq!(got.len(), b * n * a);
+    let mut worst = 0.0f32;
+    for bi in 0..b {
+        for ni in 0..n {
+            let scale = ha[bi * n + ni] + 1e-7;
+            for ai in 0..a {
+                let (mut sum, mut visible) = (0.0f32, 0.0f32);
+                for ki in 0..k {
+                    let g = ((bi * n + ni) * k + ki) * 3;
+                    let dx = hx[(bi * k + ki) * a + ai] - hg[g];
+                    let dy = hy[(bi * k + ki) * a + ai] - hg[g + 1];
+                    let term = (-(dx * dx + dy * dy) / (scale * c[ki])).exp();
+                    if hg[g + 2] != 0.0 {
+                        sum += term;
+                        visible += 1.0;
+                    }
+                }
+                let want = sum / (visible + 1e-7);
+                let at = (bi * n + ni) * a + ai;
+                worst = worst.max((got[at] - want).abs());
+                if bi == 0 && ni == 0 {
+                    assert_eq!(got[at], 0.0, "no labelled keypoint: OKS 0");
+                }
+            }
+        }
+    }
+    assert!(worst <= 2e-6, "largest difference from the formula {worst}");
+    assert!(
+        got.iter()
+            .zip(&again)
+            .all(|(x, y)| x.to_bits() == y.to_bits()),
+        "two runs differ"
+    );
+    println!("oks [{b}, {n}, {a}] x {k} keypoints: within {worst} of the formula, two runs equal");
 }
