@@ -34,6 +34,11 @@ const POINTS: usize = 32;
 /// Units of a point: each computes every `LANES`-th output of the second layer (and, in the
 /// backward, every `LANES`-th gradient of the first).
 const LANES: usize = 4;
+/// Side of the tiles the backward computes its layer products by (`TILE` points × `TILE`
+/// features, or `TILE` × `TILE` weights): each value read from shared memory serves `TILE`
+/// products, where one unit per output read two values a product (the backward was bound by
+/// shared-memory reads). The sums keep their order, so the bits are the same.
+const TILE: usize = 4;
 /// Row length of the per-point columns in shared memory: one more than [`POINTS`], so that the
 /// units of a warp reading one point of 32 different rows hit 32 different banks.
 const ROW: usize = POINTS + 1;
@@ -247,7 +252,7 @@ pub fn supported(x: &CubeTensor, params: &[CubeTensor; 6]) -> Option<usize> {
 }
 
 /// The hidden width `h` of a net's FP32 parameters `w1` `[2, h]`, `b1` `[h]`, `w2` `[h, h]`,
-/// `b2` `[h]`, `w3` `[h, 2]`, `b3` `[2]`, when `h` is a multiple of [`LANES`].
+/// `b2` `[h]`, `w3` `[h, 2]`, `b3` `[2]`, when `h` is a multiple of [`LANES`] and [`TILE`].
 fn net_width(params: &[CubeTensor; 6]) -> Option<usize> {
     let h = params[1].meta.shape().to_vec();
     let [h] = h[..] else { return None };
@@ -257,7 +262,7 @@ fn net_width(params: &[CubeTensor; 6]) -> Option<usize> {
         .zip(expected)
         .all(|(p, e)| p.meta.shape().to_vec() == e);
     let all_f32 = params.iter().all(|p| p.dtype == DType::F32);
-    (shapes_fit && all_f32 && h.is_multiple_of(LANES)).then_some(h)
+    (shapes_fit && all_f32 && h.is_multiple_of(LANES) && h.is_multiple_of(TILE)).then_some(h)
 }
 
 /// A new contiguous FP32 tensor of `dims` on `like`'s device.

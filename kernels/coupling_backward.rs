@@ -3,7 +3,7 @@
 
 // `#[cube]` expands to `cubecl::…` paths.
 use super::{
-    GROUPS, LANES, POINTS, ROW, first, layout, load_weights, point, second, shared_layout, sigmoid,
+    GROUPS, LANES, POINTS, ROW, TILE, first, layout, load_weights, point, shared_layout, sigmoid,
     silu_slope,
 };
 use burn::cubecl;
@@ -107,6 +107,7 @@ pub(super) fn net_backward(
     let sw1 = comptime!(shared_layout(h)[0]);
     let sw2 = comptime!(shared_layout(h)[2]);
     let sw3 = comptime!(shared_layout(h)[4]);
+    let ob2s = comptime!(shared_layout(h)[3]);
     // The three per-point tables and the points' values within `work` (`work_len`).
     let h1o = 0usize;
     let d2o = comptime!(h * ROW);
@@ -124,35 +125,106 @@ pub(super) fn net_backward(
     }
     sync_cube();
 
-    // The point's hidden layers; this unit's share of the second layer and its gradient.
-    let mut h1 = Array::<f32>::new(h);
-    #[unroll]
-    for i in 0..h {
+    // The first hidden layer: this unit's point, every `LANES`-th unit (the others' share).
+    for ii in 0..comptime!(h / LANES) {
+        let i = ii * LANES + lane;
         let a = first(s, x0, x1, i, h);
-        h1[i] = a * sigmoid(a);
-        if lane == comptime!(i % LANES) {
-            work[h1o + i * ROW + pt] = h1[i];
-        }
-    }
-    for jj in 0..comptime!(h / LANES) {
-        let j = jj * LANES + lane;
-        let a = second(s, &h1, j, h);
-        let sg = sigmoid(a);
-        let d = (g0 * s[sw3 + 2 * j] + g1 * s[sw3 + 2 * j + 1]) * silu_slope(a, sg);
-        work[h2o + j * ROW + pt] = a * sg;
-        work[d2o + j * ROW + pt] = d;
+        work[h1o + i * ROW + pt] = a * sigmoid(a);
     }
     sync_cube();
 
-    let mut e = u;
-    while e < comptime!(h * h) {
-        partial[row + ow2 + e] = column_dot(work, h1o + (e / h) * ROW, d2o + (e % h) * ROW);
-        e += units;
+    // The second layer's pre-activations of `TILE` points × `TILE` outputs a tile (each a sum
+    // over the first layer in order, as `second` sums), its activation and gradient.
+    let tiles = comptime!(POINTS / TILE * (h / TILE));
+    let mut t = u;
+    while t < tiles {
+        let p0 = (t / comptime!(h / TILE)) * TILE;
+        let j0 = (t % comptime!(h / TILE)) * TILE;
+        let mut acc = Array::<f32>::new(comptime!(TILE * TILE));
+        #[unroll]
+        for p in 0..TILE {
+            #[unroll]
+            for k in 0..TILE {
+                acc[p * TILE + k] = s[ob2s + j0 + k];
+            }
+        }
+        #[unroll]
+        for i in 0..h {
+            let mut hv = Array::<f32>::new(TILE);
+            let mut wv = Array::<f32>::new(TILE);
+            #[unroll]
+            for k in 0..TILE {
+                hv[k] = work[h1o + i * ROW + p0 + k];
+                wv[k] = s[sw2 + i * (h + 1) + j0 + k];
+            }
+            #[unroll]
+            for p in 0..TILE {
+                #[unroll]
+                for k in 0..TILE {
+                    acc[p * TILE + k] += hv[p] * wv[k];
+                }
+            }
+        }
+        #[unroll]
+        for p in 0..TILE {
+            let g0p = work[pso + 2 * POINTS + p0 + p];
+            let g1p = work[pso + 3 * POINTS + p0 + p];
+            #[unroll]
+            for k in 0..TILE {
+                let j = j0 + k;
+                let a = acc[p * TILE + k];
+                let sg = sigmoid(a);
+                let d = (g0p * s[sw3 + 2 * j] + g1p * s[sw3 + 2 * j + 1]) * silu_slope(a, sg);
+                work[h2o + j * ROW + p0 + p] = a * sg;
+                work[d2o + j * ROW + p0 + p] = d;
+            }
+        }
+        t += units;
+    }
+    sync_cube();
+
+    // `w2`'s gradient by tiles of `TILE` × `TILE` weights, each summed over the points in
+    // order (`column_dot`'s sums, with each value read once a tile).
+    let wtiles = comptime!((h / TILE) * (h / TILE));
+    t = u;
+    while t < wtiles {
+        let i0 = (t / comptime!(h / TILE)) * TILE;
+        let j0 = (t % comptime!(h / TILE)) * TILE;
+        let mut acc = Array::<f32>::new(comptime!(TILE * TILE));
+        #[unroll]
+        for k in 0..comptime!(TILE * TILE) {
+            acc[k] = 0.0f32;
+        }
+        #[unroll]
+        for q in 0..POINTS {
+            let mut hv = Array::<f32>::new(TILE);
+            let mut dv = Array::<f32>::new(TILE);
+            #[unroll]
+            for k in 0..TILE {
+                hv[k] = work[h1o + (i0 + k) * ROW + q];
+                dv[k] = work[d2o + (j0 + k) * ROW + q];
+            }
+            #[unroll]
+            for a in 0..TILE {
+                #[unroll]
+                for b in 0..TILE {
+                    acc[a * TILE + b] += hv[a] * dv[b];
+                }
+            }
+        }
+        #[unroll]
+        for a in 0..TILE {
+            #[unroll]
+            for b in 0..TILE {
+                partial[row + ow2 + (i0 + a) * h + j0 + b] = acc[a * TILE + b];
+            }
+        }
+        t += units;
     }
     if u < h {
         partial[row + ob2 + u] = column_sum(work, d2o + u * ROW);
     }
-    e = u;
+    let mut e = u;
     while e < comptime!(2 * h) {
         partial[row + ow3 + e] = column_dot(work, h2o + (e / 2) * ROW, pso + (2 + e % 2) * POINTS);
         e += units;
@@ -162,18 +234,48 @@ pub(super) fn net_backward(
     }
     sync_cube();
 
-    // This unit's share of the first layer's pre-activation gradient, over the second layer's
-    // outputs in order, into the second hidden layer's table (read above, now free).
-    for ii in 0..comptime!(h / LANES) {
-        let i = ii * LANES + lane;
-        let mut dh = 0.0f32;
+    // The first layer's pre-activation gradient by tiles of `TILE` points × `TILE` inputs, each
+    // a sum over the second layer's outputs in order, into the second hidden layer's table
+    // (read above, now free).
+    t = u;
+    while t < tiles {
+        let p0 = (t / comptime!(h / TILE)) * TILE;
+        let i0 = (t % comptime!(h / TILE)) * TILE;
+        let mut acc = Array::<f32>::new(comptime!(TILE * TILE));
+        #[unroll]
+        for k in 0..comptime!(TILE * TILE) {
+            acc[k] = 0.0f32;
+        }
         #[unroll]
         for j in 0..h {
-            dh += work[d2o + j * ROW + pt] * s[sw2 + i * (h + 1) + j];
+            let mut dv = Array::<f32>::new(TILE);
+            let mut wv = Array::<f32>::new(TILE);
+            #[unroll]
+            for k in 0..TILE {
+                dv[k] = work[d2o + j * ROW + p0 + k];
+                wv[k] = s[sw2 + (i0 + k) * (h + 1) + j];
+            }
+            #[unroll]
+            for p in 0..TILE {
+                #[unroll]
+                for k in 0..TILE {
+                    acc[p * TILE + k] += dv[p] * wv[k];
+                }
+            }
         }
-        let a = first(s, x0, x1, i, h);
-        let sg = sigmoid(a);
-        work[h2o + i * ROW + pt] = dh * silu_slope(a, sg);
+        #[unroll]
+        for p in 0..TILE {
+            let xp0 = work[pso + p0 + p];
+            let xp1 = work[pso + POINTS + p0 + p];
+            #[unroll]
+            for k in 0..TILE {
+                let i = i0 + k;
+                let a = first(s, xp0, xp1, i, h);
+                let sg = sigmoid(a);
+                work[h2o + i * ROW + p0 + p] = acc[p * TILE + k] * silu_slope(a, sg);
+            }
+        }
+        t += units;
     }
     sync_cube();
 
