@@ -12,8 +12,8 @@
 // `#[cube]` expands to `cubecl::…` paths.
 use super::backward_kernels::{net_backward, work_len};
 use super::{
-    LANES, POINTS, SHARED_LIMIT, cubes, empty, first, layout, load_weights, net_width, point,
-    second, shared_layout, sigmoid, sums,
+    LANES, POINTS, ROW, SHARED_LIMIT, TILE, cubes, empty, first, layout, load_weights, net_width,
+    point, shared_layout, sigmoid, sums,
 };
 use burn::cubecl;
 use burn::tensor::DType;
@@ -24,31 +24,85 @@ use cubecl::prelude::*;
 /// Columns of the result: `z0', z1', log_det', s, t` (the tensor-operation body's too).
 const OUT: usize = super::super::STATE;
 
-/// This unit's share of output `k` of the net whose weights are in `s`, at point `(x0, x1)`:
-/// the sum over every `LANES`-th second-layer output, as `coupling_forward_kernel` computes it.
+/// This unit's share of output `k` of the net whose weights are in `s`, at point `(x0, x1)`
+/// (this unit's, column `pt` of `table`): the sum over every `LANES`-th second-layer output in
+/// order, as `coupling_forward_kernel` computes it. The hidden layers go through `table` (`h`
+/// rows of [`ROW`]): each unit computes its lane's share of its point's first layer, then the
+/// second layer's pre-activations by tiles of `TILE` points × `TILE` outputs (each a sum over
+/// the first layer in order, as `second` sums), so that a value read from shared memory serves
+/// `TILE` products. Syncs the cube before it returns: the next call may overwrite `table`.
 #[cube]
+#[allow(clippy::too_many_arguments)]
 fn net_share(
     s: &Shared<[f32]>,
+    table: &mut Shared<[f32]>,
     x0: f32,
     x1: f32,
     lane: usize,
+    pt: usize,
     #[comptime] k: usize,
     #[comptime] h: usize,
 ) -> f32 {
+    let sw2 = comptime!(shared_layout(h)[2]);
+    let ob2 = comptime!(shared_layout(h)[3]);
     let ow3 = comptime!(shared_layout(h)[4]);
-    let mut h1 = Array::<f32>::new(h);
-    #[unroll]
-    for i in 0..h {
+    let u = UNIT_POS as usize;
+    for ii in 0..comptime!(h / LANES) {
+        let i = ii * LANES + lane;
         let a = first(s, x0, x1, i, h);
-        h1[i] = a * sigmoid(a);
+        table[i * ROW + pt] = a * sigmoid(a);
     }
+    sync_cube();
+    // At most one tile a unit (`supported` bounds `h`).
+    let tiles = comptime!(POINTS / TILE * (h / TILE));
+    let p0 = (u / comptime!(h / TILE)) * TILE;
+    let j0 = (u % comptime!(h / TILE)) * TILE;
+    let mut acc = Array::<f32>::new(comptime!(TILE * TILE));
+    if u < tiles {
+        #[unroll]
+        for p in 0..TILE {
+            #[unroll]
+            for c in 0..TILE {
+                acc[p * TILE + c] = s[ob2 + j0 + c];
+            }
+        }
+        #[unroll]
+        for i in 0..h {
+            let mut hv = Array::<f32>::new(TILE);
+            let mut wv = Array::<f32>::new(TILE);
+            #[unroll]
+            for c in 0..TILE {
+                hv[c] = table[i * ROW + p0 + c];
+                wv[c] = s[sw2 + i * (h + 1) + j0 + c];
+            }
+            #[unroll]
+            for p in 0..TILE {
+                #[unroll]
+                for c in 0..TILE {
+                    acc[p * TILE + c] += hv[p] * wv[c];
+                }
+            }
+        }
+    }
+    // Every unit has read the first layer before the second overwrites it.
+    sync_cube();
+    if u < tiles {
+        #[unroll]
+        for p in 0..TILE {
+            #[unroll]
+            for c in 0..TILE {
+                let a = acc[p * TILE + c];
+                table[(j0 + c) * ROW + p0 + p] = a * sigmoid(a);
+            }
+        }
+    }
+    sync_cube();
     let mut y = 0.0f32;
     for jj in 0..comptime!(h / LANES) {
         let j = jj * LANES + lane;
-        let a = second(s, &h1, j, h);
-        let v = a * sigmoid(a);
-        y += v * s[ow3 + 2 * j + k];
+        y += table[j * ROW + pt] * s[ow3 + 2 * j + k];
     }
+    sync_cube();
     y
 }
 
@@ -89,6 +143,7 @@ fn coupling_layer_forward_kernel(
     let mut ss = Shared::<[f32]>::new_slice(comptime!(shared_layout(h)[6]));
     let mut st = Shared::<[f32]>::new_slice(comptime!(shared_layout(h)[6]));
     let mut ys = Shared::<[f32]>::new_slice(comptime!(2 * LANES * POINTS));
+    let mut table = Shared::<[f32]>::new_slice(comptime!(h * ROW));
     load_weights(sw1, sb1, sw2, sb2, sw3, sb3, &mut ss, h);
     load_weights(tw1, tb1, tw2, tb2, tw3, tb3, &mut st, h);
     let lane = UNIT_POS_X as usize;
@@ -103,8 +158,8 @@ fn coupling_layer_forward_kernel(
     let x1 = coordinate(kept, keep, 1usize);
     sync_cube();
     let at = (pt * LANES + lane) * 2;
-    ys[at] = net_share(&ss, x0, x1, lane, other, h);
-    ys[at + 1] = net_share(&st, x0, x1, lane, other, h);
+    ys[at] = net_share(&ss, &mut table, x0, x1, lane, pt, other, h);
+    ys[at + 1] = net_share(&st, &mut table, x0, x1, lane, pt, other, h);
     sync_cube();
     if lane == 0 && valid {
         let mut a = ss[ob3 + other];
@@ -213,10 +268,12 @@ pub fn supported(
     let dims = state.meta.shape().to_vec();
     let state_fits = dims.len() == 3 && dims[2] >= 3 && dims[0] * dims[1] > 0;
     let h = net_width(s_net).filter(|&h| net_width(t_net) == Some(h))?;
-    let forward_bytes = (2 * shared_layout(h)[6] + 2 * LANES * POINTS) * 4;
+    let forward_bytes = (2 * shared_layout(h)[6] + 2 * LANES * POINTS + h * ROW) * 4;
+    // The forward's tiles, at most one a unit.
+    let tiles_fit = (POINTS / TILE) * (h / TILE) <= LANES * POINTS;
     let backward_bytes = (shared_layout(h)[6] + work_len(h)) * 4;
     let fits = forward_bytes.max(backward_bytes) <= SHARED_LIMIT;
-    (state_fits && state.dtype == DType::F32 && fits).then_some(h)
+    (state_fits && state.dtype == DType::F32 && fits && tiles_fit).then_some(h)
 }
 
 /// [`FastOps::coupling`](crate::model::ops::FastOps::coupling) on CUDA, hidden width `h` from
