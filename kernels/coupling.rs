@@ -5,12 +5,14 @@
 //! coupling nets as one operation").
 //!
 //! A cube takes [`POINTS`] consecutive points with [`LANES`] units each, every weight and bias
-//! in shared memory. A unit keeps its point's first hidden layer in registers (`Array`, its
-//! loops unrolled) and computes every `LANES`-th output of the second layer: a point's work is
-//! spread over `LANES` units, so that the flow's ~9k points keep ~1,100 warps busy rather than
-//! ~280 (one unit per point left the GPU waiting on each warp's chains of multiply-adds). The
-//! backward recomputes the hidden layers, puts each point's activations and gradients in
-//! shared memory, and each cube sums its points' products for every weight and bias in a
+//! in shared memory. In the net's forward a unit keeps its point's first hidden layer in
+//! registers (`Array`, its loops unrolled) and computes every `LANES`-th output of the second
+//! layer: a point's work is spread over `LANES` units, so that the flow's ~9k points keep ~1,100
+//! warps busy rather than ~280 (one unit per point left the GPU waiting on each warp's chains of
+//! multiply-adds). The backward puts each point's hidden layers, activations and gradients in
+//! shared memory and computes the layer products by tiles of [`TILE`] points × [`TILE`]
+//! features (the weight gradients by [`TILE`] × [`TILE`] weights), each sum in the order one
+//! unit per value used; each cube sums its points' products for every weight and bias in a
 //! fixed order into its row of `partial`; `coupling_sums_kernel` adds the rows in a fixed
 //! order. No atomics: the same bits every run.
 
