@@ -5,16 +5,17 @@
 //! coupling nets as one operation").
 //!
 //! A cube takes [`POINTS`] consecutive points with [`LANES`] units each, every weight and bias
-//! in shared memory. In the net's forward a unit keeps its point's first hidden layer in
-//! registers (`Array`, its loops unrolled) and computes every `LANES`-th output of the second
-//! layer: a point's work is spread over `LANES` units, so that the flow's ~9k points keep ~1,100
-//! warps busy rather than ~280 (one unit per point left the GPU waiting on each warp's chains of
-//! multiply-adds). The backward puts each point's hidden layers, activations and gradients in
-//! shared memory and computes the layer products by tiles of [`TILE`] points × [`TILE`]
-//! features (the weight gradients by [`TILE`] × [`TILE`] weights), each sum in the order one
-//! unit per value used; each cube sums its points' products for every weight and bias in a
+//! in shared memory. A unit keeps its point's first hidden layer in registers (`Array`, its
+//! loops unrolled) and computes every `LANES`-th output of the second layer: a point's work is
+//! spread over `LANES` units, so that the flow's ~9k points keep ~1,100 warps busy rather than
+//! ~280 (one unit per point left the GPU waiting on each warp's chains of multiply-adds). The
+//! backward recomputes the hidden layers, puts each point's activations and gradients in
+//! shared memory, and each cube sums its points' products for every weight and bias in a
 //! fixed order into its row of `partial`; `coupling_sums_kernel` adds the rows in a fixed
-//! order. No atomics: the same bits every run.
+//! order. No atomics: the same bits every run. With [`choose_tiled`] the layer products go by
+//! tiles of [`TILE`] points × [`TILE`] features (the weight gradients by [`TILE`] × [`TILE`]
+//! weights) through shared memory, each sum in the same order: the same bits with fewer
+//! shared-memory reads.
 
 // `#[cube]` expands to `cubecl::…` paths.
 use super::silu_kernels::{sigmoid, silu_slope};
@@ -24,6 +25,7 @@ use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 use cubecl::{CubeCount, CubeDim};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 #[path = "coupling_backward.rs"]
 mod backward_kernels;
@@ -41,6 +43,20 @@ const LANES: usize = 4;
 /// products, where one unit per output read two values a product (the backward was bound by
 /// shared-memory reads). The sums keep their order, so the bits are the same.
 const TILE: usize = 4;
+static TILED: AtomicBool = AtomicBool::new(false);
+
+/// Whether the coupling kernels compute their layer products by tiles ([`TILE`]; `true`,
+/// `bench-step --tiled-couplings`) or one unit per value (`false`, the default until a GPU has
+/// run the tiles). The same sums in the same order either way.
+pub fn choose_tiled(on: bool) {
+    TILED.store(on, Ordering::Relaxed);
+}
+
+/// [`choose_tiled`]'s choice.
+fn tiled() -> bool {
+    TILED.load(Ordering::Relaxed)
+}
+
 /// Row length of the per-point columns in shared memory: one more than [`POINTS`], so that the
 /// units of a warp reading one point of 32 different rows hit 32 different banks.
 const ROW: usize = POINTS + 1;
@@ -378,6 +394,7 @@ pub fn backward(
             dx.clone().into_tensor_arg(),
             partial.clone().into_tensor_arg(),
             h,
+            tiled(),
         );
     }
     let grads = sums(partial, &params, h);
@@ -431,26 +448,29 @@ mod tests {
                 h,
             );
             compiles(k.define());
-            let [w1, b1, w2, b2, w3, b3] = p();
-            let (count, dim) = cubes();
-            let k = coupling_backward_kernel::create_dummy_kernel(
-                props.clone(),
-                target.clone(),
-                count,
-                dim,
-                x(),
-                w1,
-                b1,
-                w2,
-                b2,
-                w3,
-                b3,
-                x(),
-                x(),
-                tensor(&[2, layout(h)[6]]),
-                h,
-            );
-            compiles(k.define());
+            for tiled in [false, true] {
+                let [w1, b1, w2, b2, w3, b3] = p();
+                let (count, dim) = cubes();
+                let k = coupling_backward_kernel::create_dummy_kernel(
+                    props.clone(),
+                    target.clone(),
+                    count,
+                    dim,
+                    x(),
+                    w1,
+                    b1,
+                    w2,
+                    b2,
+                    w3,
+                    b3,
+                    x(),
+                    x(),
+                    tensor(&[2, layout(h)[6]]),
+                    h,
+                    tiled,
+                );
+                compiles(k.define());
+            }
             let [w1, b1, w2, b2, w3, b3] = p();
             let (count, dim) = cubes();
             let k = coupling_sums_kernel::create_dummy_kernel(

@@ -3,8 +3,8 @@
 
 // `#[cube]` expands to `cubecl::…` paths.
 use super::{
-    GROUPS, LANES, POINTS, ROW, TILE, first, layout, load_weights, point, shared_layout, sigmoid,
-    silu_slope,
+    GROUPS, LANES, POINTS, ROW, TILE, first, layout, load_weights, point, second, shared_layout,
+    sigmoid, silu_slope,
 };
 use burn::cubecl;
 use cubecl::prelude::*;
@@ -47,6 +47,7 @@ pub(super) fn coupling_backward_kernel(
     dx: &mut Tensor<f32>,
     partial: &mut Tensor<f32>,
     #[comptime] h: usize,
+    #[comptime] tiled: bool,
 ) {
     let mut s = Shared::<[f32]>::new_slice(comptime!(shared_layout(h)[6]));
     let mut work = Shared::<[f32]>::new_slice(comptime!(work_len(h)));
@@ -65,7 +66,7 @@ pub(super) fn coupling_backward_kernel(
         g1 = point(grad, p, 1);
     }
     let row = CUBE_POS * partial.stride(0);
-    let d = net_backward(&s, &mut work, x0, x1, g0, g1, partial, row, h);
+    let d = net_backward(&s, &mut work, x0, x1, g0, g1, partial, row, h, tiled);
     if lane < 2 && valid {
         dx[2 * p + lane] = d;
     }
@@ -97,6 +98,7 @@ pub(super) fn net_backward(
     partial: &mut Tensor<f32>,
     row: usize,
     #[comptime] h: usize,
+    #[comptime] tiled: bool,
 ) -> f32 {
     let ow1 = comptime!(layout(h)[0]);
     let ob1 = comptime!(layout(h)[1]);
@@ -113,6 +115,7 @@ pub(super) fn net_backward(
     let d2o = comptime!(h * ROW);
     let h2o = comptime!(2 * h * ROW);
     let pso = comptime!(3 * h * ROW);
+    let tiles = comptime!(POINTS / TILE * (h / TILE));
     let lane = UNIT_POS_X as usize;
     let pt = UNIT_POS_Y as usize;
     let u = UNIT_POS as usize;
@@ -125,101 +128,129 @@ pub(super) fn net_backward(
     }
     sync_cube();
 
-    // The first hidden layer: this unit's point, every `LANES`-th unit (the others' share).
-    for ii in 0..comptime!(h / LANES) {
-        let i = ii * LANES + lane;
-        let a = first(s, x0, x1, i, h);
-        work[h1o + i * ROW + pt] = a * sigmoid(a);
-    }
-    sync_cube();
-
-    // The second layer's pre-activations of `TILE` points × `TILE` outputs a tile (each a sum
-    // over the first layer in order, as `second` sums), its activation and gradient.
-    let tiles = comptime!(POINTS / TILE * (h / TILE));
-    let mut t = u;
-    while t < tiles {
-        let p0 = (t / comptime!(h / TILE)) * TILE;
-        let j0 = (t % comptime!(h / TILE)) * TILE;
-        let mut acc = Array::<f32>::new(comptime!(TILE * TILE));
-        #[unroll]
-        for p in 0..TILE {
-            #[unroll]
-            for k in 0..TILE {
-                acc[p * TILE + k] = s[ob2s + j0 + k];
-            }
+    if tiled {
+        // The first hidden layer: this unit's point, every `LANES`-th unit (the others' share).
+        for ii in 0..comptime!(h / LANES) {
+            let i = ii * LANES + lane;
+            let a = first(s, x0, x1, i, h);
+            work[h1o + i * ROW + pt] = a * sigmoid(a);
         }
-        #[unroll]
-        for i in 0..h {
-            let mut hv = Array::<f32>::new(TILE);
-            let mut wv = Array::<f32>::new(TILE);
-            #[unroll]
-            for k in 0..TILE {
-                hv[k] = work[h1o + i * ROW + p0 + k];
-                wv[k] = s[sw2 + i * (h + 1) + j0 + k];
-            }
+        sync_cube();
+
+        // The second layer's pre-activations of `TILE` points × `TILE` outputs a tile (each a sum
+        // over the first layer in order, as `second` sums), its activation and gradient.
+        let mut t = u;
+        while t < tiles {
+            let p0 = (t / comptime!(h / TILE)) * TILE;
+            let j0 = (t % comptime!(h / TILE)) * TILE;
+            let mut acc = Array::<f32>::new(comptime!(TILE * TILE));
             #[unroll]
             for p in 0..TILE {
                 #[unroll]
                 for k in 0..TILE {
-                    acc[p * TILE + k] += hv[p] * wv[k];
+                    acc[p * TILE + k] = s[ob2s + j0 + k];
                 }
             }
-        }
-        #[unroll]
-        for p in 0..TILE {
-            let g0p = work[pso + 2 * POINTS + p0 + p];
-            let g1p = work[pso + 3 * POINTS + p0 + p];
             #[unroll]
-            for k in 0..TILE {
-                let j = j0 + k;
-                let a = acc[p * TILE + k];
-                let sg = sigmoid(a);
-                let d = (g0p * s[sw3 + 2 * j] + g1p * s[sw3 + 2 * j + 1]) * silu_slope(a, sg);
-                work[h2o + j * ROW + p0 + p] = a * sg;
-                work[d2o + j * ROW + p0 + p] = d;
+            for i in 0..h {
+                let mut hv = Array::<f32>::new(TILE);
+                let mut wv = Array::<f32>::new(TILE);
+                #[unroll]
+                for k in 0..TILE {
+                    hv[k] = work[h1o + i * ROW + p0 + k];
+                    wv[k] = s[sw2 + i * (h + 1) + j0 + k];
+                }
+                #[unroll]
+                for p in 0..TILE {
+                    #[unroll]
+                    for k in 0..TILE {
+                        acc[p * TILE + k] += hv[p] * wv[k];
+                    }
+                }
+            }
+            #[unroll]
+            for p in 0..TILE {
+                let g0p = work[pso + 2 * POINTS + p0 + p];
+                let g1p = work[pso + 3 * POINTS + p0 + p];
+                #[unroll]
+                for k in 0..TILE {
+                    let j = j0 + k;
+                    let a = acc[p * TILE + k];
+                    let sg = sigmoid(a);
+                    let d = (g0p * s[sw3 + 2 * j] + g1p * s[sw3 + 2 * j + 1]) * silu_slope(a, sg);
+                    work[h2o + j * ROW + p0 + p] = a * sg;
+                    work[d2o + j * ROW + p0 + p] = d;
+                }
+            }
+            t += units;
+        }
+    } else {
+        // The point's hidden layers; this unit's share of the second layer and its gradient.
+        let mut h1 = Array::<f32>::new(h);
+        #[unroll]
+        for i in 0..h {
+            let a = first(s, x0, x1, i, h);
+            h1[i] = a * sigmoid(a);
+            if lane == comptime!(i % LANES) {
+                work[h1o + i * ROW + pt] = h1[i];
             }
         }
-        t += units;
+        for jj in 0..comptime!(h / LANES) {
+            let j = jj * LANES + lane;
+            let a = second(s, &h1, j, h);
+            let sg = sigmoid(a);
+            let d = (g0 * s[sw3 + 2 * j] + g1 * s[sw3 + 2 * j + 1]) * silu_slope(a, sg);
+            work[h2o + j * ROW + pt] = a * sg;
+            work[d2o + j * ROW + pt] = d;
+        }
     }
     sync_cube();
 
-    // `w2`'s gradient by tiles of `TILE` × `TILE` weights, each summed over the points in
-    // order (`column_dot`'s sums, with each value read once a tile).
-    let wtiles = comptime!((h / TILE) * (h / TILE));
-    t = u;
-    while t < wtiles {
-        let i0 = (t / comptime!(h / TILE)) * TILE;
-        let j0 = (t % comptime!(h / TILE)) * TILE;
-        let mut acc = Array::<f32>::new(comptime!(TILE * TILE));
-        #[unroll]
-        for k in 0..comptime!(TILE * TILE) {
-            acc[k] = 0.0f32;
-        }
-        #[unroll]
-        for q in 0..POINTS {
-            let mut hv = Array::<f32>::new(TILE);
-            let mut dv = Array::<f32>::new(TILE);
+    if tiled {
+        // `w2`'s gradient by tiles of `TILE` × `TILE` weights, each summed over the points in
+        // order (`column_dot`'s sums, with each value read once a tile).
+        let wtiles = comptime!((h / TILE) * (h / TILE));
+        let mut t = u;
+        while t < wtiles {
+            let i0 = (t / comptime!(h / TILE)) * TILE;
+            let j0 = (t % comptime!(h / TILE)) * TILE;
+            let mut acc = Array::<f32>::new(comptime!(TILE * TILE));
             #[unroll]
-            for k in 0..TILE {
-                hv[k] = work[h1o + (i0 + k) * ROW + q];
-                dv[k] = work[d2o + (j0 + k) * ROW + q];
+            for k in 0..comptime!(TILE * TILE) {
+                acc[k] = 0.0f32;
+            }
+            #[unroll]
+            for q in 0..POINTS {
+                let mut hv = Array::<f32>::new(TILE);
+                let mut dv = Array::<f32>::new(TILE);
+                #[unroll]
+                for k in 0..TILE {
+                    hv[k] = work[h1o + (i0 + k) * ROW + q];
+                    dv[k] = work[d2o + (j0 + k) * ROW + q];
+                }
+                #[unroll]
+                for a in 0..TILE {
+                    #[unroll]
+                    for b in 0..TILE {
+                        acc[a * TILE + b] += hv[a] * dv[b];
+                    }
+                }
             }
             #[unroll]
             for a in 0..TILE {
                 #[unroll]
                 for b in 0..TILE {
-                    acc[a * TILE + b] += hv[a] * dv[b];
+                    partial[row + ow2 + (i0 + a) * h + j0 + b] = acc[a * TILE + b];
                 }
             }
+            t += units;
         }
-        #[unroll]
-        for a in 0..TILE {
-            #[unroll]
-            for b in 0..TILE {
-                partial[row + ow2 + (i0 + a) * h + j0 + b] = acc[a * TILE + b];
-            }
+    } else {
+        let mut e = u;
+        while e < comptime!(h * h) {
+            partial[row + ow2 + e] = column_dot(work, h1o + (e / h) * ROW, d2o + (e % h) * ROW);
+            e += units;
         }
-        t += units;
     }
     if u < h {
         partial[row + ob2 + u] = column_sum(work, d2o + u * ROW);
@@ -234,48 +265,64 @@ pub(super) fn net_backward(
     }
     sync_cube();
 
-    // The first layer's pre-activation gradient by tiles of `TILE` points × `TILE` inputs, each
-    // a sum over the second layer's outputs in order, into the second hidden layer's table
-    // (read above, now free).
-    t = u;
-    while t < tiles {
-        let p0 = (t / comptime!(h / TILE)) * TILE;
-        let i0 = (t % comptime!(h / TILE)) * TILE;
-        let mut acc = Array::<f32>::new(comptime!(TILE * TILE));
-        #[unroll]
-        for k in 0..comptime!(TILE * TILE) {
-            acc[k] = 0.0f32;
-        }
-        #[unroll]
-        for j in 0..h {
-            let mut dv = Array::<f32>::new(TILE);
-            let mut wv = Array::<f32>::new(TILE);
+    if tiled {
+        // The first layer's pre-activation gradient by tiles of `TILE` points × `TILE` inputs,
+        // each a sum over the second layer's outputs in order, into the second hidden layer's
+        // table (read above, now free).
+        let mut t = u;
+        while t < tiles {
+            let p0 = (t / comptime!(h / TILE)) * TILE;
+            let i0 = (t % comptime!(h / TILE)) * TILE;
+            let mut acc = Array::<f32>::new(comptime!(TILE * TILE));
             #[unroll]
-            for k in 0..TILE {
-                dv[k] = work[d2o + j * ROW + p0 + k];
-                wv[k] = s[sw2 + (i0 + k) * (h + 1) + j];
+            for k in 0..comptime!(TILE * TILE) {
+                acc[k] = 0.0f32;
+            }
+            #[unroll]
+            for j in 0..h {
+                let mut dv = Array::<f32>::new(TILE);
+                let mut wv = Array::<f32>::new(TILE);
+                #[unroll]
+                for k in 0..TILE {
+                    dv[k] = work[d2o + j * ROW + p0 + k];
+                    wv[k] = s[sw2 + (i0 + k) * (h + 1) + j];
+                }
+                #[unroll]
+                for p in 0..TILE {
+                    #[unroll]
+                    for k in 0..TILE {
+                        acc[p * TILE + k] += dv[p] * wv[k];
+                    }
+                }
             }
             #[unroll]
             for p in 0..TILE {
+                let xp0 = work[pso + p0 + p];
+                let xp1 = work[pso + POINTS + p0 + p];
                 #[unroll]
                 for k in 0..TILE {
-                    acc[p * TILE + k] += dv[p] * wv[k];
+                    let i = i0 + k;
+                    let a = first(s, xp0, xp1, i, h);
+                    let sg = sigmoid(a);
+                    work[h2o + i * ROW + p0 + p] = acc[p * TILE + k] * silu_slope(a, sg);
                 }
             }
+            t += units;
         }
-        #[unroll]
-        for p in 0..TILE {
-            let xp0 = work[pso + p0 + p];
-            let xp1 = work[pso + POINTS + p0 + p];
+    } else {
+        // This unit's share of the first layer's pre-activation gradient, over the second
+        // layer's outputs in order, into the second hidden layer's table (read above, now free).
+        for ii in 0..comptime!(h / LANES) {
+            let i = ii * LANES + lane;
+            let mut dh = 0.0f32;
             #[unroll]
-            for k in 0..TILE {
-                let i = i0 + k;
-                let a = first(s, xp0, xp1, i, h);
-                let sg = sigmoid(a);
-                work[h2o + i * ROW + p0 + p] = acc[p * TILE + k] * silu_slope(a, sg);
+            for j in 0..h {
+                dh += work[d2o + j * ROW + pt] * s[sw2 + i * (h + 1) + j];
             }
+            let a = first(s, x0, x1, i, h);
+            let sg = sigmoid(a);
+            work[h2o + i * ROW + pt] = dh * silu_slope(a, sg);
         }
-        t += units;
     }
     sync_cube();
 

@@ -13,7 +13,7 @@
 use super::backward_kernels::{net_backward, work_len};
 use super::{
     LANES, POINTS, ROW, SHARED_LIMIT, TILE, cubes, empty, first, layout, load_weights, net_width,
-    point, shared_layout, sigmoid, sums,
+    point, second, shared_layout, sigmoid, sums, tiled,
 };
 use burn::cubecl;
 use burn::tensor::DType;
@@ -24,6 +24,35 @@ use cubecl::prelude::*;
 /// Columns of the result: `z0', z1', log_det', s, t` (the tensor-operation body's too).
 const OUT: usize = super::super::STATE;
 
+/// This unit's share of output `k` of the net whose weights are in `s`, at point `(x0, x1)`:
+/// the sum over every `LANES`-th second-layer output, as `coupling_forward_kernel` computes it,
+/// each unit computing its point's whole first layer in registers.
+#[cube]
+fn net_share_by_lanes(
+    s: &Shared<[f32]>,
+    x0: f32,
+    x1: f32,
+    lane: usize,
+    #[comptime] k: usize,
+    #[comptime] h: usize,
+) -> f32 {
+    let ow3 = comptime!(shared_layout(h)[4]);
+    let mut h1 = Array::<f32>::new(h);
+    #[unroll]
+    for i in 0..h {
+        let a = first(s, x0, x1, i, h);
+        h1[i] = a * sigmoid(a);
+    }
+    let mut y = 0.0f32;
+    for jj in 0..comptime!(h / LANES) {
+        let j = jj * LANES + lane;
+        let a = second(s, &h1, j, h);
+        let v = a * sigmoid(a);
+        y += v * s[ow3 + 2 * j + k];
+    }
+    y
+}
+
 /// This unit's share of output `k` of the net whose weights are in `s`, at point `(x0, x1)`
 /// (this unit's, column `pt` of `table`): the sum over every `LANES`-th second-layer output in
 /// order, as `coupling_forward_kernel` computes it. The hidden layers go through `table` (`h`
@@ -33,7 +62,7 @@ const OUT: usize = super::super::STATE;
 /// `TILE` products. Syncs the cube before it returns: the next call may overwrite `table`.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn net_share(
+fn net_share_by_tiles(
     s: &Shared<[f32]>,
     table: &mut Shared<[f32]>,
     x0: f32,
@@ -137,13 +166,14 @@ fn coupling_layer_forward_kernel(
     out: &mut Tensor<f32>,
     #[comptime] keep: usize,
     #[comptime] h: usize,
+    #[comptime] tiled: bool,
 ) {
     let other = comptime!(1 - keep);
     let ob3 = comptime!(shared_layout(h)[5]);
     let mut ss = Shared::<[f32]>::new_slice(comptime!(shared_layout(h)[6]));
     let mut st = Shared::<[f32]>::new_slice(comptime!(shared_layout(h)[6]));
     let mut ys = Shared::<[f32]>::new_slice(comptime!(2 * LANES * POINTS));
-    let mut table = Shared::<[f32]>::new_slice(comptime!(h * ROW));
+    let mut table = Shared::<[f32]>::new_slice(comptime!(table_len(h, tiled)));
     load_weights(sw1, sb1, sw2, sb2, sw3, sb3, &mut ss, h);
     load_weights(tw1, tb1, tw2, tb2, tw3, tb3, &mut st, h);
     let lane = UNIT_POS_X as usize;
@@ -158,8 +188,13 @@ fn coupling_layer_forward_kernel(
     let x1 = coordinate(kept, keep, 1usize);
     sync_cube();
     let at = (pt * LANES + lane) * 2;
-    ys[at] = net_share(&ss, &mut table, x0, x1, lane, pt, other, h);
-    ys[at + 1] = net_share(&st, &mut table, x0, x1, lane, pt, other, h);
+    if tiled {
+        ys[at] = net_share_by_tiles(&ss, &mut table, x0, x1, lane, pt, other, h);
+        ys[at + 1] = net_share_by_tiles(&st, &mut table, x0, x1, lane, pt, other, h);
+    } else {
+        ys[at] = net_share_by_lanes(&ss, x0, x1, lane, other, h);
+        ys[at + 1] = net_share_by_lanes(&st, x0, x1, lane, other, h);
+    }
     sync_cube();
     if lane == 0 && valid {
         let mut a = ss[ob3 + other];
@@ -206,6 +241,7 @@ fn coupling_layer_backward_kernel(
     t_partial: &mut Tensor<f32>,
     #[comptime] keep: usize,
     #[comptime] h: usize,
+    #[comptime] tiled: bool,
 ) {
     let other = comptime!(1 - keep);
     let mut w = Shared::<[f32]>::new_slice(comptime!(shared_layout(h)[6]));
@@ -239,11 +275,11 @@ fn coupling_layer_backward_kernel(
     let gs0 = coordinate(ds_raw, other, 0usize);
     let gs1 = coordinate(ds_raw, other, 1usize);
     let row_t = CUBE_POS * t_partial.stride(0);
-    let dx_t = net_backward(&w, &mut work, x0, x1, gt0, gt1, t_partial, row_t, h);
+    let dx_t = net_backward(&w, &mut work, x0, x1, gt0, gt1, t_partial, row_t, h, tiled);
     sync_cube();
     load_weights(sw1, sb1, sw2, sb2, sw3, sb3, &mut w, h);
     let row_s = CUBE_POS * s_partial.stride(0);
-    let dx_s = net_backward(&w, &mut work, x0, x1, gs0, gs1, s_partial, row_s, h);
+    let dx_s = net_backward(&w, &mut work, x0, x1, gs0, gs1, s_partial, row_s, h, tiled);
     if lane == keep && valid {
         let width = d_state.shape(2);
         let at = p * width;
@@ -254,6 +290,12 @@ fn coupling_layer_backward_kernel(
             d_state[at + c] = 0.0f32;
         }
     }
+}
+
+/// Length of the forward's table of hidden layers: `h` rows of [`ROW`] when `tiled`, else one
+/// value (unused).
+const fn table_len(h: usize, tiled: bool) -> usize {
+    if tiled { h * ROW } else { 1 }
 }
 
 /// The hidden width of two nets whose parameters the coupling kernels take (each as
@@ -268,7 +310,7 @@ pub fn supported(
     let dims = state.meta.shape().to_vec();
     let state_fits = dims.len() == 3 && dims[2] >= 3 && dims[0] * dims[1] > 0;
     let h = net_width(s_net).filter(|&h| net_width(t_net) == Some(h))?;
-    let forward_bytes = (2 * shared_layout(h)[6] + 2 * LANES * POINTS + h * ROW) * 4;
+    let forward_bytes = (2 * shared_layout(h)[6] + 2 * LANES * POINTS + table_len(h, tiled())) * 4;
     // The forward's tiles, at most one a unit.
     let tiles_fit = (POINTS / TILE) * (h / TILE) <= LANES * POINTS;
     let backward_bytes = (shared_layout(h)[6] + work_len(h)) * 4;
@@ -312,6 +354,7 @@ pub fn forward(
             out.clone().into_tensor_arg(),
             keep,
             h,
+            tiled(),
         );
     }
     out
@@ -371,6 +414,7 @@ pub fn backward(
             t_partial.clone().into_tensor_arg(),
             keep,
             h,
+            tiled(),
         );
     }
     let s_grads = sums(s_partial, &s_net, h);
@@ -399,7 +443,13 @@ mod tests {
     #[test]
     fn coupling_layer_kernels_compile_for_cuda_without_a_device() {
         let (props, target) = device();
-        for (h, keep) in [(64, 0), (64, 1), (8, 1)] {
+        for (h, keep, tiled) in [
+            (64, 0, false),
+            (64, 1, false),
+            (8, 1, false),
+            (64, 0, true),
+            (8, 1, true),
+        ] {
             let dims = || CubeDim::new_2d(LANES as u32, POINTS as u32);
             let [sw1, sb1, sw2, sb2, sw3, sb3] = net(h);
             let [tw1, tb1, tw2, tb2, tw3, tb3] = net(h);
@@ -424,6 +474,7 @@ mod tests {
                 tensor(&[3, 11, OUT]),
                 keep,
                 h,
+                tiled,
             );
             compiles(k.define());
             let [sw1, sb1, sw2, sb2, sw3, sb3] = net(h);
@@ -453,6 +504,7 @@ mod tests {
                 tensor(&[2, layout(h)[6]]),
                 keep,
                 h,
+                tiled,
             );
             compiles(k.define());
         }

@@ -147,6 +147,11 @@ pub struct Options {
     /// CUDA only) or as tensor operations (`false`, the default). The same rules.
     #[arg(long)]
     pub assign_kernels: Option<bool>,
+    /// Have the flow's coupling kernels compute their layer products by tiles (`true`;
+    /// `model::ops::coupling_kernels::choose_tiled`, CUDA only) or one unit per value (`false`,
+    /// the default). Both give the same bits.
+    #[arg(long)]
+    pub tiled_couplings: Option<bool>,
     /// Also read the memory pool inside every step (at the ends of loss, backward and optimizer)
     /// and print the largest bytes in use.
     #[arg(long)]
@@ -301,6 +306,12 @@ pub fn apply(o: &Options, cfg: &mut Config) -> anyhow::Result<()> {
         "--assign-kernels",
         "the kernels run on CUDA only",
         crate::loss::assign::device::kernel_assign::choose
+    );
+    cuda_only!(
+        o.tiled_couplings,
+        "--tiled-couplings",
+        "the coupling kernels run on CUDA only",
+        crate::model::ops::coupling_kernels::choose_tiled
     );
     cuda_only!(
         o.bn_single_pass,

@@ -1,7 +1,7 @@
 //! The flow's coupling net as our CUDA kernels (`kernels/coupling.rs`, reached through
 //! `ops::coupling_net`) against the net's layers on the CPU: the output and every gradient.
 
-use super::{cube, cuda, rel_values, values};
+use super::{Choice, cube, cuda, rel_values, values};
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn::tensor::activation::silu;
@@ -141,9 +141,10 @@ fn compare(
 /// At the seed's flow shape (`[68, 132, 2]`, width 64), at 33 points (a second cube holding one
 /// point), at one point, at a narrow width (16) and with strided points, the kernels' output and
 /// seven gradients are within 1e-5 (relative to the largest reference value) of the layers on
-/// the CPU, and a second run gives the same bits. A width whose backward does not fit the
-/// kernels' shared memory (128) runs the tensor operations instead: Burn's FP32 matmuls, which
-/// round their operands to TF32 on the tensor cores, so within 2e-3 (measured: ≤ 9.6e-4).
+/// the CPU, and a second run and the tiled kernels (`choose_tiled`) give the same bits. A width
+/// whose backward does not fit the kernels' shared memory (128) runs the tensor operations
+/// instead: Burn's FP32 matmuls, which round their operands to TF32 on the tensor cores, so
+/// within 2e-3 (measured: ≤ 9.6e-4).
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn coupling_net_kernels_match_the_layers_on_the_cpu() {
@@ -164,6 +165,16 @@ fn coupling_net_kernels_match_the_layers_on_the_cpu() {
         let reference = run(&case, &cpu, false, false);
         let ours = run(&case, &gpu, true, strided);
         let again = run(&case, &gpu, true, strided);
+        if kernels {
+            let _tiled = Choice::set(ops::coupling_kernels::choose_tiled, true, false);
+            let what = format!("coupling {points:?} width {h} strided {strided}");
+            same_bits(
+                &what,
+                &ours,
+                &run(&case, &gpu, true, strided),
+                &mut failures,
+            );
+        }
         for ((name, a), (b, c)) in names.iter().zip(&ours).zip(reference.iter().zip(&again)) {
             let what = format!("coupling {points:?} width {h} strided {strided}: {name}");
             let bound = if kernels { 1e-5 } else { 2e-3 };
@@ -171,6 +182,17 @@ fn coupling_net_kernels_match_the_layers_on_the_cpu() {
         }
     }
     assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// Records in `failures` where the tiled kernels' results (`choose_tiled`) are not the untiled
+/// ones' bits: the tiles keep every sum's order.
+fn same_bits(what: &str, untiled: &[Vec<f32>], tiled: &[Vec<f32>], failures: &mut Vec<String>) {
+    for (k, (a, b)) in untiled.iter().zip(tiled).enumerate() {
+        let differ = a.len() != b.len() || a.iter().zip(b).any(|(x, y)| x.to_bits() != y.to_bits());
+        if differ {
+            failures.push(format!("{what}: output {k} tiled differs from untiled"));
+        }
+    }
 }
 
 /// A width-`h` net drawn on the CPU as [`Case::new`] draws one.
@@ -231,7 +253,7 @@ fn run_coupling(
 /// a state of 3 columns (the flow's first coupling) or 5 (a later one's), at the seed's flow
 /// shape, 33 points, one point, a narrow width (16) and a strided state: the result and all
 /// 13 gradients within 1e-5 (relative to the largest reference value), the same bits on a
-/// second run. Width 128 does not fit the kernels' shared memory and runs the tensor
+/// second run and with the tiled kernels (`choose_tiled`). Width 128 does not fit the kernels' shared memory and runs the tensor
 /// operations, whose FP32 matmuls round to TF32 on CUDA; through tanh and exp that came to
 /// 2.9e-3 on the H100 (docs/perf_log.md BG2): within 5e-3.
 #[test]
@@ -264,6 +286,12 @@ fn coupling_kernels_match_the_layers_on_the_cpu() {
         let reference = run_coupling(&case, &cpu, false, false);
         let ours = run_coupling(&case, &gpu, true, strided);
         let again = run_coupling(&case, &gpu, true, strided);
+        if kernels {
+            let _tiled = Choice::set(ops::coupling_kernels::choose_tiled, true, false);
+            let what = format!("coupling layer [{g}, {m}] width {h} keep {keep} strided {strided}");
+            let tiled = run_coupling(&case, &gpu, true, strided);
+            same_bits(&what, &ours, &tiled, &mut failures);
+        }
         assert_eq!(reference.len(), 14);
         for (k, (a, (b, c))) in ours.iter().zip(reference.iter().zip(&again)).enumerate() {
             let what = format!(
