@@ -578,8 +578,12 @@ pub fn assign(
     let top = super::top_k::top_k_mask(align.clone(), rules.topk);
     let second = rules.topk2 != rules.topk;
     let pos = empty(&scores, &[b, n, a]);
-    // Without a second cut the kernel writes no `kept`: one value stands in.
-    let kept = empty(&scores, &[if second { b * n * a } else { 1 }]);
+    // The second cut's top-k reads `kept` as `[B, N, A]`; without one the kernel writes no
+    // `kept`, and one value stands in.
+    let kept = match second {
+        true => empty(&scores, &[b, n, a]),
+        false => empty(&scores, &[1, 1, 1]),
+    };
     let (count, dim) = elementwise(&scores, b * a);
     // SAFETY: unit `(b, a)` below `B·A` reads and writes column `a` of image `b` of the
     // contiguous `[B, N, A]` tensors; `kept` is written only with `second` (its own tensor then).

@@ -43,11 +43,11 @@ const LANES: usize = 4;
 /// products, where one unit per output read two values a product (the backward was bound by
 /// shared-memory reads). The sums keep their order, so the bits are the same.
 const TILE: usize = 4;
-static TILED: AtomicBool = AtomicBool::new(false);
+static TILED: AtomicBool = AtomicBool::new(true);
 
-/// Whether the coupling kernels compute their layer products by tiles ([`TILE`]; `true`,
-/// `bench-step --tiled-couplings`) or one unit per value (`false`, the default until a GPU has
-/// run the tiles). The same sums in the same order either way.
+/// Whether the coupling kernels compute their layer products by tiles ([`TILE`]; `true`, the
+/// default) or one unit per value (`false`; `bench-step --tiled-couplings false`). The same sums
+/// in the same order either way: the same bits (docs/perf_log.md BO3).
 pub fn choose_tiled(on: bool) {
     TILED.store(on, Ordering::Relaxed);
 }

@@ -147,9 +147,9 @@ pub struct Options {
     /// CUDA only) or as tensor operations (`false`, the default). The same rules.
     #[arg(long)]
     pub assign_kernels: Option<bool>,
-    /// Have the flow's coupling kernels compute their layer products by tiles (`true`;
-    /// `model::ops::coupling_kernels::choose_tiled`, CUDA only) or one unit per value (`false`,
-    /// the default). Both give the same bits.
+    /// Have the flow's coupling kernels compute their layer products by tiles (`true`, the
+    /// default; `model::ops::coupling_kernels::choose_tiled`, CUDA only) or one unit per value
+    /// (`false`). Both give the same bits.
     #[arg(long)]
     pub tiled_couplings: Option<bool>,
     /// Also read the memory pool inside every step (at the ends of loss, backward and optimizer)
