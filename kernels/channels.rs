@@ -36,8 +36,8 @@ static TILED: AtomicBool = AtomicBool::new(false);
 
 /// Whether [`channels_last`] transposes an input whose pixels lie in rows (NCHW) through
 /// shared-memory tiles ([`channels_last_tiled_kernel`]; `bench-step --tiled-casts true`) or
-/// one unit per value (`false`, the default until the tiles are measured on a GPU). The same
-/// values either way.
+/// one unit per value (`false`, the default: the tiles measured slower on the seed step's
+/// casts, docs/perf_log.md BO3). The same values either way.
 pub fn choose_tiled(on: bool) {
     TILED.store(on, Ordering::Relaxed);
 }
