@@ -4,8 +4,9 @@
 //! with no labelled keypoint (CIoU), pose and detection, both branch copies and a second cut of
 //! other sizes; continuous and quantised predictions (exact ties). The foreground and the
 //! objects learnt must be equal, the soft targets within a few float steps; two runs the same
-//! bits. Then the top-k (`kernels/top_k.rs`) and OKS (`kernels/oks.rs`) kernels against the
-//! host's rounds and formula.
+//! bits. The step recorded as one graph with them on against the native loop with them on
+//! (state hashes, per-step losses). Then the top-k (`kernels/top_k.rs`) and OKS
+//! (`kernels/oks.rs`) kernels against the host's rounds and formula.
 
 use super::{Choice, cube, cube_values_of, cuda, values};
 use burn::prelude::*;
@@ -213,6 +214,23 @@ fn assignment_kernels_match_the_tensor_operations_on_cuda() {
     );
     assert!(caught >= 10, "the check caught only {caught} wrong β");
     println!("{fg} foreground anchors equal; a wrong β caught in {caught} cases");
+}
+
+/// The whole step recorded as one graph (device loss) with the assignment kernels on: byte-equal
+/// to the native loop with them on, state hashes and per-step losses (BF16).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_graph_matches_native_with_the_assignment_kernels_bf16() {
+    let _kernels = Choice::set(kernel_assign::choose, true, false);
+    super::replay::assert_parity_of("pose-one-graph", "bf16");
+}
+
+/// As above on a batch without objects: every slot padding, no anchor foreground.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_graph_matches_native_with_the_assignment_kernels_on_an_empty_batch() {
+    let _kernels = Choice::set(kernel_assign::choose, true, false);
+    super::replay::assert_empty_parity("pose-one-graph");
 }
 
 /// The device assignment's top-k kernel (`kernels/top_k.rs`) against the rounds it replaces,
