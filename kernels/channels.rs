@@ -274,6 +274,8 @@ pub fn dilated_channels_last(
         Shape::new([n, size[0], size[1], channels]),
         dtype,
     ));
+    let types = [storage(x.dtype), storage(dtype)];
+    let client = x.client.clone();
     let xs = x.meta.strides();
     if TILED.load(Ordering::Relaxed) && xs[3] == 1 {
         let count = CubeCount::Static(
@@ -281,8 +283,6 @@ pub fn dilated_channels_last(
             channels.div_ceil(TILE) as u32,
             n as u32,
         );
-        let types = [storage(x.dtype), storage(dtype)];
-        let client = x.client.clone();
         // SAFETY: each unit reads `x` inside its shape (its pixels contiguous along a row,
         // checked above) and writes `out` inside its shape, both by their strides.
         unsafe {
@@ -303,8 +303,6 @@ pub fn dilated_channels_last(
     let total = n * channels * size[0] * size[1];
     let dim = CubeDim::new(&x.client, total);
     let count = calculate_cube_count_elemwise(&x.client, total, dim);
-    let types = [storage(x.dtype), storage(dtype)];
-    let client = x.client.clone();
     // SAFETY: every write is bounded by the output's shape, every read by `x`'s, both through
     // their own strides.
     unsafe {

@@ -234,9 +234,7 @@ fn oks_on_cuda(
     area: &Tensor<3>,
     sigmas: &[f32],
 ) -> Option<Tensor<3>> {
-    // `8·σ²` as the tensor operations' scalar: f32, `(8·σ)·σ`.
-    let c: Vec<f32> = sigmas.iter().map(|&s| 8.0 * s * s).collect();
-    let c = Tensor::<1>::from_floats(c.as_slice(), &px.device());
+    let c = oks_constants(sigmas, &px.device());
     let out = kernel_oks::oks(
         cuda_f32(px)?,
         cuda_f32(py)?,
@@ -245,6 +243,14 @@ fn oks_on_cuda(
         cuda_f32(&c)?,
     );
     Some(on_kind_of(out, px))
+}
+
+/// The OKS kernels' per-keypoint constants `8·σ²` (`[K]`) on `device`, rounded as the tensor
+/// operations' scalar is: f32, `(8·σ)·σ`.
+#[cfg(feature = "cuda")]
+fn oks_constants(sigmas: &[f32], device: &Device) -> Tensor<1> {
+    let c: Vec<f32> = sigmas.iter().map(|&s| 8.0 * s * s).collect();
+    Tensor::<1>::from_floats(c.as_slice(), device)
 }
 
 /// A kernel's result `c` as a tensor on `like`'s device kind (autodiff or not), as the tensor
@@ -555,9 +561,7 @@ fn assign_on_cuda(
     }
     let poses = match (&objects.keypoints, &out.kpts, cfg.pose) {
         (Some(_), Some(raw), true) if !sigmas.is_empty() => {
-            // `8·σ²` as the tensor operations' scalar: f32, `(8·σ)·σ`.
-            let c: Vec<f32> = sigmas.iter().map(|&s| 8.0 * s * s).collect();
-            let sig = Tensor::<1>::from_floats(c.as_slice(), &raw.device());
+            let sig = oks_constants(sigmas, &raw.device());
             Some(kernel_assign::Poses {
                 raw: cuda_f32(raw)?,
                 kd: raw.dims()[1] / sigmas.len(),
