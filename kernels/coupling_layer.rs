@@ -311,8 +311,8 @@ pub fn supported(
     let state_fits = dims.len() == 3 && dims[2] >= 3 && dims[0] * dims[1] > 0;
     let h = net_width(s_net).filter(|&h| net_width(t_net) == Some(h))?;
     let forward_bytes = (2 * shared_layout(h)[6] + 2 * LANES * POINTS + table_len(h, tiled())) * 4;
-    // The forward's tiles, at most one a unit.
-    let tiles_fit = (POINTS / TILE) * (h / TILE) <= LANES * POINTS;
+    // The tiled forward's tiles, at most one a unit (the untiled forward has none).
+    let tiles_fit = !tiled() || (POINTS / TILE) * (h / TILE) <= LANES * POINTS;
     let backward_bytes = (shared_layout(h)[6] + work_len(h)) * 4;
     let fits = forward_bytes.max(backward_bytes) <= SHARED_LIMIT;
     (state_fits && state.dtype == DType::F32 && fits && tiles_fit).then_some(h)
