@@ -13,6 +13,8 @@ use std::path::Path;
 
 #[path = "gpu/ahead.rs"]
 mod ahead;
+#[path = "gpu/anchor_terms.rs"]
+mod anchor_terms;
 #[path = "gpu/assign.rs"]
 mod assign;
 #[path = "gpu/batch_norm.rs"]

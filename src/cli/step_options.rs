@@ -147,6 +147,12 @@ pub struct Options {
     /// CUDA only) or as tensor operations (`false`, the default). The same rules.
     #[arg(long)]
     pub assign_kernels: Option<bool>,
+    /// Compute the device loss's per-anchor box, L1, OKS and visibility terms of a pose copy as
+    /// one operation with its own backward (`true`; `loss::anchor_terms`, our kernels on CUDA,
+    /// loops on the CPU) or as tensor operations (`false`, the default). The same terms within
+    /// rounding.
+    #[arg(long)]
+    pub anchor_terms: Option<bool>,
     /// Have the flow's coupling kernels compute their layer products by tiles (`true`, the
     /// default; `model::ops::coupling_kernels::choose_tiled`, CUDA only) or one unit per value
     /// (`false`). Both give the same bits.
@@ -254,6 +260,9 @@ pub fn apply(o: &Options, cfg: &mut Config) -> anyhow::Result<()> {
     }
     if let Some(pixels) = o.wgrad_chunk {
         crate::model::ops::wgrad::choose_chunk(pixels).map_err(|e| anyhow::anyhow!(e))?;
+    }
+    if let Some(on) = o.anchor_terms {
+        crate::loss::anchor_terms::choose(on);
     }
     if let Some(way) = &o.flow {
         crate::model::flow::choose(way).map_err(|e| anyhow::anyhow!("--flow: {e}"))?;

@@ -6,6 +6,7 @@
 //! autodiff's. The RLE flow runs on a fixed number of rows per image (the assignment's bound on
 //! its positives) holding the foreground anchors' keypoints; a mask keeps the labelled ones.
 
+use super::anchor_terms::{self, anchor_sums};
 use super::assign::device::{AnchorTensors, BatchAssignment, ObjectSlots, ciou, prefix_sum_last};
 use super::terms::{bce_with_logits, rle_weights};
 use crate::model::BranchOutput;
@@ -75,9 +76,24 @@ pub fn dense_terms(
     rows: Option<&KeypointRows>,
     flow: Option<&RealNvp>,
 ) -> Vec<DenseTerms> {
+    let fused = anchor_terms::chosen();
+    terms_of(copies, objects, anchors, imgsz, rows, flow, fused)
+}
+
+/// [`dense_terms`], the per-anchor terms by [`anchor_terms`] where `fused`.
+fn terms_of(
+    copies: &[(&BranchOutput, &BatchAssignment)],
+    objects: &ObjectSlots,
+    anchors: &AnchorTensors,
+    imgsz: [usize; 2],
+    rows: Option<&KeypointRows>,
+    flow: Option<&RealNvp>,
+    fused: bool,
+) -> Vec<DenseTerms> {
+    let with_flow = flow.is_some();
     let parts: Vec<(DenseTerms, Option<RleRows>)> = copies
         .iter()
-        .map(|(out, asg)| copy_terms(out, asg, objects, anchors, imgsz, rows, flow.is_some()))
+        .map(|(out, asg)| copy_terms(out, asg, objects, anchors, imgsz, rows, with_flow, fused))
         .collect();
     let groups: Vec<Tensor<3>> = parts
         .iter()
@@ -127,7 +143,9 @@ impl RleRows {
 }
 
 /// One copy's terms, the RLE term zero, and its rows for the flow where `with_flow` and the
-/// outputs have keypoint sigmas.
+/// outputs have keypoint sigmas. With keypoints, the box, L1, OKS and visibility terms are one
+/// operation ([`anchor_terms`]) where `fused`.
+#[allow(clippy::too_many_arguments)]
 fn copy_terms(
     out: &BranchOutput,
     asg: &BatchAssignment,
@@ -136,26 +154,96 @@ fn copy_terms(
     imgsz: [usize; 2],
     rows: Option<&KeypointRows>,
     with_flow: bool,
+    fused: bool,
 ) -> (DenseTerms, Option<RleRows>) {
     let [b, _, a] = out.scores.dims();
     let device = out.scores.device();
     let fg = asg.fg.clone().reshape([b, 1, a]);
-    let fg_f = fg.clone().float();
-    let positives = sum_all(fg_f.clone());
-    let zeros = Tensor::<3>::zeros([b, 1, a], &device);
+    let positives = sum_all(fg.clone().float());
     let score_sum = sum_all(asg.target_scores.clone()).clamp_min(1.0);
     let cls = sum_all(bce_with_logits(
         out.scores.clone(),
         asg.target_scores.clone(),
     )) / score_sum.clone();
-    // Each anchor's alignment weight and its object's box in grid units (background: zero and
-    // the first slot's box, masked out below).
+    // Each anchor's alignment weight.
     let weight = asg.target_scores.clone().sum_dim(1);
+    let zero = || Tensor::<1>::zeros([1], &device);
+    let (Some(kpts), Some(gk), Some(rows)) = (&out.kpts, &objects.keypoints, rows) else {
+        let ([box_loss, l1], _) = box_terms(out, asg, objects, anchors, imgsz, weight);
+        let terms = DenseTerms {
+            box_loss: box_loss / score_sum.clone(),
+            pose: zero(),
+            kobj: zero(),
+            cls,
+            l1: l1 / score_sum,
+            rle: zero(),
+            positives,
+            labelled: zero(),
+        };
+        return (terms, None);
+    };
+    let k = rows.sig2.dims()[1];
+    let kd = kpts.dims()[1] / k;
+    let cells = (positives.clone() * k as f32).clamp_min(1.0);
+    let sigma = match (with_flow, &out.kpts_sigma) {
+        (true, Some(sigma)) => Some(sigma),
+        _ => None,
+    };
+    let (box_loss, l1, pose, kobj, labelled, rle) = if fused {
+        let fixed = anchor_terms::Fixed {
+            objects: objects.packed.clone(),
+            slot: asg.gt_index.clone().float(),
+            fg: asg.fg.clone().float(),
+            weight: weight.reshape([b, a]),
+            ax: anchors.x.clone(),
+            ay: anchors.y.clone(),
+            st: anchors.stride.clone(),
+            sig: rows.sig2.clone().reshape([k]),
+        };
+        let s = anchor_sums(out.boxes.clone(), kpts.clone(), fixed, imgsz);
+        let rle = sigma.map(|sigma| {
+            let g = KeypointGeometry::new(kpts, gk, asg, anchors, k);
+            rle_rows(&g, sigma, asg, anchors, s.labelled.clone().clamp_min(1.0))
+        });
+        (s.box_loss, s.l1, s.pose, s.kobj, s.labelled, rle)
+    } else {
+        let ([box_loss, l1], gt) = box_terms(out, asg, objects, anchors, imgsz, weight);
+        let g = KeypointGeometry::new(kpts, gk, asg, anchors, k);
+        let [pose, kobj, labelled] = keypoint_terms(&g, &fg, &gt, anchors, rows);
+        let rle =
+            sigma.map(|sigma| rle_rows(&g, sigma, asg, anchors, labelled.clone().clamp_min(1.0)));
+        (box_loss, l1, pose, kobj, labelled, rle)
+    };
+    let terms = DenseTerms {
+        box_loss: box_loss / score_sum.clone(),
+        pose: pose / cells.clone(),
+        kobj: if kd == 3 { kobj / cells } else { zero() },
+        cls,
+        l1: l1 / score_sum,
+        rle: zero(),
+        positives,
+        labelled,
+    };
+    (terms, rle)
+}
+
+/// The box (`(1 − CIoU) · w`) and L1 terms' sums over the foreground, unnormalised, as tensor
+/// operations (`weight` `[B, 1, A]`), and each anchor's object's box in grid units (`[B, 1, A]`
+/// a side).
+fn box_terms(
+    out: &BranchOutput,
+    asg: &BatchAssignment,
+    objects: &ObjectSlots,
+    anchors: &AnchorTensors,
+    imgsz: [usize; 2],
+    weight: Tensor<3>,
+) -> ([Tensor<1>; 2], [Tensor<3>; 4]) {
+    let [b, _, a] = out.scores.dims();
+    let fg = asg.fg.clone().reshape([b, 1, a]);
+    let zeros = Tensor::<3>::zeros([b, 1, a], &out.scores.device());
+    // Each anchor's object's box in grid units (background: the first slot's, masked out below).
     let slot = asg.gt_index.clone().reshape([b, a, 1]);
-    let gt = objects
-        .boxes
-        .clone()
-        .gather(1, slot.clone().expand([b, a, 4]))
+    let gt = objects.boxes.clone().gather(1, slot.expand([b, a, 4]))
         / anchors.stride.clone().reshape([1, a, 1]);
     // Each side once: a strided side's reshape is a copy, and a narrow's backward a padding.
     let gt_sides = [0, 1, 2, 3].map(|i| channel(&gt, i));
@@ -171,7 +259,7 @@ fn copy_terms(
     ];
     let iou = ciou(pred, [g(0), g(1), g(2), g(3)]);
     let masked = |t: Tensor<3>| zeros.clone().mask_where(fg.clone(), t);
-    let box_loss = sum_all(masked((iou.neg() + 1.0) * weight.clone())) / score_sum.clone();
+    let box_loss = sum_all(masked((iou.neg() + 1.0) * weight.clone()));
     let (w, h) = (imgsz[1] as f32, imgsz[0] as f32);
     let st = anchors.stride.clone();
     let target = [
@@ -188,127 +276,162 @@ fn copy_terms(
         .map(|(i, (t, s))| ((l(i) - t) * s).abs())
         .reduce(|x, y| x + y)
         .expect("four sides");
-    let l1 = sum_all(masked(row / 4.0 * weight)) / score_sum;
+    let l1 = sum_all(masked(row / 4.0 * weight));
+    ([box_loss, l1], gt_sides)
+}
 
-    let zero = || Tensor::<1>::zeros([1], &device);
-    let (Some(kpts), Some(gk), Some(rows)) = (&out.kpts, &objects.keypoints, rows) else {
-        let terms = DenseTerms {
-            box_loss,
-            pose: zero(),
-            kobj: zero(),
-            cls,
-            l1,
-            rle: zero(),
-            positives,
-            labelled: zero(),
-        };
-        return (terms, None);
-    };
-    // OKS loss with the box area in grid units, averaged over the foreground's keypoints.
-    let k = rows.sig2.dims()[1];
-    let kd = kpts.dims()[1] / k;
-    let raw = kpts.clone().reshape([b, k, kd, a]);
-    let gt_k = gk
-        .clone()
-        .gather(1, slot.reshape([b, a, 1, 1]).expand([b, a, k, 3]))
-        .permute([0, 2, 3, 1]); // [B, K, 3, A]
-    let coord = |t: &Tensor<4>, i: usize| t.clone().narrow(2, i, 1).reshape([b, k, a]);
-    let s = anchors.stride.clone();
-    let (gx, gy) = (coord(&gt_k, 0) / s.clone(), coord(&gt_k, 1) / s);
-    let seen = coord(&gt_k, 2).not_equal_elem(0.0);
-    let vis = seen.clone().float();
-    // The truth's offsets from the anchor, which the RLE term compares the raw outputs with.
-    let (ox, oy) = (gx.clone() - ax.clone(), gy.clone() - ay.clone());
-    let (rx, ry) = (coord(&raw, 0), coord(&raw, 1));
-    let dx = rx.clone() + ax - gx;
-    let dy = ry.clone() + ay - gy;
-    let area = (g(2) - g(0)) * (g(3) - g(1));
+/// Each anchor's object's keypoints against the raw outputs (`[B, K, A]` each): what the OKS,
+/// visibility and RLE terms read.
+struct KeypointGeometry {
+    /// The raw outputs `[B, K·kd, A]` viewed as `[B, K, kd, A]`, and its first two channels.
+    raw: Tensor<4>,
+    rx: Tensor<3>,
+    ry: Tensor<3>,
+    /// The truth's offsets from the anchor, which the RLE term compares the raw outputs with.
+    ox: Tensor<3>,
+    oy: Tensor<3>,
+    /// The truth in grid units.
+    gx: Tensor<3>,
+    gy: Tensor<3>,
+    seen: Tensor<3, Bool>,
+    vis: Tensor<3>,
+}
+
+impl KeypointGeometry {
+    fn new(
+        kpts: &Tensor<3>,
+        gk: &Tensor<4>,
+        asg: &BatchAssignment,
+        anchors: &AnchorTensors,
+        k: usize,
+    ) -> Self {
+        let [b, kk, a] = kpts.dims();
+        let raw = kpts.clone().reshape([b, k, kk / k, a]);
+        let slot = asg.gt_index.clone().reshape([b, a, 1, 1]);
+        let gt_k = gk
+            .clone()
+            .gather(1, slot.expand([b, a, k, 3]))
+            .permute([0, 2, 3, 1]); // [B, K, 3, A]
+        let s = anchors.stride.clone();
+        let (gx, gy) = (coord(&gt_k, 0) / s.clone(), coord(&gt_k, 1) / s);
+        let seen = coord(&gt_k, 2).not_equal_elem(0.0);
+        let vis = seen.clone().float();
+        let (ox, oy) = (
+            gx.clone() - anchors.x.clone(),
+            gy.clone() - anchors.y.clone(),
+        );
+        let (rx, ry) = (coord(&raw, 0), coord(&raw, 1));
+        Self {
+            raw,
+            rx,
+            ry,
+            ox,
+            oy,
+            gx,
+            gy,
+            seen,
+            vis,
+        }
+    }
+}
+
+/// Channel `i` of the keypoint axis of `t` (`[B, K, kd, A]`) as `[B, K, A]`.
+fn coord(t: &Tensor<4>, i: usize) -> Tensor<3> {
+    let [b, k, _, a] = t.dims();
+    t.clone().narrow(2, i, 1).reshape([b, k, a])
+}
+
+/// The OKS term (each anchor's keypoints weighted by K over its object's labelled ones, the
+/// object's box `gt` in grid units for the area), the visibility BCE (zero unless kd is 3) and
+/// the labelled keypoints among the positives: sums over the foreground, unnormalised, as tensor
+/// operations.
+fn keypoint_terms(
+    g: &KeypointGeometry,
+    fg: &Tensor<3, Bool>,
+    gt: &[Tensor<3>; 4],
+    anchors: &AnchorTensors,
+    rows: &KeypointRows,
+) -> [Tensor<1>; 3] {
+    let [b, k, kd, a] = g.raw.dims();
+    let dx = g.rx.clone() + anchors.x.clone() - g.gx.clone();
+    let dy = g.ry.clone() + anchors.y.clone() - g.gy.clone();
+    let area = (gt[2].clone() - gt[0].clone()) * (gt[3].clone() - gt[1].clone());
     let e = (dx.clone() * dx + dy.clone() * dy) / (rows.sig2.clone() * (area + 1e-9));
     // K over each anchor's object's labelled keypoints.
-    let factor = (vis.clone().sum_dim(1) + 1e-9).recip() * k as f32;
-    let cells = (positives.clone() * k as f32).clamp_min(1.0);
-    let fg_k = fg.expand([b, k, a]);
-    let labelled = sum_all(fg_k.clone().bool_and(seen).float());
-    let zeros_k = Tensor::<3>::zeros([b, k, a], &device);
+    let factor = (g.vis.clone().sum_dim(1) + 1e-9).recip() * k as f32;
+    let fg_k = fg.clone().expand([b, k, a]);
+    let labelled = sum_all(fg_k.clone().bool_and(g.seen.clone()).float());
+    let zeros_k = Tensor::<3>::zeros([b, k, a], &g.vis.device());
     let pose = sum_all(zeros_k.clone().mask_where(
         fg_k.clone(),
-        factor * (e.neg().exp().neg() + 1.0) * vis.clone(),
-    )) / cells.clone();
+        factor * (e.neg().exp().neg() + 1.0) * g.vis.clone(),
+    ));
     let kobj = if kd == 3 {
-        let logit = coord(&raw, 2);
-        sum_all(
-            zeros_k
-                .clone()
-                .mask_where(fg_k.clone(), bce_with_logits(logit, vis.clone())),
-        ) / cells
+        let logit = coord(&g.raw, 2);
+        sum_all(zeros_k.mask_where(fg_k, bce_with_logits(logit, g.vis.clone())))
     } else {
-        zero()
+        Tensor::zeros([1], &g.vis.device())
     };
-    // RLE: ε = (μ − g) / σ per coordinate, the flow's log-density of ε, averaged over the
-    // foreground's labelled keypoints (none: zero). The flow runs on a fixed number of rows per
-    // image, the assignment's bound on its positives: the foreground anchors in anchor order,
-    // placed by a prefix sum over the mask (the rows past an image's positives are masked).
-    let rle = match (with_flow, &out.kpts_sigma) {
-        (true, Some(sigma_raw)) => {
-            let r = asg.max_positives.clamp(1, a);
-            let fg_i = asg.fg.clone().int();
-            let index = anchors.index.clone();
-            let iota = index.clone().reshape([1, a]).expand([b, a]);
-            let prefix = prefix_sum_last(fg_i);
-            // The last running count is the image's number of positives.
-            let count = prefix.clone().narrow(1, a - 1, 1);
-            let place = (prefix - 1).mask_where(asg.fg.clone().bool_not(), iota.clone() + r as i64);
-            let picked = Tensor::<2, Int>::zeros([b, r + a], &device)
-                .scatter(1, place, iota, IndexingUpdateOp::Add)
-                .narrow(1, 0, r)
-                .reshape([b, 1, r])
-                .expand([b, k, r]);
-            let in_use = index
-                .narrow(0, 0, r)
-                .reshape([1, 1, r])
-                .expand([b, k, r])
-                .lower(count.reshape([b, 1, 1]).expand([b, k, r]));
-            let take = |t: Tensor<3>| t.gather(2, picked.clone());
-            let sigma =
-                sigmoid(sigma_raw.clone().reshape([b, k, 2, a])).clamp_min(f32::MIN_POSITIVE);
-            let (sx, sy) = (take(coord(&sigma, 0)), take(coord(&sigma, 1)));
-            let eps = |x: Tensor<3>, o: Tensor<3>, s: Tensor<3>| {
-                ((take(x) - take(o)) / (s + 1e-9)).clamp(-100.0, 100.0)
-            };
-            let ex = eps(rx, ox, sx.clone());
-            let ey = eps(ry, oy, sy.clone());
-            // Grouped per image and keypoint, so the flow's backward reduces along `r` points
-            // per group rather than all of them at once.
-            let points = Tensor::cat(
-                vec![
-                    ex.clone().reshape([b * k, r, 1]),
-                    ey.clone().reshape([b * k, r, 1]),
-                ],
-                2,
-            );
-            let per = |s: Tensor<3>, e: Tensor<3>| s.clone().log() + (s * 2.0).log() + e.abs();
-            // The rows in use hold foreground anchors: their labelled keypoints are counted.
-            let counted = take(vis.clone()).greater_elem(0.5).bool_and(in_use);
-            Some(RleRows {
-                points,
-                per: per(sx, ex) + per(sy, ey),
-                counted,
-                labelled: labelled.clone().clamp_min(1.0),
-            })
-        }
-        _ => None,
+    [pose, kobj, labelled]
+}
+
+/// RLE: ε = (μ − g) / σ per coordinate, the flow's log-density of ε, averaged over the
+/// foreground's labelled keypoints (`labelled`, at least one). The flow runs on a fixed number
+/// of rows per image, the assignment's bound on its positives: the foreground anchors in anchor
+/// order, placed by a prefix sum over the mask (the rows past an image's positives are masked).
+fn rle_rows(
+    g: &KeypointGeometry,
+    sigma_raw: &Tensor<3>,
+    asg: &BatchAssignment,
+    anchors: &AnchorTensors,
+    labelled: Tensor<1>,
+) -> RleRows {
+    let [b, k, _, a] = g.raw.dims();
+    let device = sigma_raw.device();
+    let r = asg.max_positives.clamp(1, a);
+    let fg_i = asg.fg.clone().int();
+    let index = anchors.index.clone();
+    let iota = index.clone().reshape([1, a]).expand([b, a]);
+    let prefix = prefix_sum_last(fg_i);
+    // The last running count is the image's number of positives.
+    let count = prefix.clone().narrow(1, a - 1, 1);
+    let place = (prefix - 1).mask_where(asg.fg.clone().bool_not(), iota.clone() + r as i64);
+    let picked = Tensor::<2, Int>::zeros([b, r + a], &device)
+        .scatter(1, place, iota, IndexingUpdateOp::Add)
+        .narrow(1, 0, r)
+        .reshape([b, 1, r])
+        .expand([b, k, r]);
+    let in_use = index
+        .narrow(0, 0, r)
+        .reshape([1, 1, r])
+        .expand([b, k, r])
+        .lower(count.reshape([b, 1, 1]).expand([b, k, r]));
+    let take = |t: Tensor<3>| t.gather(2, picked.clone());
+    let sigma = sigmoid(sigma_raw.clone().reshape([b, k, 2, a])).clamp_min(f32::MIN_POSITIVE);
+    let (sx, sy) = (take(coord(&sigma, 0)), take(coord(&sigma, 1)));
+    let eps = |x: Tensor<3>, o: Tensor<3>, s: Tensor<3>| {
+        ((take(x) - take(o)) / (s + 1e-9)).clamp(-100.0, 100.0)
     };
-    let terms = DenseTerms {
-        box_loss,
-        pose,
-        kobj,
-        cls,
-        l1,
-        rle: zero(),
-        positives,
+    let ex = eps(g.rx.clone(), g.ox.clone(), sx.clone());
+    let ey = eps(g.ry.clone(), g.oy.clone(), sy.clone());
+    // Grouped per image and keypoint, so the flow's backward reduces along `r` points per group
+    // rather than all of them at once.
+    let points = Tensor::cat(
+        vec![
+            ex.clone().reshape([b * k, r, 1]),
+            ey.clone().reshape([b * k, r, 1]),
+        ],
+        2,
+    );
+    let per = |s: Tensor<3>, e: Tensor<3>| s.clone().log() + (s * 2.0).log() + e.abs();
+    // The rows in use hold foreground anchors: their labelled keypoints are counted.
+    let counted = take(g.vis.clone()).greater_elem(0.5).bool_and(in_use);
+    RleRows {
+        points,
+        per: per(sx, ex) + per(sy, ey),
+        counted,
         labelled,
-    };
-    (terms, rle)
+    }
 }
 
 #[cfg(test)]

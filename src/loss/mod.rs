@@ -1,6 +1,7 @@
 //! Assignment and losses of YOLO26 pose/detect (yolo_spec §3): both head copies, each with its
 //! own assigner, combined with the ProgLoss weights.
 
+pub mod anchor_terms;
 pub mod assign;
 pub mod dense;
 pub mod dual;

@@ -279,3 +279,101 @@ fn copies_sharing_a_flow_pass_get_their_own_terms() {
     }
     assert!(rows_differ > 0, "no case had different row counts");
 }
+
+/// The per-anchor terms as one operation ([`anchor_terms`], the CPU's loops) equal their
+/// tensor operations in value and in the gradients every output receives, on random batches
+/// with and without foreground and the RLE flow (the flow reads the same keypoints). Control:
+/// the same comparison catches the L1 term of a transposed image size on non-square inputs.
+#[test]
+fn anchor_terms_equal_the_tensor_operations() {
+    let device = Device::flex().autodiff();
+    let mut rng = StdRng::seed_from_u64(21);
+    let (mut with_fg, mut caught) = (0, 0);
+    for i in 0..32 {
+        let c = case(&mut rng, i, &device);
+        let cfg = match i % 2 {
+            0 => AssignerConfig::one2many(true),
+            _ => AssignerConfig::one2one(true),
+        };
+        let anchors = Anchors::new(c.h, c.w);
+        let (a, b) = (anchors.len(), c.labels.len());
+        let sigma = Tensor::<3>::random([b, c.nk * 2, a], Distribution::Normal(0.0, 1.0), &device);
+        let out = BranchOutput {
+            boxes: c.out.boxes.clone().require_grad(),
+            scores: c.out.scores.clone().require_grad(),
+            kpts: Some(c.out.kpts.clone().unwrap().require_grad()),
+            kpts_sigma: Some(sigma.require_grad()),
+        };
+        let sig = sigmas(c.nk);
+        let flow = (i % 3 != 0).then(|| RealNvpConfig::new().init(&device));
+        let objects = ObjectSlots::new(&c.labels, 3, c.nk, &device);
+        let at = AnchorTensors::new(&anchors, &device);
+        let mut asg = assign_batch(&cfg, &at, &out, &objects, &sig);
+        // Two backward passes read the assignment: each consumes the tape its tensors are on.
+        asg.target_scores = asg.target_scores.detach();
+        let rows = KeypointRows::new(&sig, &device);
+        let terms = |size: [usize; 2], fused: bool| {
+            terms_of(
+                &[(&out, &asg)],
+                &objects,
+                &at,
+                size,
+                Some(&rows),
+                flow.as_ref(),
+                fused,
+            )
+            .remove(0)
+        };
+        let gains = [7.5, 12.0, 1.0, 0.5, 1.5, 1.0];
+        let named = |t: &DenseTerms| {
+            [
+                t.box_loss.clone(),
+                t.pose.clone(),
+                t.kobj.clone(),
+                t.cls.clone(),
+                t.l1.clone(),
+                t.rle.clone(),
+                t.labelled.clone(),
+            ]
+        };
+        // Whether `ours` matches `theirs` in every value and output gradient.
+        let matches = |ours: DenseTerms, theirs: DenseTerms, strict: bool| {
+            let (x, y) = (named(&ours), named(&theirs));
+            let total = |t: &[Tensor<1>; 7]| {
+                (0..6)
+                    .map(|k| t[k].clone() * gains[k])
+                    .reduce(|p, q| p + q)
+                    .unwrap()
+            };
+            let (gx, gy) = (total(&x).backward(), total(&y).backward());
+            let mut ok = true;
+            for (k, (p, q)) in x.into_iter().zip(y).enumerate() {
+                let (p, q) = (value(p), value(q));
+                let close = (p - q).abs() <= 1e-5 * q.abs().max(1.0);
+                assert!(
+                    close || !strict,
+                    "case {i} term {k}: fused {p} vs tensors {q}"
+                );
+                ok &= close;
+            }
+            for (name, t) in outputs(&out) {
+                let (worst, scale) = difference(&grad_values(t, &gx), &grad_values(t, &gy));
+                let close = worst <= 1e-4 * scale;
+                assert!(close || !strict, "case {i} {name}: {worst} of {scale}");
+                ok &= close;
+            }
+            ok
+        };
+        let size = [c.h, c.w];
+        assert!(matches(terms(size, true), terms(size, false), true));
+        if c.h != c.w {
+            caught += !matches(terms([c.w, c.h], true), terms(size, false), false) as usize;
+        }
+        with_fg += (value(terms(size, false).positives) > 0.0) as usize;
+    }
+    assert!(with_fg > 16, "{with_fg} cases with foreground");
+    assert!(
+        caught >= 8,
+        "a transposed size was caught in {caught} cases"
+    );
+}

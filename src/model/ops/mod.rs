@@ -66,7 +66,7 @@ pub use fused_bn_tiles::choose_channels_last_grad;
 pub mod grad_operands;
 #[cfg(feature = "cuda")]
 pub mod grads_into;
-mod host;
+pub(crate) mod host;
 #[cfg(feature = "cuda")]
 #[path = "../../../kernels/im2col.rs"]
 pub mod im2col;

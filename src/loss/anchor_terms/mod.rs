@@ -1,0 +1,239 @@
+//! The device loss's per-anchor terms of a pose branch copy as one operation with a backward
+//! written out ([`LossOps::anchor_terms`]): box (CIoU), L1, OKS and keypoint-visibility BCE, and
+//! the labelled keypoints, for every anchor at once, zero off the foreground. As tensor
+//! operations ([`super::dense`]) these are ~240 launches forward and as many in autodiff's
+//! backward a copy; here one each (CUDA, `kernels/anchor_terms.rs`) or one loop each (CPU,
+//! [`host`]). The sums over the anchors stay outside, deterministic ([`sum_each_row`]), so the
+//! box and L1 terms are summed in the tensor operations' order; the OKS and BCE terms sum each
+//! anchor's keypoints first. Docs: docs/kernels.md, "The per-anchor loss terms".
+
+mod autodiff;
+pub mod host;
+#[cfg(test)]
+mod tests;
+
+use crate::optim::reduce::sum_each_row;
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{Backend, Dispatch, Flex, backend_extension};
+use burn::prelude::*;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+static CHOSEN: AtomicBool = AtomicBool::new(false);
+
+/// Whether the device loss computes the per-anchor terms of a pose copy by
+/// [`LossOps::anchor_terms`] (`true`; `bench-step --anchor-terms`) or by its tensor operations
+/// (`false`). The same terms within rounding.
+pub fn choose(on: bool) {
+    CHOSEN.store(on, Ordering::Relaxed);
+}
+
+/// [`choose`]'s choice.
+pub fn chosen() -> bool {
+    CHOSEN.load(Ordering::Relaxed)
+}
+
+/// Rows of [`LossOps::anchor_terms`]' result: box, L1, OKS, visibility BCE, labelled keypoints.
+pub const ROWS: usize = 5;
+
+/// The per-anchor terms as backend operations. Tensors without a gradient: the packed object
+/// slots `objects` (`[B, N, 6 + 3K]`, pixels), per anchor the slot it learns `slot`, the
+/// foreground `fg` (0/1) and the alignment weight `weight` (each `[B, A]`), the anchors' `ax`,
+/// `ay`, `st` (`[1, 1, A]`, grid units) and `sig` (`[K]`, `8σ²`); the image is `height ×
+/// width` pixels.
+#[backend_extension(Flex, Cube: cfg(feature = "cuda"), Autodiff)]
+pub trait LossOps: Backend {
+    /// `[5, B, A]`: for each foreground anchor of box distances `boxes` (`[B, 4, A]`, ltrb, grid
+    /// units) and raw keypoints `kpts` (`[B, K·kd, A]`, kd 2 or 3), `(1 − CIoU) · w`,
+    /// `Σ|scaled ltrb error| / 4 · w`, `Σ_k factor · (1 − e^(−e_k)) · v_k`, `Σ_k bce(x_k, v_k)`
+    /// (zero for kd 2) and `Σ_k v_k`; zero elsewhere (`host::anchor` says how).
+    #[allow(clippy::too_many_arguments)]
+    fn anchor_terms(
+        boxes: FloatTensor<Self>,
+        kpts: FloatTensor<Self>,
+        objects: FloatTensor<Self>,
+        slot: FloatTensor<Self>,
+        fg: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        ax: FloatTensor<Self>,
+        ay: FloatTensor<Self>,
+        st: FloatTensor<Self>,
+        sig: FloatTensor<Self>,
+        height: usize,
+        width: usize,
+    ) -> FloatTensor<Self>;
+    /// The gradients of `boxes` and `kpts` for the incoming `grad` (`[5, B, A]`; the last row's
+    /// is ignored: a count).
+    #[allow(clippy::too_many_arguments)]
+    fn anchor_terms_backward(
+        boxes: FloatTensor<Self>,
+        kpts: FloatTensor<Self>,
+        objects: FloatTensor<Self>,
+        slot: FloatTensor<Self>,
+        fg: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        ax: FloatTensor<Self>,
+        ay: FloatTensor<Self>,
+        st: FloatTensor<Self>,
+        sig: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        height: usize,
+        width: usize,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+}
+
+/// What the terms read besides the predictions, none with a gradient (see [`LossOps`]).
+#[derive(Clone, Debug)]
+pub struct Fixed {
+    pub objects: Tensor<3>,
+    pub slot: Tensor<2>,
+    pub fg: Tensor<2>,
+    pub weight: Tensor<2>,
+    pub ax: Tensor<3>,
+    pub ay: Tensor<3>,
+    pub st: Tensor<3>,
+    pub sig: Tensor<1>,
+}
+
+/// The five sums, `[1]` each, unnormalised: box, L1, OKS, visibility BCE, labelled keypoints
+/// (detached: a count).
+#[derive(Clone, Debug)]
+pub struct Sums {
+    pub box_loss: Tensor<1>,
+    pub l1: Tensor<1>,
+    pub pose: Tensor<1>,
+    pub kobj: Tensor<1>,
+    pub labelled: Tensor<1>,
+}
+
+/// The per-anchor terms of `boxes` and `kpts` ([`LossOps::anchor_terms`]) for an image of
+/// `size` `[h, w]` pixels, summed over the anchors.
+pub fn anchor_sums(boxes: Tensor<3>, kpts: Tensor<3>, fixed: Fixed, size: [usize; 2]) -> Sums {
+    let [b, _, a] = boxes.dims();
+    let rows = per_anchor(boxes, kpts, fixed, size);
+    let sums = sum_each_row(rows.reshape([ROWS, b * a]));
+    let row = |i: usize| sums.clone().narrow(0, i, 1);
+    Sums {
+        box_loss: row(0),
+        l1: row(1),
+        pose: row(2),
+        kobj: row(3),
+        labelled: row(4).detach(),
+    }
+}
+
+/// [`LossOps::anchor_terms`] on tensors: `[5, B, A]`.
+pub fn per_anchor(boxes: Tensor<3>, kpts: Tensor<3>, fixed: Fixed, size: [usize; 2]) -> Tensor<3> {
+    Tensor::from_dispatch(Dispatch::anchor_terms(
+        boxes.into_dispatch(),
+        kpts.into_dispatch(),
+        fixed.objects.into_dispatch(),
+        fixed.slot.into_dispatch(),
+        fixed.fg.into_dispatch(),
+        fixed.weight.into_dispatch(),
+        fixed.ax.into_dispatch(),
+        fixed.ay.into_dispatch(),
+        fixed.st.into_dispatch(),
+        fixed.sig.into_dispatch(),
+        size[0],
+        size[1],
+    ))
+}
+
+impl LossOps for Flex {
+    fn anchor_terms(
+        boxes: FloatTensor<Self>,
+        kpts: FloatTensor<Self>,
+        objects: FloatTensor<Self>,
+        slot: FloatTensor<Self>,
+        fg: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        ax: FloatTensor<Self>,
+        ay: FloatTensor<Self>,
+        st: FloatTensor<Self>,
+        sig: FloatTensor<Self>,
+        height: usize,
+        width: usize,
+    ) -> FloatTensor<Self> {
+        let fixed = [objects, slot, fg, weight, ax, ay, st, sig];
+        host::forward(&boxes, &kpts, &fixed, [height, width])
+    }
+    fn anchor_terms_backward(
+        boxes: FloatTensor<Self>,
+        kpts: FloatTensor<Self>,
+        objects: FloatTensor<Self>,
+        slot: FloatTensor<Self>,
+        fg: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        ax: FloatTensor<Self>,
+        ay: FloatTensor<Self>,
+        st: FloatTensor<Self>,
+        sig: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        height: usize,
+        width: usize,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let fixed = [objects, slot, fg, weight, ax, ay, st, sig];
+        host::backward(&boxes, &kpts, &fixed, &grad, [height, width])
+    }
+}
+
+#[cfg(feature = "cuda")]
+#[path = "../../../kernels/anchor_terms.rs"]
+pub mod kernel;
+
+#[cfg(feature = "cuda")]
+impl LossOps for burn_cubecl::CubeBackend {
+    fn anchor_terms(
+        boxes: FloatTensor<Self>,
+        kpts: FloatTensor<Self>,
+        objects: FloatTensor<Self>,
+        slot: FloatTensor<Self>,
+        fg: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        ax: FloatTensor<Self>,
+        ay: FloatTensor<Self>,
+        st: FloatTensor<Self>,
+        sig: FloatTensor<Self>,
+        height: usize,
+        width: usize,
+    ) -> FloatTensor<Self> {
+        let fixed = kernel::Fixed {
+            objects,
+            slot,
+            fg,
+            weight,
+            ax,
+            ay,
+            st,
+            sig,
+        };
+        kernel::forward(boxes, kpts, fixed, [height, width])
+    }
+    fn anchor_terms_backward(
+        boxes: FloatTensor<Self>,
+        kpts: FloatTensor<Self>,
+        objects: FloatTensor<Self>,
+        slot: FloatTensor<Self>,
+        fg: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        ax: FloatTensor<Self>,
+        ay: FloatTensor<Self>,
+        st: FloatTensor<Self>,
+        sig: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        height: usize,
+        width: usize,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let fixed = kernel::Fixed {
+            objects,
+            slot,
+            fg,
+            weight,
+            ax,
+            ay,
+            st,
+            sig,
+        };
+        kernel::backward(boxes, kpts, fixed, grad, [height, width])
+    }
+}
