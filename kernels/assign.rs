@@ -29,11 +29,11 @@ use cubecl::prelude::*;
 use cubecl::{CubeCount, CubeDim, calculate_cube_count_elemwise};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-static CHOSEN: AtomicBool = AtomicBool::new(false);
+static CHOSEN: AtomicBool = AtomicBool::new(true);
 
-/// Whether the device assignment runs these kernels on CUDA (`true`; `bench-step
-/// --assign-kernels`) or its tensor operations (`false`, the default until a GPU has checked
-/// them against each other). The same rules; a value may differ in its last bit.
+/// Whether the device assignment runs these kernels on CUDA (`true`, the default since the
+/// H100 check of docs/perf_log.md BP1) or its tensor operations (`false`; `bench-step
+/// --assign-kernels false`). The same rules; a value may differ in its last bit.
 pub fn choose(on: bool) {
     CHOSEN.store(on, Ordering::Relaxed);
 }

@@ -143,14 +143,15 @@ pub struct Options {
     /// default). Both give the same bits.
     #[arg(long)]
     pub tiled_casts: Option<bool>,
-    /// Run the device assignment as our kernels (`true`; `loss::assign::device::kernel_assign`,
-    /// CUDA only) or as tensor operations (`false`, the default). The same rules.
+    /// Run the device assignment as our kernels (`true`, the default;
+    /// `loss::assign::device::kernel_assign`, CUDA only) or as tensor operations (`false`). The
+    /// same rules.
     #[arg(long)]
     pub assign_kernels: Option<bool>,
     /// Compute the device loss's per-anchor box, L1, OKS and visibility terms of a pose copy as
-    /// one operation with its own backward (`true`; `loss::anchor_terms`, our kernels on CUDA,
-    /// loops on the CPU) or as tensor operations (`false`, the default). The same terms within
-    /// rounding.
+    /// one operation with its own backward (`true`, the default; `loss::anchor_terms`, our
+    /// kernels on CUDA, loops on the CPU) or as tensor operations (`false`). The same terms
+    /// within rounding.
     #[arg(long)]
     pub anchor_terms: Option<bool>,
     /// Have the flow's coupling kernels compute their layer products by tiles (`true`, the

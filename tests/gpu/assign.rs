@@ -4,8 +4,9 @@
 //! with no labelled keypoint (CIoU), pose and detection, both branch copies and a second cut of
 //! other sizes; continuous and quantised predictions (exact ties). The foreground and the
 //! objects learnt must be equal, the soft targets within a few float steps; two runs the same
-//! bits. The step recorded as one graph with them on against the native loop with them on
-//! (state hashes, per-step losses). Then the top-k (`kernels/top_k.rs`) and OKS
+//! bits. The step recorded as one graph against the native loop with the tensor operations
+//! instead (state hashes, per-step losses; the kernels, the default, are the one-graph suite's).
+//! Then the top-k (`kernels/top_k.rs`) and OKS
 //! (`kernels/oks.rs`) kernels against the host's rounds and formula.
 
 use super::{Choice, cube, cube_values_of, cuda, values};
@@ -135,7 +136,7 @@ struct Got {
 }
 
 fn run(c: &Case, cfg: &AssignerConfig, kernels: bool) -> Got {
-    let _kernels = Choice::set(kernel_assign::choose, kernels, false);
+    let _kernels = Choice::set(kernel_assign::choose, kernels, true);
     let asg = assign_batch(cfg, &c.anchors, &c.out, &c.objects, &sigmas(c.nk));
     Got {
         fg: asg
@@ -216,20 +217,21 @@ fn assignment_kernels_match_the_tensor_operations_on_cuda() {
     println!("{fg} foreground anchors equal; a wrong β caught in {caught} cases");
 }
 
-/// The whole step recorded as one graph (device loss) with the assignment kernels on: byte-equal
-/// to the native loop with them on, state hashes and per-step losses (BF16).
+/// The whole step recorded as one graph (device loss) with the assignment's tensor operations
+/// (the kernels off; the one-graph suite covers them on, the default): byte-equal to the native
+/// loop with them off, state hashes and per-step losses (BF16).
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn one_graph_matches_native_with_the_assignment_kernels_bf16() {
-    let _kernels = Choice::set(kernel_assign::choose, true, false);
+fn one_graph_matches_native_with_the_assignment_tensor_operations_bf16() {
+    let _kernels = Choice::set(kernel_assign::choose, false, true);
     super::replay::assert_parity_of("pose-one-graph", "bf16");
 }
 
 /// As above on a batch without objects: every slot padding, no anchor foreground.
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn one_graph_matches_native_with_the_assignment_kernels_on_an_empty_batch() {
-    let _kernels = Choice::set(kernel_assign::choose, true, false);
+fn one_graph_matches_native_with_the_assignment_tensor_operations_on_an_empty_batch() {
+    let _kernels = Choice::set(kernel_assign::choose, false, true);
     super::replay::assert_empty_parity("pose-one-graph");
 }
 

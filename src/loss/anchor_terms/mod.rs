@@ -18,11 +18,12 @@ use burn::backend::{Backend, Dispatch, Flex, backend_extension};
 use burn::prelude::*;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-static CHOSEN: AtomicBool = AtomicBool::new(false);
+static CHOSEN: AtomicBool = AtomicBool::new(true);
 
 /// Whether the device loss computes the per-anchor terms of a pose copy by
-/// [`LossOps::anchor_terms`] (`true`; `bench-step --anchor-terms`) or by its tensor operations
-/// (`false`). The same terms within rounding.
+/// [`LossOps::anchor_terms`] (`true`, the default since the H100 check of docs/perf_log.md BP1)
+/// or by its tensor operations (`false`; `bench-step --anchor-terms false`). The same terms
+/// within rounding.
 pub fn choose(on: bool) {
     CHOSEN.store(on, Ordering::Relaxed);
 }
