@@ -154,6 +154,11 @@ pub struct Options {
     /// within rounding.
     #[arg(long)]
     pub anchor_terms: Option<bool>,
+    /// Compute the device loss's RLE rows of a pose copy as one operation with its own backward
+    /// (`true`; `loss::anchor_terms::rle_rows`, with the per-anchor terms only) or as tensor
+    /// operations (`false`, the default). The same rows within rounding.
+    #[arg(long)]
+    pub rle_rows: Option<bool>,
     /// Have the flow's coupling kernels compute their layer products by tiles (`true`, the
     /// default; `model::ops::coupling_kernels::choose_tiled`, CUDA only) or one unit per value
     /// (`false`). Both give the same bits.
@@ -264,6 +269,9 @@ pub fn apply(o: &Options, cfg: &mut Config) -> anyhow::Result<()> {
     }
     if let Some(on) = o.anchor_terms {
         crate::loss::anchor_terms::choose(on);
+    }
+    if let Some(on) = o.rle_rows {
+        crate::loss::anchor_terms::choose_rle(on);
     }
     if let Some(way) = &o.flow {
         crate::model::flow::choose(way).map_err(|e| anyhow::anyhow!("--flow: {e}"))?;

@@ -76,11 +76,23 @@ pub fn dense_terms(
     rows: Option<&KeypointRows>,
     flow: Option<&RealNvp>,
 ) -> Vec<DenseTerms> {
-    let fused = anchor_terms::chosen();
+    let fused = Fused {
+        terms: anchor_terms::chosen(),
+        rle: anchor_terms::rle_chosen(),
+    };
     terms_of(copies, objects, anchors, imgsz, rows, flow, fused)
 }
 
-/// [`dense_terms`], the per-anchor terms by [`anchor_terms`] where `fused`.
+/// Which parts of a copy's terms are single operations ([`anchor_terms`]).
+#[derive(Clone, Copy, Debug)]
+struct Fused {
+    /// The per-anchor box, L1, OKS and visibility terms.
+    terms: bool,
+    /// The RLE rows (with `terms` only).
+    rle: bool,
+}
+
+/// [`dense_terms`] with the parts `fused` says as single operations.
 fn terms_of(
     copies: &[(&BranchOutput, &BatchAssignment)],
     objects: &ObjectSlots,
@@ -88,7 +100,7 @@ fn terms_of(
     imgsz: [usize; 2],
     rows: Option<&KeypointRows>,
     flow: Option<&RealNvp>,
-    fused: bool,
+    fused: Fused,
 ) -> Vec<DenseTerms> {
     let with_flow = flow.is_some();
     let parts: Vec<(DenseTerms, Option<RleRows>)> = copies
@@ -144,7 +156,7 @@ impl RleRows {
 
 /// One copy's terms, the RLE term zero, and its rows for the flow where `with_flow` and the
 /// outputs have keypoint sigmas. With keypoints, the box, L1, OKS and visibility terms are one
-/// operation ([`anchor_terms`]) where `fused`.
+/// operation ([`anchor_terms`]) as `fused` says.
 #[allow(clippy::too_many_arguments)]
 fn copy_terms(
     out: &BranchOutput,
@@ -154,7 +166,7 @@ fn copy_terms(
     imgsz: [usize; 2],
     rows: Option<&KeypointRows>,
     with_flow: bool,
-    fused: bool,
+    fused: Fused,
 ) -> (DenseTerms, Option<RleRows>) {
     let [b, _, a] = out.scores.dims();
     let device = out.scores.device();
@@ -189,7 +201,7 @@ fn copy_terms(
         (true, Some(sigma)) => Some(sigma),
         _ => None,
     };
-    let (box_loss, l1, pose, kobj, labelled, rle) = if fused {
+    let (box_loss, l1, pose, kobj, labelled, rle) = if fused.terms {
         let fixed = anchor_terms::Fixed {
             objects: objects.packed.clone(),
             slot: asg.gt_index.clone().float(),
@@ -201,9 +213,14 @@ fn copy_terms(
             sig: rows.sig2.clone().reshape([k]),
         };
         let s = anchor_sums(out.boxes.clone(), kpts.clone(), fixed, imgsz);
+        let labelled = s.labelled.clone().clamp_min(1.0);
         let rle = sigma.map(|sigma| {
-            let g = KeypointGeometry::new(kpts, gk, asg, anchors, k);
-            rle_rows(&g, sigma, asg, anchors, s.labelled.clone().clamp_min(1.0))
+            if fused.rle {
+                fused_rle_rows(kpts, sigma, asg, objects, anchors, k, labelled)
+            } else {
+                let g = KeypointGeometry::new(kpts, gk, asg, anchors, k);
+                rle_rows(&g, sigma, asg, anchors, labelled)
+            }
         });
         (s.box_loss, s.l1, s.pose, s.kobj, s.labelled, rle)
     } else {
@@ -375,6 +392,71 @@ fn keypoint_terms(
     [pose, kobj, labelled]
 }
 
+/// Where the RLE rows of each image come from: its foreground anchors in anchor order, as many
+/// rows `R` as the assignment's bound on its positives.
+struct Placement {
+    /// `[B, R]`: row `j`'s anchor (0 past the image's positives).
+    picked: Tensor<2, Int>,
+    /// `[B, A]`: each anchor's row (`A + R` and above off the foreground).
+    place: Tensor<2, Int>,
+    /// `[B, 1]`: the image's positives.
+    count: Tensor<2, Int>,
+}
+
+impl Placement {
+    /// By a prefix sum over the foreground mask and a scatter of the anchor indices.
+    fn new(asg: &BatchAssignment, anchors: &AnchorTensors, r: usize) -> Self {
+        let [b, a] = asg.fg.dims();
+        let iota = anchors.index.clone().reshape([1, a]).expand([b, a]);
+        let prefix = prefix_sum_last(asg.fg.clone().int());
+        // The last running count is the image's number of positives.
+        let count = prefix.clone().narrow(1, a - 1, 1);
+        let place = (prefix - 1).mask_where(asg.fg.clone().bool_not(), iota.clone() + r as i64);
+        let picked = Tensor::<2, Int>::zeros([b, r + a], &asg.fg.device())
+            .scatter(1, place.clone(), iota, IndexingUpdateOp::Add)
+            .narrow(1, 0, r);
+        Self {
+            picked,
+            place,
+            count,
+        }
+    }
+}
+
+/// [`rle_rows`] by one operation ([`anchor_terms::rle_rows`]): the raw keypoints `kpts` and
+/// sigmas `sigma_raw` of the foreground anchors' rows, with `k` keypoints.
+#[allow(clippy::too_many_arguments)]
+fn fused_rle_rows(
+    kpts: &Tensor<3>,
+    sigma_raw: &Tensor<3>,
+    asg: &BatchAssignment,
+    objects: &ObjectSlots,
+    anchors: &AnchorTensors,
+    k: usize,
+    labelled: Tensor<1>,
+) -> RleRows {
+    let [b, _, a] = kpts.dims();
+    let r = asg.max_positives.clamp(1, a);
+    let p = Placement::new(asg, anchors, r);
+    let fixed = anchor_terms::RleFixed {
+        objects: objects.packed.clone(),
+        slot: asg.gt_index.clone().float(),
+        place: p.place.float(),
+        picked: p.picked.float(),
+        count: p.count.float().reshape([b]),
+        ax: anchors.x.clone(),
+        ay: anchors.y.clone(),
+        st: anchors.stride.clone(),
+    };
+    let rows = anchor_terms::rle_rows(kpts.clone(), sigma_raw.clone(), fixed);
+    RleRows {
+        points: rows.clone().narrow(2, 0, 2),
+        per: rows.clone().narrow(2, 2, 1).reshape([b, k, r]),
+        counted: rows.narrow(2, 3, 1).reshape([b, k, r]).greater_elem(0.5),
+        labelled,
+    }
+}
+
 /// RLE: ε = (μ − g) / σ per coordinate, the flow's log-density of ε, averaged over the
 /// foreground's labelled keypoints (`labelled`, at least one). The flow runs on a fixed number
 /// of rows per image, the assignment's bound on its positives: the foreground anchors in anchor
@@ -387,21 +469,16 @@ fn rle_rows(
     labelled: Tensor<1>,
 ) -> RleRows {
     let [b, k, _, a] = g.raw.dims();
-    let device = sigma_raw.device();
     let r = asg.max_positives.clamp(1, a);
-    let fg_i = asg.fg.clone().int();
-    let index = anchors.index.clone();
-    let iota = index.clone().reshape([1, a]).expand([b, a]);
-    let prefix = prefix_sum_last(fg_i);
-    // The last running count is the image's number of positives.
-    let count = prefix.clone().narrow(1, a - 1, 1);
-    let place = (prefix - 1).mask_where(asg.fg.clone().bool_not(), iota.clone() + r as i64);
-    let picked = Tensor::<2, Int>::zeros([b, r + a], &device)
-        .scatter(1, place, iota, IndexingUpdateOp::Add)
-        .narrow(1, 0, r)
-        .reshape([b, 1, r])
-        .expand([b, k, r]);
-    let in_use = index
+    let Placement {
+        picked,
+        place: _,
+        count,
+    } = Placement::new(asg, anchors, r);
+    let picked = picked.reshape([b, 1, r]).expand([b, k, r]);
+    let in_use = anchors
+        .index
+        .clone()
         .narrow(0, 0, r)
         .reshape([1, 1, r])
         .expand([b, k, r])

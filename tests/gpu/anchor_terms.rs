@@ -9,7 +9,7 @@
 use super::{Choice, cuda, values};
 use burn::prelude::*;
 use burn::tensor::TensorData;
-use burnpose::loss::anchor_terms::{self, Fixed, per_anchor};
+use burnpose::loss::anchor_terms::{self, Fixed, RleFixed, per_anchor, rle_rows};
 use burnpose::loss::assign::Anchors;
 use burnpose::loss::geometry::sigmas;
 use rand::{Rng, SeedableRng, rngs::StdRng};
@@ -176,6 +176,120 @@ fn anchor_terms_kernels_match_the_cpu_loops_on_cuda() {
         caught, non_square,
         "a transposed size was caught in {caught} of {non_square} cases"
     );
+}
+
+/// The RLE rows and both gradients (`kpts`, `sigma`) of `c` on device `d`, a third of the
+/// anchors foreground, two rows of padding past the fullest image's positives.
+fn run_rle(c: &Case, d: &Device, strided: bool) -> [Vec<f32>; 3] {
+    let [b, a, nk, kd, n] = c.dims;
+    let t3 = |v: &[f32], s: [usize; 3]| Tensor::<3>::from_data(TensorData::new(v.to_vec(), s), d);
+    let counts: Vec<usize> = (0..b)
+        .map(|i| {
+            c.fg[i * a..(i + 1) * a]
+                .iter()
+                .filter(|&&v| v != 0.0)
+                .count()
+        })
+        .collect();
+    let r = counts.iter().max().unwrap() + 2;
+    let (mut picked, mut place) = (vec![0.0f32; b * r], vec![(a + r) as f32; b * a]);
+    for i in 0..b {
+        let mut j = 0;
+        for ai in 0..a {
+            if c.fg[i * a + ai] != 0.0 {
+                picked[i * r + j] = ai as f32;
+                place[i * a + ai] = j as f32;
+                j += 1;
+            }
+        }
+    }
+    let pred = |v: &[f32], ch: usize| {
+        if strided {
+            let mut t = vec![0.0f32; v.len()];
+            for (i, x) in v.iter().enumerate() {
+                let (bi, ci, ai) = (i / (ch * a), i / a % ch, i % a);
+                t[(bi * a + ai) * ch + ci] = *x;
+            }
+            t3(&t, [b, a, ch]).swap_dims(1, 2)
+        } else {
+            t3(v, [b, ch, a])
+        }
+    };
+    let kpts = pred(&c.kpts, nk * kd).require_grad();
+    // Raw sigmas from the box distances' and weights' draws (any values will do).
+    let raw: Vec<f32> = (0..b * 2 * nk * a)
+        .map(|i| c.boxes[i % c.boxes.len()] - 3.0 + c.weight[i % c.weight.len()])
+        .collect();
+    let sigma = pred(&raw, 2 * nk).require_grad();
+    let row = |v: &[f32]| t3(v, [1, 1, a]);
+    let fixed = RleFixed {
+        objects: t3(&c.objects, [b, n, 6 + 3 * nk]),
+        slot: t3(&c.slot, [1, b, a]).reshape([b, a]),
+        place: t3(&place, [1, b, a]).reshape([b, a]),
+        picked: t3(&picked, [1, b, r]).reshape([b, r]),
+        count: Tensor::<1>::from_floats(
+            counts
+                .iter()
+                .map(|&v| v as f32)
+                .collect::<Vec<_>>()
+                .as_slice(),
+            d,
+        ),
+        ax: row(&c.anchors[0]),
+        ay: row(&c.anchors[1]),
+        st: row(&c.anchors[2]),
+    };
+    let rows = rle_rows(kpts.clone(), sigma.clone(), fixed);
+    let out = values(rows.clone());
+    let g: Vec<f32> = (0..b * nk * r * 4)
+        .map(|i| c.grad[i % c.grad.len()])
+        .collect();
+    let grads = (rows * t3(&g, [b * nk, r, 4])).sum().backward();
+    let grad = |t: &Tensor<3>| values(t.grad(&grads).expect("a gradient"));
+    [out, grad(&kpts), grad(&sigma)]
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn rle_rows_kernels_match_the_cpu_loops_on_cuda() {
+    let (gpu, cpu) = (cuda().autodiff(), Device::flex().autodiff());
+    let mut rng = StdRng::seed_from_u64(31);
+    let mut counted = 0usize;
+    for i in 0..20 {
+        let c = case(&mut rng, i);
+        let strided = i % 3 == 1;
+        let ours = run_rle(&c, &gpu, strided);
+        let again = run_rle(&c, &gpu, strided);
+        let want = run_rle(&c, &cpu, false);
+        for (k, name) in ["rows", "keypoint gradient", "sigma gradient"]
+            .iter()
+            .enumerate()
+        {
+            assert_eq!(ours[k], again[k], "{}: {name} differ between runs", c.what);
+            if let Some((at, x, y)) = close(&ours[k], &want[k]) {
+                panic!("{} RLE {name}: {x} at {at}, the CPU's {y}", c.what);
+            }
+        }
+        counted += want[0].chunks(4).filter(|r| r[3] != 0.0).count();
+    }
+    assert!(counted > 20_000, "{counted} rows counted");
+}
+
+/// The whole step recorded as one graph with the RLE rows as one operation too: byte-equal to
+/// the native loop with them on (BF16).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_graph_matches_native_with_the_rle_rows_bf16() {
+    let _on = Choice::set(anchor_terms::choose_rle, true, false);
+    super::replay::assert_parity_of("pose-one-graph", "bf16");
+}
+
+/// As above on a batch without objects.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_graph_matches_native_with_the_rle_rows_on_an_empty_batch() {
+    let _on = Choice::set(anchor_terms::choose_rle, true, false);
+    super::replay::assert_empty_parity("pose-one-graph");
 }
 
 /// The whole step recorded as one graph (device loss) with the per-anchor terms as tensor

@@ -9,6 +9,7 @@
 
 mod autodiff;
 pub mod host;
+pub mod rle;
 #[cfg(test)]
 mod tests;
 
@@ -31,6 +32,20 @@ pub fn choose(on: bool) {
 /// [`choose`]'s choice.
 pub fn chosen() -> bool {
     CHOSEN.load(Ordering::Relaxed)
+}
+
+static RLE_CHOSEN: AtomicBool = AtomicBool::new(false);
+
+/// Whether the device loss's RLE rows of a pose copy are [`LossOps::rle_rows`] (`true`;
+/// `bench-step --rle-rows true`) or their tensor operations (`false`, the default until a GPU
+/// has checked the kernels). The same rows within rounding.
+pub fn choose_rle(on: bool) {
+    RLE_CHOSEN.store(on, Ordering::Relaxed);
+}
+
+/// [`choose_rle`]'s choice.
+pub fn rle_chosen() -> bool {
+    RLE_CHOSEN.load(Ordering::Relaxed)
 }
 
 /// Rows of [`LossOps::anchor_terms`]' result: box, L1, OKS, visibility BCE, labelled keypoints.
@@ -80,6 +95,40 @@ pub trait LossOps: Backend {
         height: usize,
         width: usize,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
+    /// `[B·K, R, 4]`: the RLE rows of the raw keypoints `kpts` (`[B, K·kd, A]`) and raw sigmas
+    /// `sigma` (`[B, 2K, A]`), row `j` of image `b` the foreground anchor `picked[b, j]`
+    /// (`[B, R]`): `ε` per coordinate, `log σ + log 2σ + |ε|` over both, and whether it counts
+    /// (labelled, `j` below the image's positives `count` `[B]`). `place` (`[B, A]`) is each
+    /// anchor's row (`≥ R` off the foreground), for the backward (`rle::forward` says how).
+    #[allow(clippy::too_many_arguments)]
+    fn rle_rows(
+        kpts: FloatTensor<Self>,
+        sigma: FloatTensor<Self>,
+        objects: FloatTensor<Self>,
+        slot: FloatTensor<Self>,
+        place: FloatTensor<Self>,
+        picked: FloatTensor<Self>,
+        count: FloatTensor<Self>,
+        ax: FloatTensor<Self>,
+        ay: FloatTensor<Self>,
+        st: FloatTensor<Self>,
+    ) -> FloatTensor<Self>;
+    /// The gradients of `kpts` and `sigma` for the incoming `grad` (`[B·K, R, 4]`; the last
+    /// column's is ignored: a mask).
+    #[allow(clippy::too_many_arguments)]
+    fn rle_rows_backward(
+        kpts: FloatTensor<Self>,
+        sigma: FloatTensor<Self>,
+        objects: FloatTensor<Self>,
+        slot: FloatTensor<Self>,
+        place: FloatTensor<Self>,
+        picked: FloatTensor<Self>,
+        count: FloatTensor<Self>,
+        ax: FloatTensor<Self>,
+        ay: FloatTensor<Self>,
+        st: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
 }
 
 /// What the terms read besides the predictions, none with a gradient (see [`LossOps`]).
@@ -120,6 +169,36 @@ pub fn anchor_sums(boxes: Tensor<3>, kpts: Tensor<3>, fixed: Fixed, size: [usize
         kobj: row(3),
         labelled: row(4).detach(),
     }
+}
+
+/// What the RLE rows read besides the predictions, none with a gradient (see
+/// [`LossOps::rle_rows`]).
+#[derive(Clone, Debug)]
+pub struct RleFixed {
+    pub objects: Tensor<3>,
+    pub slot: Tensor<2>,
+    pub place: Tensor<2>,
+    pub picked: Tensor<2>,
+    pub count: Tensor<1>,
+    pub ax: Tensor<3>,
+    pub ay: Tensor<3>,
+    pub st: Tensor<3>,
+}
+
+/// [`LossOps::rle_rows`] on tensors: `[B·K, R, 4]`.
+pub fn rle_rows(kpts: Tensor<3>, sigma: Tensor<3>, fixed: RleFixed) -> Tensor<3> {
+    Tensor::from_dispatch(Dispatch::rle_rows(
+        kpts.into_dispatch(),
+        sigma.into_dispatch(),
+        fixed.objects.into_dispatch(),
+        fixed.slot.into_dispatch(),
+        fixed.place.into_dispatch(),
+        fixed.picked.into_dispatch(),
+        fixed.count.into_dispatch(),
+        fixed.ax.into_dispatch(),
+        fixed.ay.into_dispatch(),
+        fixed.st.into_dispatch(),
+    ))
 }
 
 /// [`LossOps::anchor_terms`] on tensors: `[5, B, A]`.
@@ -176,11 +255,45 @@ impl LossOps for Flex {
         let fixed = [objects, slot, fg, weight, ax, ay, st, sig];
         host::backward(&boxes, &kpts, &fixed, &grad, [height, width])
     }
+    fn rle_rows(
+        kpts: FloatTensor<Self>,
+        sigma: FloatTensor<Self>,
+        objects: FloatTensor<Self>,
+        slot: FloatTensor<Self>,
+        place: FloatTensor<Self>,
+        picked: FloatTensor<Self>,
+        count: FloatTensor<Self>,
+        ax: FloatTensor<Self>,
+        ay: FloatTensor<Self>,
+        st: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let fixed = [objects, slot, place, picked, count, ax, ay, st];
+        rle::forward(&kpts, &sigma, &fixed)
+    }
+    fn rle_rows_backward(
+        kpts: FloatTensor<Self>,
+        sigma: FloatTensor<Self>,
+        objects: FloatTensor<Self>,
+        slot: FloatTensor<Self>,
+        place: FloatTensor<Self>,
+        picked: FloatTensor<Self>,
+        count: FloatTensor<Self>,
+        ax: FloatTensor<Self>,
+        ay: FloatTensor<Self>,
+        st: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let fixed = [objects, slot, place, picked, count, ax, ay, st];
+        rle::backward(&kpts, &sigma, &fixed, &grad)
+    }
 }
 
 #[cfg(feature = "cuda")]
 #[path = "../../../kernels/anchor_terms.rs"]
 pub mod kernel;
+#[cfg(feature = "cuda")]
+#[path = "../../../kernels/rle_rows.rs"]
+pub mod rle_kernel;
 
 #[cfg(feature = "cuda")]
 impl LossOps for burn_cubecl::CubeBackend {
@@ -236,5 +349,54 @@ impl LossOps for burn_cubecl::CubeBackend {
             sig,
         };
         kernel::backward(boxes, kpts, fixed, grad, [height, width])
+    }
+    fn rle_rows(
+        kpts: FloatTensor<Self>,
+        sigma: FloatTensor<Self>,
+        objects: FloatTensor<Self>,
+        slot: FloatTensor<Self>,
+        place: FloatTensor<Self>,
+        picked: FloatTensor<Self>,
+        count: FloatTensor<Self>,
+        ax: FloatTensor<Self>,
+        ay: FloatTensor<Self>,
+        st: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let fixed = rle_kernel::Fixed {
+            objects,
+            slot,
+            place,
+            picked,
+            count,
+            ax,
+            ay,
+            st,
+        };
+        rle_kernel::forward(kpts, sigma, fixed)
+    }
+    fn rle_rows_backward(
+        kpts: FloatTensor<Self>,
+        sigma: FloatTensor<Self>,
+        objects: FloatTensor<Self>,
+        slot: FloatTensor<Self>,
+        place: FloatTensor<Self>,
+        picked: FloatTensor<Self>,
+        count: FloatTensor<Self>,
+        ax: FloatTensor<Self>,
+        ay: FloatTensor<Self>,
+        st: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let fixed = rle_kernel::Fixed {
+            objects,
+            slot,
+            place,
+            picked,
+            count,
+            ax,
+            ay,
+            st,
+        };
+        rle_kernel::backward(kpts, sigma, fixed, grad)
     }
 }

@@ -280,15 +280,15 @@ fn copies_sharing_a_flow_pass_get_their_own_terms() {
     assert!(rows_differ > 0, "no case had different row counts");
 }
 
-/// The per-anchor terms as one operation ([`anchor_terms`], the CPU's loops) equal their
-/// tensor operations in value and in the gradients every output receives, on random batches
-/// with and without foreground and the RLE flow (the flow reads the same keypoints). Control:
+/// The per-anchor terms as one operation ([`anchor_terms`], the CPU's loops), and in half the
+/// cases the RLE rows too, equal their tensor operations in value and in the gradients every
+/// output receives, on random batches with and without foreground and the RLE flow. Control:
 /// the same comparison catches the L1 term of a transposed image size on non-square inputs.
 #[test]
 fn anchor_terms_equal_the_tensor_operations() {
     let device = Device::flex().autodiff();
     let mut rng = StdRng::seed_from_u64(21);
-    let (mut with_fg, mut caught) = (0, 0);
+    let (mut with_fg, mut caught, mut rle_rows) = (0, 0, 0);
     for i in 0..32 {
         let c = case(&mut rng, i, &device);
         let cfg = match i % 2 {
@@ -312,7 +312,11 @@ fn anchor_terms_equal_the_tensor_operations() {
         // Two backward passes read the assignment: each consumes the tape its tensors are on.
         asg.target_scores = asg.target_scores.detach();
         let rows = KeypointRows::new(&sig, &device);
-        let terms = |size: [usize; 2], fused: bool| {
+        let terms = |size: [usize; 2], on: bool| {
+            let fused = Fused {
+                terms: on,
+                rle: on && i % 2 == 0,
+            };
             terms_of(
                 &[(&out, &asg)],
                 &objects,
@@ -370,7 +374,9 @@ fn anchor_terms_equal_the_tensor_operations() {
             caught += !matches(terms([c.w, c.h], true), terms(size, false), false) as usize;
         }
         with_fg += (value(terms(size, false).positives) > 0.0) as usize;
+        rle_rows += (flow.is_some() && i % 2 == 0 && value(terms(size, true).rle) > 0.0) as usize;
     }
+    assert!(rle_rows >= 4, "{rle_rows} cases compared fused RLE rows");
     assert!(with_fg > 16, "{with_fg} cases with foreground");
     assert!(
         caught >= 8,
