@@ -16,6 +16,7 @@
 //! can differ. No sums across units: the same bits every run.
 
 // `#[cube]` expands to `cubecl::…` paths.
+use crate::loss::assign::device::kernel_assign::ciou;
 use burn::cubecl;
 use burn::tensor::{DType, Shape};
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
@@ -136,41 +137,6 @@ fn ciou_grad(
     da[1] = g1;
     da[2] = g2;
     da[3] = g3;
-}
-
-/// CIoU(`a`, `b`) in the tensor operations' order (`loss::assign::device::ciou`, `a` the
-/// prediction).
-#[cube]
-#[allow(clippy::too_many_arguments)]
-fn ciou(
-    a0: f32,
-    a1: f32,
-    a2: f32,
-    a3: f32,
-    b0: f32,
-    b1: f32,
-    b2: f32,
-    b3: f32,
-    v_scale: f32,
-) -> f32 {
-    let w1 = a2 - a0;
-    let h1 = a3 - a1 + E;
-    let w2 = b2 - b0;
-    let h2 = b3 - b1 + E;
-    let inter = f32::max(f32::min(a2, b2) - f32::max(a0, b0), 0.0f32)
-        * f32::max(f32::min(a3, b3) - f32::max(a1, b1), 0.0f32);
-    let union = w1 * h1 + w2 * h2 - inter + E;
-    let iou = inter / union;
-    let cw = f32::max(a2, b2) - f32::min(a0, b0);
-    let ch = f32::max(a3, b3) - f32::min(a1, b1);
-    let c2 = cw * cw + ch * ch + E;
-    let dxs = b0 + b2 - a0 - a2;
-    let dys = b1 + b3 - a1 - a3;
-    let rho2 = (dxs * dxs + dys * dys) / 4.0f32;
-    let t = f32::atan(w2 / h2) - f32::atan(w1 / h1);
-    let v = t * t * v_scale;
-    let alpha = v / (v - iou + (1.0f32 + E));
-    iou - (rho2 / c2 + v * alpha)
 }
 
 /// `bce_with_logits(x, t)` as the tensor operations write it.

@@ -122,10 +122,11 @@ fn level_fits(s: f32, side: f32, finest: f32, coarsest: f32) -> bool {
 }
 
 /// CIoU of boxes `a` and `b` (`[x1, y1, x2, y2]`), in `loss::assign::device::ciou`'s order;
-/// `v_scale` is `4 / π²` as the host rounds it.
+/// `v_scale` is `4 / π²` as the host rounds it. The loss's per-anchor terms take it too
+/// (`kernels/anchor_terms.rs`, `a` the prediction).
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn ciou(
+pub(crate) fn ciou(
     a0: f32,
     a1: f32,
     a2: f32,

@@ -155,8 +155,8 @@ pub struct Options {
     #[arg(long)]
     pub anchor_terms: Option<bool>,
     /// Compute the device loss's RLE rows of a pose copy as one operation with its own backward
-    /// (`true`; `loss::anchor_terms::rle_rows`, with the per-anchor terms only) or as tensor
-    /// operations (`false`, the default). The same rows within rounding.
+    /// (`true`, the default; `loss::anchor_terms::rle_rows`, with the per-anchor terms only) or
+    /// as tensor operations (`false`). The same rows within rounding.
     #[arg(long)]
     pub rle_rows: Option<bool>,
     /// Have the flow's coupling kernels compute their layer products by tiles (`true`, the

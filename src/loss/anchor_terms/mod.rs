@@ -34,11 +34,11 @@ pub fn chosen() -> bool {
     CHOSEN.load(Ordering::Relaxed)
 }
 
-static RLE_CHOSEN: AtomicBool = AtomicBool::new(false);
+static RLE_CHOSEN: AtomicBool = AtomicBool::new(true);
 
-/// Whether the device loss's RLE rows of a pose copy are [`LossOps::rle_rows`] (`true`;
-/// `bench-step --rle-rows true`) or their tensor operations (`false`, the default until a GPU
-/// has checked the kernels). The same rows within rounding.
+/// Whether the device loss's RLE rows of a pose copy are [`LossOps::rle_rows`] (`true`, the
+/// default since the H100 check of docs/perf_log.md BP2) or their tensor operations (`false`;
+/// `bench-step --rle-rows false`). The same rows within rounding.
 pub fn choose_rle(on: bool) {
     RLE_CHOSEN.store(on, Ordering::Relaxed);
 }
