@@ -419,12 +419,16 @@ pub(crate) fn device_update(
     } = constants;
     let device = flat.p.device();
     let layout = &flat.layout;
-    let per_elem = table_view(&inputs.rows).select(0, flat.seg.clone());
+    // Each column the rule reads, spread from its segments to their values by one gather of
+    // the column (a gather of the whole table, then a copy per column, moved six times the
+    // values: 0.36 ms of an H100's optimizer step, docs/perf_log.md BP4). The same values.
+    let rows = table_view(&inputs.rows);
+    let segments = rows.dims()[0];
     let col = |j: usize| {
-        per_elem
-            .clone()
-            .slice([0..layout.len, j..j + 1])
-            .reshape([layout.len])
+        rows.clone()
+            .slice([0..segments, j..j + 1])
+            .reshape([segments])
+            .select(0, flat.seg.clone())
     };
     // The momentum changes during warm-up, the loss scale after overflows and clean streaks:
     // device values, as a recorded update must read them.
