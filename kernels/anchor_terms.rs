@@ -166,7 +166,7 @@ fn bce_grad(x: f32, t: f32) -> f32 {
 
 /// `x`'s sign, zero at zero (Burn's `sign`).
 #[cube]
-fn sign_of(x: f32) -> f32 {
+pub(crate) fn sign_of(x: f32) -> f32 {
     let mut s = 0.0f32;
     if x > 0.0f32 {
         s = 1.0f32;

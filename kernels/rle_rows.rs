@@ -15,6 +15,7 @@
 //! may fuse a multiply and an add. No sums across units: the same bits every run.
 
 // `#[cube]` expands to `cubecl::…` paths.
+use super::kernel::sign_of;
 use burn::cubecl;
 use burn::tensor::{DType, Shape};
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
@@ -46,19 +47,6 @@ pub struct Fixed {
 #[cube]
 fn sigmoid(x: f32) -> f32 {
     f32::exp(-f32::ln(f32::exp(-x) + 1.0f32))
-}
-
-/// `x`'s sign, zero at zero (Burn's `sign`).
-#[cube]
-fn sign_of(x: f32) -> f32 {
-    let mut s = 0.0f32;
-    if x > 0.0f32 {
-        s = 1.0f32;
-    }
-    if x < 0.0f32 {
-        s = -1.0f32;
-    }
-    s
 }
 
 /// The truth's offset from anchor `a`'s centre for keypoint `k` of the object at `o` (one

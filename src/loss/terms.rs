@@ -135,7 +135,7 @@ pub fn host_terms(t: &BranchTargets, imgsz: [usize; 2], sigmas: &[f32]) -> HostT
 }
 
 /// `sign(x)`, 0 at 0 (the derivative autodiff gives `|x|`).
-fn sign(x: f32) -> f32 {
+pub(crate) fn sign(x: f32) -> f32 {
     if x > 0.0 {
         1.0
     } else if x < 0.0 {

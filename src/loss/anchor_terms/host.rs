@@ -3,6 +3,7 @@
 //! written once more here in Rust: the GPU test compares the two, and [`ciou_grad`] is checked
 //! against forward-mode derivatives ([`crate::loss::dual`]) in CI.
 
+use crate::loss::terms::sign;
 use crate::model::ops::host::{tensor, values};
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Flex, TensorMetadata};
@@ -91,17 +92,6 @@ fn bce_grad(x: f32, t: f32) -> f32 {
     let e = (-x.abs()).exp();
     let step = if x >= 0.0 { 1.0 } else { 0.0 };
     step - t - sign(x) * e / (1.0 + e)
-}
-
-/// Burn's `sign`: zero at zero.
-fn sign(x: f32) -> f32 {
-    if x > 0.0 {
-        1.0
-    } else if x < 0.0 {
-        -1.0
-    } else {
-        0.0
-    }
 }
 
 /// One foreground anchor's inputs: box distances `l`, raw keypoints `kp` (`K·kd`), centre `c`

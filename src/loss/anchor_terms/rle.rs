@@ -2,6 +2,7 @@
 //! The formulas, operation by operation, are `kernels/rle_rows.rs`' (the CUDA kernels'): the
 //! GPU test compares the two, and CI holds these to the tensor operations.
 
+use crate::loss::terms::sign;
 use crate::model::ops::host::{tensor, values};
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Flex, TensorMetadata};
@@ -14,17 +15,6 @@ pub const COLUMNS: usize = 4;
 /// Burn's sigmoid, `exp(−ln(exp(−x) + 1))`.
 fn sigmoid(x: f32) -> f32 {
     (-((-x).exp() + 1.0).ln()).exp()
-}
-
-/// Burn's `sign`: zero at zero.
-fn sign(x: f32) -> f32 {
-    if x > 0.0 {
-        1.0
-    } else if x < 0.0 {
-        -1.0
-    } else {
-        0.0
-    }
 }
 
 /// `ε` and `log σ + log 2σ + |ε|` of one coordinate: raw output `r`, the truth's offset `o`,
