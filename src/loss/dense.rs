@@ -5,6 +5,9 @@
 //! of the sums (the foreground's terms are summed among every anchor's zeros); the gradients are
 //! autodiff's. The RLE flow runs on a fixed number of rows per image (the assignment's bound on
 //! its positives) holding the foreground anchors' keypoints; a mask keeps the labelled ones.
+//! For a pose copy the per-anchor box, L1, OKS and visibility terms and the RLE rows are, by
+//! default, single operations ([`anchor_terms`]); the tensor operations here stay as the
+//! reference they are tested against and as the path `--anchor-terms false` takes.
 
 use super::anchor_terms::{self, anchor_sums};
 use super::assign::device::{AnchorTensors, BatchAssignment, ObjectSlots, ciou, prefix_sum_last};

@@ -5,7 +5,9 @@
 //! backward a copy; here one each (CUDA, `kernels/anchor_terms.rs`) or one loop each (CPU,
 //! [`host`]). The sums over the anchors stay outside, deterministic ([`sum_each_row`]), so the
 //! box and L1 terms are summed in the tensor operations' order; the OKS and BCE terms sum each
-//! anchor's keypoints first. Docs: docs/kernels.md, "The per-anchor loss terms".
+//! anchor's keypoints first. The RLE rows the flow evaluates are a second operation
+//! ([`LossOps::rle_rows`]; `kernels/rle_rows.rs`, [`rle`]). Docs: docs/kernels.md, "The device
+//! loss's per-anchor terms" and "The device loss's RLE rows".
 
 mod autodiff;
 pub mod host;
