@@ -16,6 +16,9 @@
 //! can differ. No sums across units: the same bits every run.
 
 // `#[cube]` expands to `cubecl::…` paths.
+use super::ROWS;
+use super::host::{AREA_E, E, v_scale};
+use crate::loss::assign::device::PACKED;
 use crate::loss::assign::device::kernel_assign::ciou;
 use burn::cubecl;
 use burn::tensor::{DType, Shape};
@@ -23,14 +26,6 @@ use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 use cubecl::{CubeDim, calculate_cube_count_elemwise};
-
-/// Columns of an object slot before its keypoints: class, in use, box (`ObjectSlots::pack`).
-const PACKED: usize = 6;
-/// CIoU's epsilon and the OKS area's and label count's, as the tensor operations write them.
-const E: f32 = 1e-7;
-const AREA_E: f32 = 1e-9;
-/// Rows of the forward's result.
-pub const ROWS: usize = 5;
 
 /// Inputs of the terms that carry no gradient, FP32, any strides: the packed object slots
 /// `[B, N, 6 + 3K]` (pixels), the slot each anchor learns `[B, A]` (as a float), the foreground
@@ -154,14 +149,7 @@ fn bce_grad(x: f32, t: f32) -> f32 {
     if x >= 0.0f32 {
         step = 1.0f32;
     }
-    let mut sign = 0.0f32;
-    if x > 0.0f32 {
-        sign = 1.0f32;
-    }
-    if x < 0.0f32 {
-        sign = -1.0f32;
-    }
-    step - t - sign * e / (1.0f32 + e)
+    step - t - sign_of(x) * e / (1.0f32 + e)
 }
 
 /// `x`'s sign, zero at zero (Burn's `sign`).
@@ -175,6 +163,19 @@ pub(crate) fn sign_of(x: f32) -> f32 {
         s = -1.0f32;
     }
     s
+}
+
+/// The labelled keypoints of the object slot at `o` (values `os` apart).
+#[cube]
+fn labelled(objects: &Tensor<f32>, o: usize, os: usize, #[comptime] keypoints: usize) -> f32 {
+    let mut seen = 0.0f32;
+    #[unroll]
+    for k in 0..keypoints {
+        if objects[o + (PACKED + 3 * k + 2) * os] != 0.0f32 {
+            seen += 1.0f32;
+        }
+    }
+    seen
 }
 
 /// Unit `(b, a)`: [`ROWS`] values at `out[r · B·A + b · A + a]`.
@@ -240,13 +241,7 @@ fn forward_kernel(
         let area = (g2 - g0) * (g3 - g1);
         let ko = b * kpts.stride(0) + a * kpts.stride(2);
         let ks = kpts.stride(1);
-        let mut seen = 0.0f32;
-        #[unroll]
-        for k in 0..keypoints {
-            if objects[o + (PACKED + 3 * k + 2) * os] != 0.0f32 {
-                seen += 1.0f32;
-            }
-        }
+        let seen = labelled(objects, o, os, keypoints);
         let factor = 1.0f32 / (seen + AREA_E) * f32::new(comptime!(keypoints as f32));
         #[unroll]
         for k in 0..keypoints {
@@ -358,13 +353,7 @@ fn backward_kernel(
         let area = (g2 - g0) * (g3 - g1);
         let ko = b * kpts.stride(0) + a * kpts.stride(2);
         let ks = kpts.stride(1);
-        let mut seen = 0.0f32;
-        #[unroll]
-        for k in 0..keypoints {
-            if objects[o + (PACKED + 3 * k + 2) * os] != 0.0f32 {
-                seen += 1.0f32;
-            }
-        }
+        let seen = labelled(objects, o, os, keypoints);
         let factor = 1.0f32 / (seen + AREA_E) * f32::new(comptime!(keypoints as f32));
         #[unroll]
         for k in 0..keypoints {
@@ -444,11 +433,6 @@ fn check(boxes: &CubeTensor, kpts: &CubeTensor, fixed: &Fixed) -> (usize, usize,
         "anchor terms: object slots [B, N, 6 + 3K], got {os:?}"
     );
     (bs[0], bs[2], k, kd)
-}
-
-/// CIoU's aspect-term constant `4 / π²`, rounded as the tensor operations' scalar.
-fn v_scale() -> f32 {
-    4.0 / (std::f32::consts::PI * std::f32::consts::PI)
 }
 
 /// The forward: `[5, B, A]` (FP32, contiguous), rows as the module's documentation says, for

@@ -29,6 +29,9 @@ use cubecl::prelude::*;
 use cubecl::{CubeCount, CubeDim, calculate_cube_count_elemwise};
 use std::sync::atomic::{AtomicBool, Ordering};
 
+// Columns of an object slot before its keypoints (`ObjectSlots::pack`).
+use super::PACKED;
+
 static CHOSEN: AtomicBool = AtomicBool::new(true);
 
 /// Whether the device assignment runs these kernels on CUDA (`true`, the default since the
@@ -46,8 +49,6 @@ pub fn chosen() -> bool {
 /// Units of a cube of [`metrics_kernel`] and [`row_max_kernel`] (a power of two: the tree
 /// halves it).
 const UNITS: usize = 256;
-/// Columns of an object slot before its keypoints: class, in use, box.
-const PACKED: usize = 6;
 /// The comparisons' and CIoU's small constants, as the tensor operations write them.
 const INSIDE: f32 = 1e-9;
 const E: f32 = 1e-7;

@@ -16,17 +16,14 @@
 
 // `#[cube]` expands to `cubecl::…` paths.
 use super::kernel::sign_of;
+use super::rle::COLUMNS;
+use crate::loss::assign::device::PACKED;
 use burn::cubecl;
 use burn::tensor::{DType, Shape};
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 use cubecl::{CubeDim, calculate_cube_count_elemwise};
-
-/// Columns of an object slot before its keypoints: class, in use, box (`ObjectSlots::pack`).
-const PACKED: usize = 6;
-/// Columns of a row: εx, εy, the row's log terms, counted.
-pub const COLUMNS: usize = 4;
 
 /// Inputs that carry no gradient, FP32, any strides: the packed object slots `[B, N, 6 + 3K]`,
 /// per anchor the slot it learns `slot` `[B, A]` and its row `place` `[B, A]` (`≥ R` off the
@@ -127,13 +124,13 @@ fn forward_kernel(
 fn coordinate_grads(r: f32, o: f32, raw: f32, g_e: f32, g_per: f32, d: &mut Array<f32>) {
     let sig = sigmoid(raw);
     let s = f32::max(sig, f32::new(f32::MIN_POSITIVE));
-    let q = (r - o) / (s + 1e-9f32);
+    let den = s + 1e-9f32;
+    let q = (r - o) / den;
     let e = f32::clamp(q, -100.0f32, 100.0f32);
     let mut dq = 0.0f32;
     if q >= -100.0f32 && q <= 100.0f32 {
         dq = g_e + g_per * sign_of(e);
     }
-    let den = s + 1e-9f32;
     let ds = g_per / s + g_per / (s * 2.0f32) * 2.0f32 - dq * (r - o) / (den * den);
     let mut draw = 0.0f32;
     if sig >= f32::new(f32::MIN_POSITIVE) {

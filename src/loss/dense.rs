@@ -205,9 +205,11 @@ fn copy_terms(
         _ => None,
     };
     let (box_loss, l1, pose, kobj, labelled, rle) = if fused.terms {
+        // The slot each anchor learns, as the single operations read it.
+        let slot = asg.gt_index.clone().float();
         let fixed = anchor_terms::Fixed {
             objects: objects.packed.clone(),
-            slot: asg.gt_index.clone().float(),
+            slot: slot.clone(),
             fg: asg.fg.clone().float(),
             weight: weight.reshape([b, a]),
             ax: anchors.x.clone(),
@@ -216,13 +218,13 @@ fn copy_terms(
             sig: rows.sig2.clone().reshape([k]),
         };
         let s = anchor_sums(out.boxes.clone(), kpts.clone(), fixed, imgsz);
-        let labelled = s.labelled.clone().clamp_min(1.0);
+        let at_least_one = s.labelled.clone().clamp_min(1.0);
         let rle = sigma.map(|sigma| {
             if fused.rle {
-                fused_rle_rows(kpts, sigma, asg, objects, anchors, k, labelled)
+                fused_rle_rows(kpts, sigma, asg, slot, objects, anchors, k, at_least_one)
             } else {
                 let g = KeypointGeometry::new(kpts, gk, asg, anchors, k);
-                rle_rows(&g, sigma, asg, anchors, labelled)
+                rle_rows(&g, sigma, asg, anchors, at_least_one)
             }
         });
         (s.box_loss, s.l1, s.pose, s.kobj, s.labelled, rle)
@@ -427,12 +429,14 @@ impl Placement {
 }
 
 /// [`rle_rows`] by one operation ([`anchor_terms::rle_rows`]): the raw keypoints `kpts` and
-/// sigmas `sigma_raw` of the foreground anchors' rows, with `k` keypoints.
+/// sigmas `sigma_raw` of the foreground anchors' rows, with `k` keypoints; `slot` is the
+/// assignment's slot per anchor as a float.
 #[allow(clippy::too_many_arguments)]
 fn fused_rle_rows(
     kpts: &Tensor<3>,
     sigma_raw: &Tensor<3>,
     asg: &BatchAssignment,
+    slot: Tensor<2>,
     objects: &ObjectSlots,
     anchors: &AnchorTensors,
     k: usize,
@@ -443,7 +447,7 @@ fn fused_rle_rows(
     let p = Placement::new(asg, anchors, r);
     let fixed = anchor_terms::RleFixed {
         objects: objects.packed.clone(),
-        slot: asg.gt_index.clone().float(),
+        slot,
         place: p.place.float(),
         picked: p.picked.float(),
         count: p.count.float().reshape([b]),

@@ -38,7 +38,7 @@ pub fn bce_with_logits<const D: usize>(x: Tensor<D>, target: Tensor<D>) -> Tenso
 }
 
 /// [`bce_with_logits`] of one value.
-fn bce(x: f32, target: f32) -> f32 {
+pub(crate) fn bce(x: f32, target: f32) -> f32 {
     x.max(0.0) - x * target + (-x.abs()).exp().ln_1p()
 }
 

@@ -93,23 +93,31 @@ fn case(rng: &mut StdRng, i: usize) -> Case {
     }
 }
 
+/// `v` as a `[B, C, A]` tensor on `d`.
+fn tensor3(v: &[f32], shape: [usize; 3], d: &Device) -> Tensor<3> {
+    Tensor::<3>::from_data(TensorData::new(v.to_vec(), shape), d)
+}
+
+/// A prediction `v` of `shape` `[B, C, A]` on `d`: contiguous, or when `strided` a view of a
+/// `[B, A, C]` buffer (as a head's outputs can be).
+fn prediction(v: &[f32], [b, ch, a]: [usize; 3], d: &Device, strided: bool) -> Tensor<3> {
+    if !strided {
+        return tensor3(v, [b, ch, a], d);
+    }
+    let mut t = vec![0.0f32; v.len()];
+    for (i, x) in v.iter().enumerate() {
+        let (bi, ci, ai) = (i / (ch * a), i / a % ch, i % a);
+        t[(bi * a + ai) * ch + ci] = *x;
+    }
+    tensor3(&t, [b, a, ch], d).swap_dims(1, 2)
+}
+
 /// The rows and both gradients (`boxes`, `kpts`) of `c` on device `d`; on CUDA the predictions
 /// are strided views (`[B, A, C]` buffers) when `strided`.
 fn run(c: &Case, d: &Device, size: [usize; 2], strided: bool) -> [Vec<f32>; 3] {
     let [b, a, nk, kd, n] = c.dims;
-    let t3 = |v: &[f32], s: [usize; 3]| Tensor::<3>::from_data(TensorData::new(v.to_vec(), s), d);
-    let pred = |v: &[f32], ch: usize| {
-        if strided {
-            let mut t = vec![0.0f32; v.len()];
-            for (i, x) in v.iter().enumerate() {
-                let (bi, ci, ai) = (i / (ch * a), i / a % ch, i % a);
-                t[(bi * a + ai) * ch + ci] = *x;
-            }
-            t3(&t, [b, a, ch]).swap_dims(1, 2)
-        } else {
-            t3(v, [b, ch, a])
-        }
-    };
+    let t3 = |v: &[f32], s: [usize; 3]| tensor3(v, s, d);
+    let pred = |v: &[f32], ch: usize| prediction(v, [b, ch, a], d, strided);
     let boxes = pred(&c.boxes, 4).require_grad();
     let kpts = pred(&c.kpts, nk * kd).require_grad();
     let row = |v: &[f32]| t3(v, [1, 1, a]);
@@ -182,7 +190,7 @@ fn anchor_terms_kernels_match_the_cpu_loops_on_cuda() {
 /// anchors foreground, two rows of padding past the fullest image's positives.
 fn run_rle(c: &Case, d: &Device, strided: bool) -> [Vec<f32>; 3] {
     let [b, a, nk, kd, n] = c.dims;
-    let t3 = |v: &[f32], s: [usize; 3]| Tensor::<3>::from_data(TensorData::new(v.to_vec(), s), d);
+    let t3 = |v: &[f32], s: [usize; 3]| tensor3(v, s, d);
     let counts: Vec<usize> = (0..b)
         .map(|i| {
             c.fg[i * a..(i + 1) * a]
@@ -203,18 +211,7 @@ fn run_rle(c: &Case, d: &Device, strided: bool) -> [Vec<f32>; 3] {
             }
         }
     }
-    let pred = |v: &[f32], ch: usize| {
-        if strided {
-            let mut t = vec![0.0f32; v.len()];
-            for (i, x) in v.iter().enumerate() {
-                let (bi, ci, ai) = (i / (ch * a), i / a % ch, i % a);
-                t[(bi * a + ai) * ch + ci] = *x;
-            }
-            t3(&t, [b, a, ch]).swap_dims(1, 2)
-        } else {
-            t3(v, [b, ch, a])
-        }
-    };
+    let pred = |v: &[f32], ch: usize| prediction(v, [b, ch, a], d, strided);
     let kpts = pred(&c.kpts, nk * kd).require_grad();
     // Raw sigmas from the box distances' and weights' draws (any values will do).
     let raw: Vec<f32> = (0..b * 2 * nk * a)

@@ -3,44 +3,26 @@
 //! written once more here in Rust: the GPU test compares the two, and [`ciou_grad`] is checked
 //! against forward-mode derivatives ([`crate::loss::dual`]) in CI.
 
-use crate::loss::terms::sign;
+use crate::loss::assign::device::PACKED;
+use crate::loss::geometry::ciou;
+use crate::loss::terms::{bce, sign};
 use crate::model::ops::host::{tensor, values};
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Flex, TensorMetadata};
 
-/// Columns of an object slot before its keypoints: class, in use, box.
-const PACKED: usize = 6;
-/// CIoU's epsilon; the OKS area's and the label count's.
-const E: f32 = 1e-7;
-const AREA_E: f32 = 1e-9;
+/// CIoU's epsilon; the OKS area's and the label count's (the kernels' too).
+pub(super) const E: f32 = 1e-7;
+pub(super) const AREA_E: f32 = 1e-9;
 
-/// CIoU's aspect-term constant `4 / π²` in f32.
-fn v_scale() -> f32 {
+/// CIoU's aspect-term constant `4 / π²` in f32, as the tensor operations' scalar (the kernels
+/// take it as an argument).
+pub(super) fn v_scale() -> f32 {
     4.0 / (std::f32::consts::PI * std::f32::consts::PI)
 }
 
-/// CIoU of prediction `a` against `b` (`[x1, y1, x2, y2]`) in the tensor operations' order.
-pub fn ciou(a: [f32; 4], b: [f32; 4]) -> f32 {
-    let (w1, h1) = (a[2] - a[0], a[3] - a[1] + E);
-    let (w2, h2) = (b[2] - b[0], b[3] - b[1] + E);
-    let inter =
-        (a[2].min(b[2]) - a[0].max(b[0])).max(0.0) * (a[3].min(b[3]) - a[1].max(b[1])).max(0.0);
-    let union = w1 * h1 + w2 * h2 - inter + E;
-    let iou = inter / union;
-    let cw = a[2].max(b[2]) - a[0].min(b[0]);
-    let ch = a[3].max(b[3]) - a[1].min(b[1]);
-    let c2 = cw * cw + ch * ch + E;
-    let (dxs, dys) = (b[0] + b[2] - a[0] - a[2], b[1] + b[3] - a[1] - a[3]);
-    let rho2 = (dxs * dxs + dys * dys) / 4.0;
-    let t = (w2 / h2).atan() - (w1 / h1).atan();
-    let v = t * t * v_scale();
-    let alpha = v / (v - iou + (1.0 + E));
-    iou - (rho2 / c2 + v * alpha)
-}
-
-/// `∂ CIoU(a, b) / ∂a` in reverse mode through [`ciou`]'s operations, α held fixed; ties of
-/// `min`/`max` give the derivative to `a`, `max(·, 0)` passes at zero (as autodiff through the
-/// tensor operations takes them).
+/// `∂ CIoU(a, b) / ∂a` (`a` the prediction) in reverse mode through [`ciou`]'s operations, α
+/// held fixed; ties of `min`/`max` give the derivative to `a`, `max(·, 0)` passes at zero (as
+/// autodiff through the tensor operations takes them).
 pub fn ciou_grad(a: [f32; 4], b: [f32; 4]) -> [f32; 4] {
     let (w1, h1) = (a[2] - a[0], a[3] - a[1] + E);
     let (w2, h2) = (b[2] - b[0], b[3] - b[1] + E);
@@ -81,12 +63,7 @@ pub fn ciou_grad(a: [f32; 4], b: [f32; 4]) -> [f32; 4] {
     g
 }
 
-/// `bce_with_logits(x, t)` as the tensor operations write it.
-fn bce(x: f32, t: f32) -> f32 {
-    x.max(0.0) - x * t + (-x.abs()).exp().ln_1p()
-}
-
-/// Its derivative in `x` as autodiff takes it (`clamp_min` passes at zero, `|x|`' slope is zero
+/// [`bce`]'s derivative in `x` as autodiff takes it (`clamp_min` passes at zero, `|x|`' slope is zero
 /// there).
 fn bce_grad(x: f32, t: f32) -> f32 {
     let e = (-x.abs()).exp();

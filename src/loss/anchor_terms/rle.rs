@@ -2,13 +2,12 @@
 //! The formulas, operation by operation, are `kernels/rle_rows.rs`' (the CUDA kernels'): the
 //! GPU test compares the two, and CI holds these to the tensor operations.
 
+use crate::loss::assign::device::PACKED;
 use crate::loss::terms::sign;
 use crate::model::ops::host::{tensor, values};
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Flex, TensorMetadata};
 
-/// Columns of an object slot before its keypoints: class, in use, box.
-const PACKED: usize = 6;
 /// Columns of a row: εx, εy, the row's log terms, counted.
 pub const COLUMNS: usize = 4;
 
@@ -29,14 +28,14 @@ fn coordinate(r: f32, o: f32, raw: f32) -> (f32, f32) {
 fn coordinate_grads(r: f32, o: f32, raw: f32, g_e: f32, g_per: f32) -> (f32, f32) {
     let sig = sigmoid(raw);
     let s = sig.max(f32::MIN_POSITIVE);
-    let q = (r - o) / (s + 1e-9);
+    let den = s + 1e-9;
+    let q = (r - o) / den;
     let e = q.clamp(-100.0, 100.0);
     let dq = if (-100.0..=100.0).contains(&q) {
         g_e + g_per * sign(e)
     } else {
         0.0
     };
-    let den = s + 1e-9;
     let ds = g_per / s + g_per / (s * 2.0) * 2.0 - dq * (r - o) / (den * den);
     let draw = if sig >= f32::MIN_POSITIVE {
         ds * (sig * (-sig + 1.0))

@@ -1,6 +1,6 @@
-use super::host::{ciou, ciou_grad};
+use super::host::ciou_grad;
 use crate::loss::dual::Dual;
-use crate::loss::geometry::ciou_of;
+use crate::loss::geometry::{ciou, ciou_of};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 /// A box `[x1, y1, x2, y2]` inside `0..20` with sides of 0.05–8.

@@ -61,8 +61,9 @@ impl AnchorTensors {
     }
 }
 
-/// Columns of [`ObjectSlots::pack`]'s block before the keypoints: class, in use, box.
-const PACKED: usize = 6;
+/// Columns of [`ObjectSlots::pack`]'s block before the keypoints: class, in use, box (the
+/// kernels that read the block take it from here).
+pub(crate) const PACKED: usize = 6;
 
 /// The labelled objects of a batch in `N` slots per image (pixels of the network input); slots
 /// past an image's objects are padding.
