@@ -7,32 +7,33 @@
 //! its positives) holding the foreground anchors' keypoints; a mask keeps the labelled ones.
 //! For a pose copy the per-anchor box, L1, OKS and visibility terms and the RLE rows are, by
 //! default, single operations ([`anchor_terms`]); the tensor operations here stay as the
-//! reference they are tested against and as the path `--anchor-terms false` takes.
+//! reference they are tested against and as the path `--anchor-terms false` takes. Each copy's
+//! terms leave here as sums over its anchors, one `[8]` vector ([`DenseTerms`]); [`Combine`]
+//! normalises and weighs every copy's at once.
 
-use super::anchor_terms::{self, anchor_sums};
+use super::anchor_terms;
 use super::assign::device::{AnchorTensors, BatchAssignment, ObjectSlots, ciou, prefix_sum_last};
 use super::terms::{bce_with_logits, rle_weights};
 use crate::model::BranchOutput;
 use crate::model::flow::RealNvp;
-use crate::optim::reduce::sum_all;
+use crate::optim::reduce::{sum_all, sum_each_row};
 use burn::prelude::*;
 use burn::tensor::IndexingUpdateOp;
 use burn::tensor::activation::sigmoid;
 
-/// `[1]` each: the unweighted terms of one copy.
+mod combine;
+pub use combine::{Combine, SUMS, column};
+
+/// One copy's terms as sums over its anchors, before [`Combine`] normalises and weighs them.
 #[derive(Clone, Debug)]
 pub struct DenseTerms {
-    pub box_loss: Tensor<1>,
-    pub pose: Tensor<1>,
-    pub kobj: Tensor<1>,
-    pub cls: Tensor<1>,
-    pub l1: Tensor<1>,
-    /// Zero without a flow or keypoints.
+    /// `[8]` ([`column`]): box, L1, OKS, visibility BCE (zero unless kd is 3) and class BCE
+    /// summed over the anchors, unnormalised; then the target scores, the positives and the
+    /// labelled keypoints among them (zero without keypoints) as counts in floats.
+    pub sums: Tensor<1>,
+    /// `[1]`: the RLE term summed over the labelled keypoints of the positives, at least zero;
+    /// zero without a flow or keypoints.
     pub rle: Tensor<1>,
-    /// `[1]`: the positives, and the labelled keypoints among them (zero without keypoints),
-    /// as counts in floats.
-    pub positives: Tensor<1>,
-    pub labelled: Tensor<1>,
 }
 
 /// The keypoint terms' constant rows, uploaded once ([`KeypointRows::new`]) and passed in, so
@@ -106,7 +107,7 @@ fn terms_of(
     fused: Fused,
 ) -> Vec<DenseTerms> {
     let with_flow = flow.is_some();
-    let parts: Vec<(DenseTerms, Option<RleRows>)> = copies
+    let parts: Vec<(Tensor<1>, Option<RleRows>)> = copies
         .iter()
         .map(|(out, asg)| copy_terms(out, asg, objects, anchors, imgsz, rows, with_flow, fused))
         .collect();
@@ -115,21 +116,26 @@ fn terms_of(
         .filter_map(|(_, r)| r.as_ref().map(|r| r.points.clone()))
         .collect();
     // Rows exist only with a flow and keypoint rows.
-    let (Some(flow), Some(rows), false) = (flow, rows, groups.is_empty()) else {
-        return parts.into_iter().map(|(t, _)| t).collect();
+    let log_phi = match (flow, rows, groups.is_empty()) {
+        (Some(flow), Some(rows), false) => {
+            Some(flow.log_prob_grouped(Tensor::cat(groups, 1), &rows.flow_masks))
+        }
+        _ => None,
     };
-    let log_phi = flow.log_prob_grouped(Tensor::cat(groups, 1), &rows.flow_masks);
     let mut at = 0;
     parts
         .into_iter()
-        .map(|(mut t, r)| {
-            if let Some(r) = r {
-                let [b, k, n] = r.per.dims();
-                let phi = log_phi.clone().narrow(1, at, n).reshape([b, k, n]);
-                at += n;
-                t.rle = r.finish(phi, &rows.rle);
-            }
-            t
+        .map(|(sums, r)| {
+            let rle = match (r, &log_phi, rows) {
+                (Some(r), Some(log_phi), Some(rows)) => {
+                    let [b, k, n] = r.per.dims();
+                    let phi = log_phi.clone().narrow(1, at, n).reshape([b, k, n]);
+                    at += n;
+                    r.finish(phi, &rows.rle)
+                }
+                _ => Tensor::zeros([1], &sums.device()),
+            };
+            DenseTerms { sums, rle }
         })
         .collect()
 }
@@ -143,21 +149,21 @@ struct RleRows {
     per: Tensor<3>,
     /// `[B, K, R]`: the rows that count (in use, labelled).
     counted: Tensor<3, Bool>,
-    /// `[1]`: the labelled keypoints among the positives, at least one.
-    labelled: Tensor<1>,
 }
 
 impl RleRows {
-    /// The term, given the flow's log-density `log_phi` (`[B, K, R]`) of the points and the RLE
-    /// weights per keypoint `weights` (`[1, K, 1]`).
+    /// The term's sum over the counted rows, at least zero, given the flow's log-density
+    /// `log_phi` (`[B, K, R]`) of the points and the RLE weights per keypoint `weights`
+    /// (`[1, K, 1]`). Clamping the sum rather than its mean over the labelled keypoints (a
+    /// positive count) gives the same value and gradient.
     fn finish(self, log_phi: Tensor<3>, weights: &Tensor<3>) -> Tensor<1> {
         let l = (self.per - log_phi * 2.0) * weights.clone();
         let zeros = Tensor::<3>::zeros(l.dims(), &l.device());
-        (sum_all(zeros.mask_where(self.counted, l)) / self.labelled).clamp_min(0.0)
+        sum_all(zeros.mask_where(self.counted, l)).clamp_min(0.0)
     }
 }
 
-/// One copy's terms, the RLE term zero, and its rows for the flow where `with_flow` and the
+/// One copy's sums ([`DenseTerms::sums`]), and its rows for the flow where `with_flow` and the
 /// outputs have keypoint sigmas. With keypoints, the box, L1, OKS and visibility terms are one
 /// operation ([`anchor_terms`]) as `fused` says.
 #[allow(clippy::too_many_arguments)]
@@ -170,41 +176,44 @@ fn copy_terms(
     rows: Option<&KeypointRows>,
     with_flow: bool,
     fused: Fused,
-) -> (DenseTerms, Option<RleRows>) {
+) -> (Tensor<1>, Option<RleRows>) {
     let [b, _, a] = out.scores.dims();
     let device = out.scores.device();
-    let fg = asg.fg.clone().reshape([b, 1, a]);
-    let positives = sum_all(fg.clone().float());
-    let score_sum = sum_all(asg.target_scores.clone()).clamp_min(1.0);
-    let cls = sum_all(bce_with_logits(
+    // Per anchor `[1, B, A]`: the class term, the alignment weight (the target scores over the
+    // classes) and the foreground.
+    let row = |t: Tensor<3>| t.reshape([1, b, a]);
+    let cls = row(over_classes(bce_with_logits(
         out.scores.clone(),
         asg.target_scores.clone(),
-    )) / score_sum.clone();
-    // Each anchor's alignment weight.
-    let weight = asg.target_scores.clone().sum_dim(1);
-    let zero = || Tensor::<1>::zeros([1], &device);
+    )));
+    let weight = over_classes(asg.target_scores.clone());
+    let counts = [
+        cls,
+        row(weight.clone()),
+        asg.fg.clone().float().reshape([1, b, a]),
+    ];
     let (Some(kpts), Some(gk), Some(rows)) = (&out.kpts, &objects.keypoints, rows) else {
         let ([box_loss, l1], _) = box_terms(out, asg, objects, anchors, imgsz, weight);
-        let terms = DenseTerms {
-            box_loss: box_loss / score_sum.clone(),
-            pose: zero(),
-            kobj: zero(),
-            cls,
-            l1: l1 / score_sum,
-            rle: zero(),
-            positives,
-            labelled: zero(),
-        };
-        return (terms, None);
+        let zero = Tensor::<3>::zeros([1, b, a], &device);
+        let [c, s, p] = counts;
+        let sums = sums_of(vec![
+            row(box_loss),
+            row(l1),
+            zero.clone(),
+            zero.clone(),
+            c,
+            s,
+            p,
+            zero,
+        ]);
+        return (sums, None);
     };
     let k = rows.sig2.dims()[1];
-    let kd = kpts.dims()[1] / k;
-    let cells = (positives.clone() * k as f32).clamp_min(1.0);
     let sigma = match (with_flow, &out.kpts_sigma) {
         (true, Some(sigma)) => Some(sigma),
         _ => None,
     };
-    let (box_loss, l1, pose, kobj, labelled, rle) = if fused.terms {
+    if fused.terms {
         // The slot each anchor learns, as the single operations read it.
         let slot = asg.gt_index.clone().float();
         let fixed = anchor_terms::Fixed {
@@ -217,41 +226,62 @@ fn copy_terms(
             st: anchors.stride.clone(),
             sig: rows.sig2.clone().reshape([k]),
         };
-        let s = anchor_sums(out.boxes.clone(), kpts.clone(), fixed, imgsz);
-        let at_least_one = s.labelled.clone().clamp_min(1.0);
+        // Box, L1, OKS, visibility, labelled.
+        let terms = anchor_terms::per_anchor(out.boxes.clone(), kpts.clone(), fixed, imgsz);
+        let [c, s, p] = counts;
+        let sums = sums_of(vec![
+            terms.clone().narrow(0, 0, 4),
+            c,
+            s,
+            p,
+            terms.narrow(0, 4, 1),
+        ]);
         let rle = sigma.map(|sigma| {
             if fused.rle {
-                fused_rle_rows(kpts, sigma, asg, slot, objects, anchors, k, at_least_one)
+                fused_rle_rows(kpts, sigma, asg, slot, objects, anchors, k)
             } else {
                 let g = KeypointGeometry::new(kpts, gk, asg, anchors, k);
-                rle_rows(&g, sigma, asg, anchors, at_least_one)
+                rle_rows(&g, sigma, asg, anchors)
             }
         });
-        (s.box_loss, s.l1, s.pose, s.kobj, s.labelled, rle)
-    } else {
-        let ([box_loss, l1], gt) = box_terms(out, asg, objects, anchors, imgsz, weight);
-        let g = KeypointGeometry::new(kpts, gk, asg, anchors, k);
-        let [pose, kobj, labelled] = keypoint_terms(&g, &fg, &gt, anchors, rows);
-        let rle =
-            sigma.map(|sigma| rle_rows(&g, sigma, asg, anchors, labelled.clone().clamp_min(1.0)));
-        (box_loss, l1, pose, kobj, labelled, rle)
-    };
-    let terms = DenseTerms {
-        box_loss: box_loss / score_sum.clone(),
-        pose: pose / cells.clone(),
-        kobj: if kd == 3 { kobj / cells } else { zero() },
-        cls,
-        l1: l1 / score_sum,
-        rle: zero(),
-        positives,
-        labelled,
-    };
-    (terms, rle)
+        return (sums, rle);
+    }
+    let ([box_loss, l1], gt) = box_terms(out, asg, objects, anchors, imgsz, weight);
+    let g = KeypointGeometry::new(kpts, gk, asg, anchors, k);
+    let fg = asg.fg.clone().reshape([b, 1, a]);
+    let [pose, kobj, labelled] = keypoint_terms(&g, &fg, &gt, anchors, rows);
+    let rle = sigma.map(|sigma| rle_rows(&g, sigma, asg, anchors));
+    let [c, s, p] = counts;
+    let sums = sums_of(vec![
+        row(box_loss),
+        row(l1),
+        row(pose),
+        row(kobj),
+        c,
+        s,
+        p,
+        row(labelled),
+    ]);
+    (sums, rle)
 }
 
-/// The box (`(1 − CIoU) · w`) and L1 terms' sums over the foreground, unnormalised, as tensor
-/// operations (`weight` `[B, 1, A]`), and each anchor's object's box in grid units (`[B, 1, A]`
-/// a side).
+/// `t` (`[B, C, A]`) summed over its classes, `[B, 1, A]` (itself for one class).
+fn over_classes(t: Tensor<3>) -> Tensor<3> {
+    if t.dims()[1] == 1 { t } else { t.sum_dim(1) }
+}
+
+/// The per-anchor rows `rows` (`[r, B, A]` each, [`SUMS`] rows in all, in [`column`]'s
+/// order) summed over the anchors: `[SUMS]`, each row in [`sum_all`]'s order.
+fn sums_of(rows: Vec<Tensor<3>>) -> Tensor<1> {
+    let all = Tensor::cat(rows, 0);
+    let [r, b, a] = all.dims();
+    debug_assert_eq!(r, SUMS);
+    sum_each_row(all.reshape([r, b * a]))
+}
+
+/// The box (`(1 − CIoU) · w`) and L1 terms over the foreground per anchor (`[B, 1, A]`, zero
+/// off it), unnormalised, as tensor operations (`weight` `[B, 1, A]`), and each anchor's
+/// object's box in grid units (`[B, 1, A]` a side).
 fn box_terms(
     out: &BranchOutput,
     asg: &BatchAssignment,
@@ -259,7 +289,7 @@ fn box_terms(
     anchors: &AnchorTensors,
     imgsz: [usize; 2],
     weight: Tensor<3>,
-) -> ([Tensor<1>; 2], [Tensor<3>; 4]) {
+) -> ([Tensor<3>; 2], [Tensor<3>; 4]) {
     let [b, _, a] = out.scores.dims();
     let fg = asg.fg.clone().reshape([b, 1, a]);
     let zeros = Tensor::<3>::zeros([b, 1, a], &out.scores.device());
@@ -281,7 +311,7 @@ fn box_terms(
     ];
     let iou = ciou(pred, [g(0), g(1), g(2), g(3)]);
     let masked = |t: Tensor<3>| zeros.clone().mask_where(fg.clone(), t);
-    let box_loss = sum_all(masked((iou.neg() + 1.0) * weight.clone()));
+    let box_loss = masked((iou.neg() + 1.0) * weight.clone());
     let (w, h) = (imgsz[1] as f32, imgsz[0] as f32);
     let st = anchors.stride.clone();
     let target = [
@@ -298,7 +328,7 @@ fn box_terms(
         .map(|(i, (t, s))| ((l(i) - t) * s).abs())
         .reduce(|x, y| x + y)
         .expect("four sides");
-    let l1 = sum_all(masked(row / 4.0 * weight));
+    let l1 = masked(row / 4.0 * weight);
     ([box_loss, l1], gt_sides)
 }
 
@@ -365,15 +395,15 @@ fn coord(t: &Tensor<4>, i: usize) -> Tensor<3> {
 
 /// The OKS term (each anchor's keypoints weighted by K over its object's labelled ones, the
 /// object's box `gt` in grid units for the area), the visibility BCE (zero unless kd is 3) and
-/// the labelled keypoints among the positives: sums over the foreground, unnormalised, as tensor
-/// operations.
+/// the labelled keypoints, per foreground anchor summed over its keypoints (`[B, 1, A]`, zero
+/// off the foreground), unnormalised, as tensor operations.
 fn keypoint_terms(
     g: &KeypointGeometry,
     fg: &Tensor<3, Bool>,
     gt: &[Tensor<3>; 4],
     anchors: &AnchorTensors,
     rows: &KeypointRows,
-) -> [Tensor<1>; 3] {
+) -> [Tensor<3>; 3] {
     let [b, k, kd, a] = g.raw.dims();
     let dx = g.rx.clone() + anchors.x.clone() - g.gx.clone();
     let dy = g.ry.clone() + anchors.y.clone() - g.gy.clone();
@@ -382,17 +412,22 @@ fn keypoint_terms(
     // K over each anchor's object's labelled keypoints.
     let factor = (g.vis.clone().sum_dim(1) + 1e-9).recip() * k as f32;
     let fg_k = fg.clone().expand([b, k, a]);
-    let labelled = sum_all(fg_k.clone().bool_and(g.seen.clone()).float());
+    let labelled = fg_k.clone().bool_and(g.seen.clone()).float().sum_dim(1);
     let zeros_k = Tensor::<3>::zeros([b, k, a], &g.vis.device());
-    let pose = sum_all(zeros_k.clone().mask_where(
-        fg_k.clone(),
-        factor * (e.neg().exp().neg() + 1.0) * g.vis.clone(),
-    ));
+    let pose = zeros_k
+        .clone()
+        .mask_where(
+            fg_k.clone(),
+            factor * (e.neg().exp().neg() + 1.0) * g.vis.clone(),
+        )
+        .sum_dim(1);
     let kobj = if kd == 3 {
         let logit = coord(&g.raw, 2);
-        sum_all(zeros_k.mask_where(fg_k, bce_with_logits(logit, g.vis.clone())))
+        zeros_k
+            .mask_where(fg_k, bce_with_logits(logit, g.vis.clone()))
+            .sum_dim(1)
     } else {
-        Tensor::zeros([1], &g.vis.device())
+        Tensor::zeros([b, 1, a], &g.vis.device())
     };
     [pose, kobj, labelled]
 }
@@ -440,7 +475,6 @@ fn fused_rle_rows(
     objects: &ObjectSlots,
     anchors: &AnchorTensors,
     k: usize,
-    labelled: Tensor<1>,
 ) -> RleRows {
     let [b, _, a] = kpts.dims();
     let r = asg.max_positives.clamp(1, a);
@@ -460,12 +494,11 @@ fn fused_rle_rows(
         points: rows.clone().narrow(2, 0, 2),
         per: rows.clone().narrow(2, 2, 1).reshape([b, k, r]),
         counted: rows.narrow(2, 3, 1).reshape([b, k, r]).greater_elem(0.5),
-        labelled,
     }
 }
 
-/// RLE: ε = (μ − g) / σ per coordinate, the flow's log-density of ε, averaged over the
-/// foreground's labelled keypoints (`labelled`, at least one). The flow runs on a fixed number
+/// RLE: ε = (μ − g) / σ per coordinate and the flow's log-density of ε over the foreground's
+/// labelled keypoints ([`Combine`] averages the sum). The flow runs on a fixed number
 /// of rows per image, the assignment's bound on its positives: the foreground anchors in anchor
 /// order, placed by a prefix sum over the mask (the rows past an image's positives are masked).
 fn rle_rows(
@@ -473,7 +506,6 @@ fn rle_rows(
     sigma_raw: &Tensor<3>,
     asg: &BatchAssignment,
     anchors: &AnchorTensors,
-    labelled: Tensor<1>,
 ) -> RleRows {
     let [b, k, _, a] = g.raw.dims();
     let r = asg.max_positives.clamp(1, a);
@@ -514,7 +546,6 @@ fn rle_rows(
         points,
         per: per(sx, ex) + per(sy, ey),
         counted,
-        labelled,
     }
 }
 

@@ -75,6 +75,8 @@ pub struct LossConstants {
     pub anchors: AnchorTensors,
     /// Pose only.
     pub keypoints: Option<KeypointRows>,
+    /// What combines the copies' terms (with the loss's gains).
+    pub combine: dense::Combine,
 }
 
 /// Which head outputs a loss reached, in [`Reached::of_counts`]' rules.
@@ -191,10 +193,10 @@ impl E2eLoss {
     }
 
     /// The constant tensors [`E2eLoss::dense_loss`] reads, on `device`: uploaded on the first
-    /// call, then the same tensors (on another device, uploaded anew).
+    /// call, then the same tensors (on another device, or for gains changed since, uploaded anew).
     pub fn constants(&self, device: &Device) -> LossConstants {
         let kept = self.kept.get_or_init(|| self.upload_constants(device));
-        if kept.anchors.x.device() == *device {
+        if kept.anchors.x.device() == *device && kept.combine.gains_of == self.gains {
             kept.clone()
         } else {
             self.upload_constants(device)
@@ -205,6 +207,7 @@ impl E2eLoss {
         LossConstants {
             anchors: AnchorTensors::new(&self.anchors, device),
             keypoints: (!self.sigmas.is_empty()).then(|| KeypointRows::new(&self.sigmas, device)),
+            combine: dense::Combine::new(self.sigmas.len(), self.gains, device),
         }
     }
 
@@ -238,35 +241,12 @@ impl E2eLoss {
             rows,
             flow,
         );
-        let counts = Tensor::cat(
-            copies
-                .iter()
-                .flat_map(|t| [t.positives.clone(), t.labelled.clone()])
-                .collect(),
-            0,
-        );
-        let weighted = |t: &dense::DenseTerms| -> Vec<Tensor<1>> {
-            [
-                t.box_loss.clone(),
-                t.pose.clone(),
-                t.kobj.clone(),
-                t.cls.clone(),
-                t.l1.clone(),
-                t.rle.clone(),
-            ]
-            .into_iter()
-            .zip(self.gains)
-            .map(|(term, gain)| term * gain)
-            .collect()
-        };
-        let (o2m, o2o) = (weighted(&copies[0]), weighted(&copies[1]));
-        let sum = |terms: &[Tensor<1>]| terms.iter().cloned().reduce(|x, y| x + y).unwrap();
-        let rest = w.clone().neg() + 1.0;
-        let batch = out.one2many.scores.dims()[0] as f32;
-        let total = (sum(&o2m) * w + sum(&o2o) * rest) * batch;
+        let (terms, counts) = constants.combine.terms(&copies);
+        let weighed = constants.combine.weighed(terms);
+        let batch = out.one2many.scores.dims()[0];
         let out = LossOutput {
-            total,
-            items: Tensor::cat(o2o, 0).detach(),
+            total: constants.combine.total(weighed.clone(), w, batch),
+            items: weighed.narrow(0, 1, 1).reshape([6]).detach(),
             reached: None,
             items_read: None,
         };

@@ -3,9 +3,9 @@
 //! the labelled keypoints, for every anchor at once, zero off the foreground. As tensor
 //! operations ([`super::dense`]) these are ~240 launches forward and as many in autodiff's
 //! backward a copy; here one each (CUDA, `kernels/anchor_terms.rs`) or one loop each (CPU,
-//! [`host`]). The sums over the anchors stay outside, deterministic ([`sum_each_row`]), so the
-//! box and L1 terms are summed in the tensor operations' order; the OKS and BCE terms sum each
-//! anchor's keypoints first. The RLE rows the flow evaluates are a second operation
+//! [`host`]). The sums over the anchors stay outside, deterministic
+//! ([`crate::optim::reduce::sum_each_row`], with the copy's other sums: `super::dense`); the OKS
+//! and BCE terms sum each anchor's keypoints first, as the tensor operations do. The RLE rows the flow evaluates are a second operation
 //! ([`LossOps::rle_rows`]; `kernels/rle_rows.rs`, [`rle`]). Docs: docs/kernels.md, "The device
 //! loss's per-anchor terms" and "The device loss's RLE rows".
 
@@ -15,7 +15,6 @@ pub mod rle;
 #[cfg(test)]
 mod tests;
 
-use crate::optim::reduce::sum_each_row;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Backend, Dispatch, Flex, backend_extension};
 use burn::prelude::*;
@@ -144,33 +143,6 @@ pub struct Fixed {
     pub ay: Tensor<3>,
     pub st: Tensor<3>,
     pub sig: Tensor<1>,
-}
-
-/// The five sums, `[1]` each, unnormalised: box, L1, OKS, visibility BCE, labelled keypoints
-/// (detached: a count).
-#[derive(Clone, Debug)]
-pub struct Sums {
-    pub box_loss: Tensor<1>,
-    pub l1: Tensor<1>,
-    pub pose: Tensor<1>,
-    pub kobj: Tensor<1>,
-    pub labelled: Tensor<1>,
-}
-
-/// The per-anchor terms of `boxes` and `kpts` ([`LossOps::anchor_terms`]) for an image of
-/// `size` `[h, w]` pixels, summed over the anchors.
-pub fn anchor_sums(boxes: Tensor<3>, kpts: Tensor<3>, fixed: Fixed, size: [usize; 2]) -> Sums {
-    let [b, _, a] = boxes.dims();
-    let rows = per_anchor(boxes, kpts, fixed, size);
-    let sums = sum_each_row(rows.reshape([ROWS, b * a]));
-    let row = |i: usize| sums.clone().narrow(0, i, 1);
-    Sums {
-        box_loss: row(0),
-        l1: row(1),
-        pose: row(2),
-        kobj: row(3),
-        labelled: row(4).detach(),
-    }
 }
 
 /// What the RLE rows read besides the predictions, none with a gradient (see

@@ -19,6 +19,17 @@ fn grad_values(t: &Tensor<3>, grads: &burn::tensor::Gradients) -> Vec<f32> {
         .unwrap_or_default()
 }
 
+/// A copy's six terms (unweighted, in the gains' order: box, pose, kobj, cls, l1, rle) as the
+/// device loss normalises them, and its labelled keypoints, `[1]` each; `k` keypoints.
+fn named(t: &DenseTerms, k: usize) -> [Tensor<1>; 7] {
+    let combine = Combine::new(k, [1.0; 6], &t.sums.device());
+    let (terms, _) = combine.terms(std::slice::from_ref(t));
+    let term = |i: usize| terms.clone().narrow(1, i, 1).reshape([1]);
+    let labelled = t.sums.clone().narrow(0, column::LABELLED, 1);
+    let [a, b, c, d, e, f] = std::array::from_fn(term);
+    [a, b, c, d, e, f, labelled]
+}
+
 /// A branch's outputs by name, the optional ones where present.
 fn outputs(o: &BranchOutput) -> Vec<(&'static str, &Tensor<3>)> {
     let mut v = vec![("boxes", &o.boxes), ("scores", &o.scores)];
@@ -94,14 +105,8 @@ fn dense_terms_equal_the_row_wise_terms() {
         let [r_box, r_pose, r_kobj, r_cls, r_l1, r_rle] =
             branch_terms(&out, &t, flow.as_ref(), imgsz, &sig);
         let gains = [7.5, 12.0, 1.0, 0.5, 1.5, 1.0];
-        let ours = [
-            dense.box_loss,
-            dense.pose,
-            dense.kobj,
-            dense.cls,
-            dense.l1,
-            dense.rle,
-        ];
+        let all = named(&dense, c.nk);
+        let ours: [Tensor<1>; 6] = std::array::from_fn(|k| all[k].clone());
         let theirs = [r_box, r_pose, r_kobj, r_cls, r_l1, r_rle];
         let total = |terms: &[Tensor<1>; 6]| {
             terms
@@ -329,20 +334,9 @@ fn anchor_terms_equal_the_tensor_operations() {
             .remove(0)
         };
         let gains = [7.5, 12.0, 1.0, 0.5, 1.5, 1.0];
-        let named = |t: &DenseTerms| {
-            [
-                t.box_loss.clone(),
-                t.pose.clone(),
-                t.kobj.clone(),
-                t.cls.clone(),
-                t.l1.clone(),
-                t.rle.clone(),
-                t.labelled.clone(),
-            ]
-        };
         // Whether `ours` matches `theirs` in every value and output gradient.
         let matches = |ours: DenseTerms, theirs: DenseTerms, strict: bool| {
-            let (x, y) = (named(&ours), named(&theirs));
+            let (x, y) = (named(&ours, c.nk), named(&theirs, c.nk));
             let total = |t: &[Tensor<1>; 7]| {
                 (0..6)
                     .map(|k| t[k].clone() * gains[k])
@@ -373,7 +367,8 @@ fn anchor_terms_equal_the_tensor_operations() {
         if c.h != c.w {
             caught += !matches(terms([c.w, c.h], true), terms(size, false), false) as usize;
         }
-        with_fg += (value(terms(size, false).positives) > 0.0) as usize;
+        let positives = terms(size, false).sums.narrow(0, column::POSITIVES, 1);
+        with_fg += (value(positives) > 0.0) as usize;
         rle_rows += (flow.is_some() && i % 2 == 0 && value(terms(size, true).rle) > 0.0) as usize;
     }
     assert!(rle_rows >= 4, "{rle_rows} cases compared fused RLE rows");
