@@ -193,7 +193,8 @@ impl E2eLoss {
     }
 
     /// The constant tensors [`E2eLoss::dense_loss`] reads, on `device`: uploaded on the first
-    /// call, then the same tensors (on another device, or for gains changed since, uploaded anew).
+    /// call, then the same tensors (on another device, or for gains changed since, uploaded
+    /// anew).
     pub fn constants(&self, device: &Device) -> LossConstants {
         let kept = self.kept.get_or_init(|| self.upload_constants(device));
         if kept.anchors.x.device() == *device && kept.combine.gains_of == self.gains {

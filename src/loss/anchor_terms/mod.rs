@@ -5,9 +5,10 @@
 //! backward a copy; here one each (CUDA, `kernels/anchor_terms.rs`) or one loop each (CPU,
 //! [`host`]). The sums over the anchors stay outside, deterministic
 //! ([`crate::optim::reduce::sum_each_row`], with the copy's other sums: `super::dense`); the OKS
-//! and BCE terms sum each anchor's keypoints first, as the tensor operations do. The RLE rows the flow evaluates are a second operation
-//! ([`LossOps::rle_rows`]; `kernels/rle_rows.rs`, [`rle`]). Docs: docs/kernels.md, "The device
-//! loss's per-anchor terms" and "The device loss's RLE rows".
+//! and BCE terms sum each anchor's keypoints first, as the tensor operations do. The RLE rows
+//! the flow evaluates are a second operation ([`LossOps::rle_rows`]; `kernels/rle_rows.rs`,
+//! [`rle`]). Docs: docs/kernels.md, "The device loss's per-anchor terms" and "The device loss's
+//! RLE rows".
 
 mod autodiff;
 pub mod host;
