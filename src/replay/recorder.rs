@@ -516,6 +516,16 @@ impl Recorder {
         Ok(stepped)
     }
 
+    /// The EMA's sources in `model` ahead of the next recorded update
+    /// ([`super::update::sources_ahead`]).
+    pub fn ema_sources(
+        &mut self,
+        model: &Yolo,
+        ema: &crate::optim::Ema<Yolo>,
+    ) -> Option<Vec<Option<Tensor<1>>>> {
+        super::update::sources_ahead(model, ema, &mut self.ema_index)
+    }
+
     /// How many optimizer steps went through the recorded update ([`Recorder::update`]).
     pub fn update_replays(&self) -> usize {
         self.update_replays

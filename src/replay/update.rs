@@ -34,6 +34,25 @@ use burn::backend::{Backend, Dispatch};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::DType;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+static EARLY: AtomicBool = AtomicBool::new(false);
+
+/// Whether a recorded step that ends in an optimizer step finds the EMA's sources (a walk of the
+/// trainer's model, [`sources_ahead`]) right after its graph is launched, before the host waits
+/// for its results (`true`; `bench-step --early-ema-sources true`), or in the update after the
+/// read (`false`, the default until it is measured on a GPU). On one device nothing replaces the
+/// model's tensors between the launch and the update, so both find the same tensors; early, the
+/// walk runs while the GPU runs the step instead of while it waits for the update
+/// (docs/perf_log.md BQ3).
+pub fn choose_early(on: bool) {
+    EARLY.store(on, Ordering::Relaxed);
+}
+
+/// [`choose_early`]'s choice.
+pub fn early() -> bool {
+    EARLY.load(Ordering::Relaxed)
+}
 
 /// Eager runs of the update (on scratch copies of the buffers) before recording it.
 const WARMUPS: usize = 3;
@@ -59,6 +78,19 @@ pub struct UpdateInputs<'a> {
     pub hyper: &'a Hyper,
     pub clip_norm: f64,
     pub loss_scale: Option<f32>,
+    /// The EMA's sources in `model` found ahead ([`sources_ahead`]), or `None` to find them here.
+    pub sources: Option<Vec<Option<Tensor<1>>>>,
+}
+
+/// The EMA's current value of each of its tensors in `model`, found ahead of the update that
+/// reads them ([`UpdateInputs::sources`]); `None` while the EMA does not write in place.
+pub fn sources_ahead(
+    model: &Yolo,
+    ema: &Ema<Yolo>,
+    index: &mut FloatIndex,
+) -> Option<Vec<Option<Tensor<1>>>> {
+    let (paths, _, _) = ema.flat_buffer()?;
+    Some(ema_parts(model, paths, index))
 }
 
 /// The EMA's current value of each of its tensors (`paths`), from `model`, found through
@@ -313,7 +345,10 @@ pub fn update(
     let decay = ema.next_decay();
     let (paths, ema_layout, averaged) = ema.flat_buffer().expect("checked above");
     let (paths, ema_layout, averaged) = (paths.to_vec(), ema_layout.clone(), averaged.clone());
-    let current = ema_parts(inputs.model, &paths, index);
+    let current = match inputs.sources.take() {
+        Some(found) if found.len() == paths.len() => found,
+        _ => ema_parts(inputs.model, &paths, index),
+    };
     let flat = optimizer.in_place_buffers().expect("checked above");
     let scaled = inputs.loss_scale.is_some();
     spans::since(Span::UpdateInputs, inputs_made);

@@ -131,6 +131,10 @@ pub struct Trainer {
     /// The next batch's images, made while the last step's graph ran (`replay.upload_ahead`).
     #[cfg(feature = "cuda")]
     ahead: Option<step::Ahead>,
+    /// The EMA's sources found while this step's graph ran, for its recorded update
+    /// (`replay::update::choose_early`).
+    #[cfg(feature = "cuda")]
+    ema_sources: Option<Vec<Option<Tensor<1>>>>,
 }
 
 /// The optimizer 'auto' resolves to, with its lr0 and momentum (yolo_spec §4.2).
@@ -244,6 +248,8 @@ impl Trainer {
             queued: None,
             #[cfg(feature = "cuda")]
             ahead: None,
+            #[cfg(feature = "cuda")]
+            ema_sources: None,
             history: Vec::new(),
             loader: Loader {
                 source: Arc::new(train),
@@ -351,6 +357,9 @@ impl Trainer {
     /// The optimizer step and the EMA update (`replay.record_update`: through their recorded
     /// graph once both write in place; eagerly before), each phase marked on `clock`.
     fn optimizer_and_ema(&mut self, clock: &mut PhaseClock) -> Stepped {
+        // Found for this update only: never left for a later one.
+        #[cfg(feature = "cuda")]
+        let sources = self.ema_sources.take();
         #[cfg(feature = "cuda")]
         if self.cfg.record_update() && self.stage.is_replay() {
             let grads = self.pending.take().unwrap_or_default();
@@ -361,6 +370,7 @@ impl Trainer {
                 hyper: &hyper,
                 clip_norm: self.cfg.optim.clip_norm,
                 loss_scale: self.scaler.as_ref().map(|s| s.scale),
+                sources,
             };
             match self
                 .stage

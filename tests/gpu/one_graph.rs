@@ -176,3 +176,14 @@ fn say_recordings(t: &burnpose::train::Trainer) {
         recordings(t)
     );
 }
+
+/// The EMA's sources found while the step's graph runs (`replay::update::choose_early`, off by
+/// default): byte-equal to the native loop, state hashes and per-step losses (BF16), and on a
+/// batch without objects.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_graph_with_early_ema_sources_matches_native_bf16() {
+    let _on = super::Choice::set(burnpose::replay::update::choose_early, true, false);
+    assert_parity_of(TASK, "bf16");
+    assert_empty_parity(TASK);
+}

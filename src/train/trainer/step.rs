@@ -359,6 +359,15 @@ impl Trainer {
                     self.ni += 1;
                     return done;
                 }
+                // On one device nothing replaces the model's tensors before the update: its
+                // EMA's sources are found while the graph runs, not while the GPU waits.
+                if stepped
+                    && self.collective.is_none()
+                    && self.cfg.record_update()
+                    && crate::replay::update::early()
+                {
+                    self.ema_sources = self.stage.ema_sources(&self.model, &self.ema);
+                }
                 time(Span::Read, || self.finish_recorded(*launched, &mut clock))
             }
             LossPath::Native(features) => {
