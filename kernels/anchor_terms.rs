@@ -19,13 +19,11 @@
 use super::ROWS;
 use super::host::{AREA_E, E, v_scale};
 use crate::loss::assign::device::PACKED;
-use crate::loss::assign::device::kernel_assign::ciou;
+use crate::loss::assign::device::kernel_assign::{ciou, elementwise, empty};
 use burn::cubecl;
-use burn::tensor::{DType, Shape};
-use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
+use burn::tensor::DType;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
-use cubecl::{CubeDim, calculate_cube_count_elemwise};
 
 /// Inputs of the terms that carry no gradient, FP32, any strides: the packed object slots
 /// `[B, N, 6 + 3K]` (pixels), the slot each anchor learns `[B, A]` (as a float), the foreground
@@ -440,18 +438,12 @@ fn check(boxes: &CubeTensor, kpts: &CubeTensor, fixed: &Fixed) -> (usize, usize,
 pub fn forward(boxes: CubeTensor, kpts: CubeTensor, fixed: Fixed, size: [usize; 2]) -> CubeTensor {
     let (b, a, k, kd) = check(&boxes, &kpts, &fixed);
     let client = boxes.client.clone();
-    let out = empty_device_contiguous_dtype(
-        client.clone(),
-        boxes.device.clone(),
-        Shape::new([ROWS, b, a]),
-        DType::F32,
-    );
+    let out = empty(&boxes, &[ROWS, b, a]);
     let total = b * a;
     if total == 0 {
         return out;
     }
-    let dim = CubeDim::new(&client, total);
-    let count = calculate_cube_count_elemwise(&client, total, dim);
+    let (count, dim) = elementwise(&boxes, total);
     // SAFETY: units are bounded by B·A; every read follows its tensor's strides within the
     // shapes `check` asserted (the slot index is an assignment's, below N).
     unsafe {
@@ -496,21 +488,12 @@ pub fn backward(
         grad.meta.shape()
     );
     let client = boxes.client.clone();
-    let empty = |shape: [usize; 3]| {
-        empty_device_contiguous_dtype(
-            client.clone(),
-            boxes.device.clone(),
-            Shape::new(shape),
-            DType::F32,
-        )
-    };
-    let (d_boxes, d_kpts) = (empty([b, 4, a]), empty([b, k * kd, a]));
+    let (d_boxes, d_kpts) = (empty(&boxes, &[b, 4, a]), empty(&boxes, &[b, k * kd, a]));
     let total = b * a;
     if total == 0 {
         return (d_boxes, d_kpts);
     }
-    let dim = CubeDim::new(&client, total);
-    let count = calculate_cube_count_elemwise(&client, total, dim);
+    let (count, dim) = elementwise(&boxes, total);
     // SAFETY: as `forward`; the outputs are contiguous and written at B·A·4 and B·A·K·kd
     // places, one per unit and channel.
     unsafe {

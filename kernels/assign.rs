@@ -477,7 +477,7 @@ fn targets_kernel(
 }
 
 /// A new contiguous FP32 tensor of `dims` on `like`'s device.
-fn empty(like: &CubeTensor, dims: &[usize]) -> CubeTensor {
+pub(crate) fn empty(like: &CubeTensor, dims: &[usize]) -> CubeTensor {
     empty_device_contiguous_dtype(
         like.client.clone(),
         like.device.clone(),
@@ -487,7 +487,7 @@ fn empty(like: &CubeTensor, dims: &[usize]) -> CubeTensor {
 }
 
 /// Cubes and their units for one unit per value of `total`.
-fn elementwise(like: &CubeTensor, total: usize) -> (CubeCount, CubeDim) {
+pub(crate) fn elementwise(like: &CubeTensor, total: usize) -> (CubeCount, CubeDim) {
     let dim = CubeDim::new(&like.client, total);
     (calculate_cube_count_elemwise(&like.client, total, dim), dim)
 }

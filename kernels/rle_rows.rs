@@ -18,12 +18,11 @@
 use super::kernel::sign_of;
 use super::rle::COLUMNS;
 use crate::loss::assign::device::PACKED;
+use crate::loss::assign::device::kernel_assign::{elementwise, empty};
 use burn::cubecl;
-use burn::tensor::{DType, Shape};
-use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
+use burn::tensor::DType;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
-use cubecl::{CubeDim, calculate_cube_count_elemwise};
 
 /// Inputs that carry no gradient, FP32, any strides: the packed object slots `[B, N, 6 + 3K]`,
 /// per anchor the slot it learns `slot` `[B, A]` and its row `place` `[B, A]` (`≥ R` off the
@@ -276,18 +275,12 @@ fn check(kpts: &CubeTensor, sigma: &CubeTensor, fixed: &Fixed) -> [usize; 5] {
 pub fn forward(kpts: CubeTensor, sigma: CubeTensor, fixed: Fixed) -> CubeTensor {
     let [b, _, k, kd, r] = check(&kpts, &sigma, &fixed);
     let client = kpts.client.clone();
-    let out = empty_device_contiguous_dtype(
-        client.clone(),
-        kpts.device.clone(),
-        Shape::new([b * k, r, COLUMNS]),
-        DType::F32,
-    );
+    let out = empty(&kpts, &[b * k, r, COLUMNS]);
     let total = b * k * r;
     if total == 0 {
         return out;
     }
-    let dim = CubeDim::new(&client, total);
-    let count = calculate_cube_count_elemwise(&client, total, dim);
+    let (count, dim) = elementwise(&kpts, total);
     // SAFETY: units are bounded by B·K·R; every read follows its tensor's strides within the
     // shapes `check` asserted (picked anchors are below A, slots below N).
     unsafe {
@@ -327,21 +320,12 @@ pub fn backward(
         grad.meta.shape()
     );
     let client = kpts.client.clone();
-    let empty = |shape: [usize; 3]| {
-        empty_device_contiguous_dtype(
-            client.clone(),
-            kpts.device.clone(),
-            Shape::new(shape),
-            DType::F32,
-        )
-    };
-    let (d_kpts, d_sigma) = (empty([b, k * kd, a]), empty([b, 2 * k, a]));
+    let (d_kpts, d_sigma) = (empty(&kpts, &[b, k * kd, a]), empty(&kpts, &[b, 2 * k, a]));
     let total = b * a;
     if total == 0 {
         return (d_kpts, d_sigma);
     }
-    let dim = CubeDim::new(&client, total);
-    let count = calculate_cube_count_elemwise(&client, total, dim);
+    let (count, dim) = elementwise(&kpts, total);
     // SAFETY: units are bounded by B·A; each writes its anchor's K·kd and 2K values of the
     // contiguous outputs; reads follow strides within the checked shapes (a row below R).
     unsafe {
