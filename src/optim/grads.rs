@@ -4,13 +4,9 @@
 
 use super::groups::ParamInfo;
 use super::layout::Layout;
+use super::tensors::flattened as flat;
 use burn::optim::GradientsParams;
 use burn::prelude::*;
-
-fn flat<const D: usize>(t: Tensor<D>) -> Tensor<1> {
-    let n = t.shape().num_elements();
-    t.reshape([n])
-}
 
 fn unsupported(p: &ParamInfo) -> ! {
     panic!("parameter {} has unsupported rank {}", p.path, p.dims.len())
@@ -42,7 +38,11 @@ pub fn take_flat(grads: &mut GradientsParams, p: &ParamInfo) -> Option<Tensor<1>
 pub fn put_flat(grads: &mut GradientsParams, p: &ParamInfo, g: Tensor<1>) {
     let d = &p.dims;
     match d.len() {
-        1 => grads.register::<1>(p.id, g.reshape([d[0]])),
+        // Already `[numel]`: registered as it is (no reshape's dispatch).
+        1 => {
+            debug_assert_eq!(g.dims(), [d[0]], "{}", p.path);
+            grads.register::<1>(p.id, g)
+        }
         2 => grads.register::<2>(p.id, g.reshape([d[0], d[1]])),
         3 => grads.register::<3>(p.id, g.reshape([d[0], d[1], d[2]])),
         4 => grads.register::<4>(p.id, g.reshape([d[0], d[1], d[2], d[3]])),
