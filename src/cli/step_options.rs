@@ -159,11 +159,12 @@ pub struct Options {
     /// as tensor operations (`false`). The same rows within rounding.
     #[arg(long)]
     pub rle_rows: Option<bool>,
-    /// In a recorded step ending in an optimizer step, find the EMA's sources while the step's
-    /// graph runs (`true`; `replay::update::choose_early`, CUDA only) or in the update after the
-    /// read (`false`, the default). The same tensors either way.
+    /// In a recorded step ending in an optimizer step, walk the model once while the step's
+    /// graph runs, for the update's EMA sources and the next step's (`true`;
+    /// `replay::update::choose_early`, CUDA only), or walk it in the update after the read and
+    /// again in the next step (`false`, the default). The same tensors either way.
     #[arg(long)]
-    pub early_ema_sources: Option<bool>,
+    pub early_walk: Option<bool>,
     /// Have the flow's coupling kernels compute their layer products by tiles (`true`, the
     /// default; `model::ops::coupling_kernels::choose_tiled`, CUDA only) or one unit per value
     /// (`false`). Both give the same bits.
@@ -289,8 +290,8 @@ pub fn apply(o: &Options, cfg: &mut Config) -> anyhow::Result<()> {
         crate::model::ops::conv::routine::choose_strided_by_gemm
     );
     cuda_only!(
-        o.early_ema_sources,
-        "--early-ema-sources",
+        o.early_walk,
+        "--early-walk",
         "the recorded update runs on CUDA only",
         crate::replay::update::choose_early
     );

@@ -59,7 +59,18 @@ impl FloatIndex {
         module: &M,
         paths: impl ExactSizeIterator<Item = &'a str>,
     ) -> Vec<Option<Tensor<1>>> {
-        let values = float_values(module);
+        self.pick(module, &float_values(module), paths)
+    }
+
+    /// [`FloatIndex::tensors`] taken from `values`, a walk of `module` made earlier
+    /// ([`float_values`]) while its tensors are still the module's: one walk serves several
+    /// indexes.
+    pub fn pick<'a, M: Module>(
+        &mut self,
+        module: &M,
+        values: &[Tensor<1>],
+        paths: impl ExactSizeIterator<Item = &'a str>,
+    ) -> Vec<Option<Tensor<1>>> {
         let stale = self
             .learnt
             .as_ref()
@@ -225,5 +236,30 @@ mod tests {
             .train();
         assert_ne!(float_tensors(&detect).len(), all.len());
         check(&mut index, &detect, &paths);
+    }
+
+    /// One walk serves two indexes over different paths ([`FloatIndex::pick`]): each gets the
+    /// tensors a walk of its own gives.
+    #[test]
+    fn one_walk_serves_two_indexes() {
+        let device = Device::flex();
+        device.seed(5);
+        let pose = YoloConfig::new(Scale::N, Task::Pose).init(&device).train();
+        let all: Vec<String> = float_tensors(&pose).into_iter().map(|(p, _)| p).collect();
+        let odd: Vec<&str> = all.iter().skip(1).step_by(2).map(String::as_str).collect();
+        let tail: Vec<&str> = all.iter().rev().take(40).map(String::as_str).collect();
+        let walk = float_values(&pose);
+        for paths in [odd, tail] {
+            let (mut own, mut shared) = (FloatIndex::default(), FloatIndex::default());
+            let want = own.tensors(&pose, paths.iter().copied());
+            let got = shared.pick(&pose, &walk, paths.iter().copied());
+            assert_eq!(want.len(), paths.len());
+            assert_eq!(got.len(), paths.len());
+            for ((p, a), b) in paths.iter().zip(want).zip(got) {
+                let (a, b) = (a.expect(p), b.expect(p));
+                assert_eq!(a.shape(), b.shape(), "{p}");
+                assert_eq!(a.to_data().as_bytes(), b.to_data().as_bytes(), "{p}");
+            }
+        }
     }
 }

@@ -61,6 +61,11 @@ pub enum Control {
     /// on the batch before it.
     #[cfg(feature = "controls")]
     AheadOfThisBatch,
+    /// With `replay::update::early`, the walk of the model made for the next step is kept
+    /// across an eager optimizer step, which gives the model new tensors: the next step's
+    /// graph reads its parameters from the tensors the update replaced.
+    #[cfg(feature = "controls")]
+    KeepWalk,
     /// Not a broken variant but an injected fault: with one graph, every recording after the
     /// first is refused as CubeCL refuses a window it cannot record (not for room), so the
     /// tests see the trainer run the rest of the fit natively.
@@ -120,6 +125,10 @@ impl Control {
         self == Control::AheadOfThisBatch
     }
 
+    pub fn keeps_walk(self) -> bool {
+        self == Control::KeepWalk
+    }
+
     pub fn refuses_recording_again(self) -> bool {
         self == Control::RefuseRecordingAgain
     }
@@ -173,6 +182,10 @@ impl Control {
     }
 
     pub fn uploads_this_batch_ahead(self) -> bool {
+        false
+    }
+
+    pub fn keeps_walk(self) -> bool {
         false
     }
 

@@ -310,7 +310,7 @@ impl LossInputs {
             write(Tensor::<1>::from_floats([s], &inner), buffer);
         }
         if let Some(f) = flow {
-            self.flow_sources.refresh(f, false);
+            self.flow_sources.refresh(f, false, None);
         }
     }
 

@@ -103,6 +103,8 @@ pub struct Recorder {
     /// Where the EMA's tensors fall among the model's ([`super::update::update`]).
     ema_index: crate::optim::tensors::FloatIndex,
     update_replays: usize,
+    /// One-graph steps whose sources came from an earlier walk ([`Recorder::walks_taken`]).
+    walks_taken: usize,
 }
 
 /// The recorded graphs.
@@ -221,6 +223,7 @@ impl Recorder {
             update: None,
             ema_index: Default::default(),
             update_replays: 0,
+            walks_taken: 0,
         }
     }
 
@@ -358,7 +361,7 @@ impl Recorder {
             self.skip_rollback(model);
         }
         let r = self.state.as_mut().expect("recorded");
-        r.sources.refresh(model, self.control.stale_sources());
+        r.sources.refresh(model, self.control.stale_sources(), None);
         write(images, &r.input);
         let Graphs::Split {
             forward, outputs, ..
@@ -453,16 +456,21 @@ impl Recorder {
     /// Recorded on the first call, and again (said on stderr) when a batch needs other shapes
     /// (another count of object slots). `Err` only with one graph, when the step could not be
     /// recorded (nothing of it has run then); split graphs panic on a failed recording.
+    /// `walked`: a walk of `model` whose tensors are still the model's, taken by one graph for
+    /// its sources unless this call records (the recording's warm-ups may change the model).
     pub fn loss(
         &mut self,
         model: &mut Yolo,
         loss: &E2eLoss,
         labels: &[Vec<Instance>],
         scale: Option<f32>,
+        walked: Option<Vec<Tensor<1>>>,
     ) -> Result<PendingLoss, Unrecorded> {
         if self.one_graph {
-            return self.step(model, loss, labels, scale);
+            return self.step(model, loss, labels, scale, walked);
         }
+        // Split graphs brought their sources up to date in the forward.
+        drop(walked);
         let flow = model.head.flow.as_ref();
         let (weight, replay_scale) = self.loss_values(loss, scale);
         let r = self.state.as_mut().expect("forward before the loss");
@@ -516,19 +524,26 @@ impl Recorder {
         Ok(stepped)
     }
 
-    /// The EMA's sources in `model` ahead of the next recorded update
-    /// ([`super::update::sources_ahead`]).
+    /// The EMA's sources in `model` ahead of the next recorded update, from `walked`, a walk of
+    /// `model` ([`super::update::sources_ahead`]).
     pub fn ema_sources(
         &mut self,
         model: &Yolo,
         ema: &crate::optim::Ema<Yolo>,
+        walked: &[Tensor<1>],
     ) -> Option<Vec<Option<Tensor<1>>>> {
-        super::update::sources_ahead(model, ema, &mut self.ema_index)
+        super::update::sources_ahead(model, ema, &mut self.ema_index, walked)
     }
 
     /// How many optimizer steps went through the recorded update ([`Recorder::update`]).
     pub fn update_replays(&self) -> usize {
         self.update_replays
+    }
+
+    /// How many one-graph steps took their sources from a walk made during the step before
+    /// (`replay::update::early`) instead of walking the model.
+    pub fn walks_taken(&self) -> usize {
+        self.walks_taken
     }
 
     /// `(runs copied, runs in all)` by the recorded gather of the parameters' gradients;

@@ -220,10 +220,20 @@ impl Sources {
 
     /// Copies into each static buffer the tensor at its path in `module`, unless `written` says
     /// the buffer already equals it (the same allocation region, held there so it cannot
-    /// change); `stale` (the `StaleSources` control) copies each only once.
-    pub(super) fn refresh<M: Module>(&mut self, module: &M, stale: bool) {
+    /// change); `stale` (the `StaleSources` control) copies each only once. `walked`: a walk of
+    /// `module` made earlier ([`crate::optim::tensors::float_values`]) whose tensors are still
+    /// the module's, taken instead of walking it again.
+    pub(super) fn refresh<M: Module>(
+        &mut self,
+        module: &M,
+        stale: bool,
+        walked: Option<&[Tensor<1>]>,
+    ) {
         let paths = self.buffers.iter().map(|(p, _)| p.as_str());
-        let current = spans::time(Span::SourcesWalk, || self.index.tensors(module, paths));
+        let current = spans::time(Span::SourcesWalk, || match walked {
+            Some(values) => self.index.pick(module, values, paths),
+            None => self.index.tensors(module, paths),
+        });
         let segments_start = std::time::Instant::now();
         let mut done = vec![false; self.buffers.len()];
         // A flat optimizer step written in place leaves the parameters the same tensors with

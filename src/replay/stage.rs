@@ -248,17 +248,18 @@ impl Stage {
         }
     }
 
-    /// The EMA's sources in `model` ahead of the next recorded update; `None` for a native
-    /// stage or while the EMA does not write in place.
+    /// The EMA's sources in `model` ahead of the next recorded update, from `walked`, a walk of
+    /// `model`; `None` for a native stage or while the EMA does not write in place.
     #[cfg(feature = "cuda")]
     pub fn ema_sources(
         &mut self,
         model: &Yolo,
         ema: &crate::optim::Ema<Yolo>,
+        walked: &[Tensor<1>],
     ) -> Option<Vec<Option<Tensor<1>>>> {
         match self {
             Stage::Native(_) => None,
-            Stage::Replay(r) => r.ema_sources(model, ema),
+            Stage::Replay(r) => r.ema_sources(model, ema, walked),
         }
     }
 
@@ -277,7 +278,9 @@ impl Stage {
     /// device until [`Stage::recorded_backward`], which follows, has replayed the backward;
     /// the flow's gradients come with them ([`super::loss::RecordedLoss::flow`]). With
     /// `replay.one_graph` this replays the whole step and updates `model`'s running
-    /// statistics, or gives the step back unrun when it cannot be recorded.
+    /// statistics, or gives the step back unrun when it cannot be recorded. `walked`: a walk of
+    /// `model` whose tensors are still the model's (`replay::update::early`), which one graph
+    /// takes its sources from instead of walking the model again.
     #[cfg(feature = "cuda")]
     pub fn recorded_loss(
         &mut self,
@@ -286,12 +289,13 @@ impl Stage {
         loss: &crate::loss::E2eLoss,
         labels: &[Vec<crate::data::Instance>],
         scale: Option<f32>,
+        walked: Option<Vec<Tensor<1>>>,
     ) -> Result<super::loss::PendingLoss, super::recorder::Unrecorded> {
         let Stage::Replay(r) = self else {
             panic!("the recorded loss needs a replayed stage");
         };
         drop(features);
-        r.loss(model, loss, labels, scale)
+        r.loss(model, loss, labels, scale, walked)
     }
 
     /// The recorder's control (`Control::None` for a native stage).

@@ -38,13 +38,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 static EARLY: AtomicBool = AtomicBool::new(false);
 
-/// Whether a recorded step that ends in an optimizer step finds the EMA's sources (a walk of the
-/// trainer's model, [`sources_ahead`]) right after its graph is launched, before the host waits
-/// for its results (`true`; `bench-step --early-ema-sources true`), or in the update after the
-/// read (`false`, the default until it is measured on a GPU). On one device nothing replaces the
-/// model's tensors between the launch and the update, so both find the same tensors; early, the
-/// walk runs while the GPU runs the step instead of while it waits for the update
-/// (docs/perf_log.md BQ3).
+/// Whether a recorded step that ends in an optimizer step walks the trainer's model once, right
+/// after its graph is launched and before the host waits for its results, and finds in that walk
+/// both the EMA's sources for the recorded update ([`sources_ahead`]) and the next step's
+/// static buffers' (`true`; `bench-step --early-walk true`), or walks the model in the update
+/// after the read and again in the next step (`false`, the default until it is measured on a
+/// GPU). On one device the recorded update writes the parameters in place and nothing else
+/// replaces the model's tensors between that launch and the next step's refresh (the trainer
+/// drops the walk wherever something may), so both find the same tensors; early, the walk runs
+/// while the GPU runs the step instead of while it waits (docs/perf_log.md BQ3).
 pub fn choose_early(on: bool) {
     EARLY.store(on, Ordering::Relaxed);
 }
@@ -83,20 +85,32 @@ pub struct UpdateInputs<'a> {
 }
 
 /// The EMA's current value of each of its tensors in `model`, found ahead of the update that
-/// reads them ([`UpdateInputs::sources`]); `None` while the EMA does not write in place.
+/// reads them ([`UpdateInputs::sources`]) in `walked`, a walk of `model`
+/// ([`crate::optim::tensors::float_values`]); `None` while the EMA does not write in place.
 pub fn sources_ahead(
     model: &Yolo,
     ema: &Ema<Yolo>,
     index: &mut FloatIndex,
+    walked: &[Tensor<1>],
 ) -> Option<Vec<Option<Tensor<1>>>> {
     let (paths, _, _) = ema.flat_buffer()?;
-    Some(ema_parts(model, paths, index))
+    Some(ema_parts(model, paths, index, Some(walked)))
 }
 
 /// The EMA's current value of each of its tensors (`paths`), from `model`, found through
-/// `index` (learnt on the first call).
-fn ema_parts(model: &Yolo, paths: &[String], index: &mut FloatIndex) -> Vec<Option<Tensor<1>>> {
-    let parts = index.tensors(model, paths.iter().map(String::as_str));
+/// `index` (learnt on the first call), in `walked` (a walk of `model` made earlier) or a walk of
+/// its own.
+fn ema_parts(
+    model: &Yolo,
+    paths: &[String],
+    index: &mut FloatIndex,
+    walked: Option<&[Tensor<1>]>,
+) -> Vec<Option<Tensor<1>>> {
+    let paths_in = paths.iter().map(String::as_str);
+    let parts = match walked {
+        Some(values) => index.pick(model, values, paths_in),
+        None => index.tensors(model, paths_in),
+    };
     for (p, t) in paths.iter().zip(&parts) {
         assert!(t.is_some(), "EMA: the model has no tensor {p}");
     }
@@ -347,7 +361,7 @@ pub fn update(
     let (paths, ema_layout, averaged) = (paths.to_vec(), ema_layout.clone(), averaged.clone());
     let current = match inputs.sources.take() {
         Some(found) if found.len() == paths.len() => found,
-        _ => ema_parts(inputs.model, &paths, index),
+        _ => ema_parts(inputs.model, &paths, index, None),
     };
     let flat = optimizer.in_place_buffers().expect("checked above");
     let scaled = inputs.loss_scale.is_some();

@@ -388,6 +388,10 @@ fn load(trainer: &mut Trainer, path: &Path, resume: bool) -> Result<(), Checkpoi
         ));
     }
     trainer.model = model;
+    #[cfg(feature = "cuda")]
+    {
+        trainer.walked = None;
+    }
     trainer.optimizer.reset_flat();
     trainer.ema.model = ema;
     trainer.ema.reset_flat();

@@ -39,6 +39,9 @@ pub enum Span {
     StatisticsReplace,
     /// The next batch's images made (`replay.upload_ahead`).
     Ahead,
+    /// The model walked once, right after the launch of a step that ends in an optimizer step,
+    /// for the update's and the next step's sources (`replay::update::early`).
+    Walk,
     /// The loss's results read back (the wait for the graph) and the gradients sorted.
     Read,
     /// The micro-batch's gradients added to the pending ones.
@@ -54,7 +57,7 @@ pub enum Span {
     Settle,
 }
 
-const SPANS: [Span; 19] = [
+const SPANS: [Span; 20] = [
     Span::Images,
     Span::Stage,
     Span::Loss,
@@ -68,6 +71,7 @@ const SPANS: [Span; 19] = [
     Span::LossStatistics,
     Span::StatisticsReplace,
     Span::Ahead,
+    Span::Walk,
     Span::Read,
     Span::Accumulate,
     Span::UpdateInputs,
@@ -109,6 +113,7 @@ impl Span {
             Span::LossStatistics => "loss: statistics",
             Span::StatisticsReplace => "statistics: replace",
             Span::Ahead => "ahead",
+            Span::Walk => "walk",
             Span::Read => "read",
             Span::Accumulate => "accumulate",
             Span::UpdateInputs => "update inputs",
@@ -183,7 +188,7 @@ mod tests {
         assert_eq!(v, 7);
         let names: Vec<&str> = counted.iter().map(|c| c.0.name()).collect();
         assert_eq!(names.first(), Some(&"images"));
-        assert_eq!(names.len(), 19);
+        assert_eq!(names.len(), 20);
         // `since` indexes the counters by the enum's discriminant: the list must follow it.
         for (i, s) in SPANS.iter().enumerate() {
             assert_eq!(*s as usize, i, "{}", s.name());

@@ -135,6 +135,11 @@ pub struct Trainer {
     /// (`replay::update::choose_early`).
     #[cfg(feature = "cuda")]
     ema_sources: Option<Vec<Option<Tensor<1>>>>,
+    /// The same walk of the model, for the next step's recorded sources: dropped wherever the
+    /// model's tensors may be replaced before then (an eager update, the parameters gathered
+    /// for sharing, the end of an epoch, a checkpoint loaded).
+    #[cfg(feature = "cuda")]
+    pub(super) walked: Option<Vec<Tensor<1>>>,
 }
 
 /// The optimizer 'auto' resolves to, with its lr0 and momentum (yolo_spec §4.2).
@@ -250,6 +255,8 @@ impl Trainer {
             ahead: None,
             #[cfg(feature = "cuda")]
             ema_sources: None,
+            #[cfg(feature = "cuda")]
+            walked: None,
             history: Vec::new(),
             loader: Loader {
                 source: Arc::new(train),
@@ -385,6 +392,11 @@ impl Trainer {
                 Err(grads) => self.pending = Some(grads),
             }
         }
+        // The eager update gives the model new tensors.
+        #[cfg(feature = "cuda")]
+        if !self.stage.control().keeps_walk() {
+            self.walked = None;
+        }
         let stepped = self.optimizer_update();
         clock.mark(Phase::Optimizer);
         self.ema.update(&self.model);
@@ -469,6 +481,11 @@ impl Trainer {
                 on_step(b, nb, &items);
                 b += 1;
             }
+        }
+        // Walks never cross an epoch's end (validation, checkpoints, the data's next shapes).
+        #[cfg(feature = "cuda")]
+        {
+            self.walked = None;
         }
         let lr = self.schedule.hyper(self.epoch, self.ni).lr[0];
         self.loss.update(self.epoch + 1, self.cfg.train.epochs);

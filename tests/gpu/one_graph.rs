@@ -177,13 +177,43 @@ fn say_recordings(t: &burnpose::train::Trainer) {
     );
 }
 
-/// The EMA's sources found while the step's graph runs (`replay::update::choose_early`, off by
-/// default): byte-equal to the native loop, state hashes and per-step losses (BF16), and on a
-/// batch without objects.
+/// One walk of the model while a step that ends in an optimizer step runs, for its update's EMA
+/// sources and the next step's (`replay::update::choose_early`, off by default): byte-equal to
+/// the native loop, state hashes and per-step losses (BF16), with the next step's sources taken
+/// from the walk at least once, and on a batch without objects. Its negative control keeps the
+/// walk across the first (eager) optimizer step, which gives the model new tensors: parity must
+/// fail.
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn one_graph_with_early_ema_sources_matches_native_bf16() {
+fn one_graph_with_an_early_walk_matches_native_bf16() {
+    use super::replay::{run_to_end, trainer};
+    use burnpose::replay::Stage;
     let _on = super::Choice::set(burnpose::replay::update::choose_early, true, false);
-    assert_parity_of(TASK, "bf16");
+    let (native, native_losses, _) = fit(&config_for(TASK, "bf16", false), Control::None);
+    let walks = |t: &burnpose::train::Trainer| match &t.stage {
+        Stage::Replay(r) => r.walks_taken(),
+        Stage::Native(_) => 0,
+    };
+    let mut t = trainer(&config_for(TASK, "bf16", true), Control::None);
+    run_to_end(&mut t);
+    assert!(walks(&t) > 0, "no step took its sources from a walk");
+    assert_eq!(native_losses, t.step_losses, "per-step losses");
+    assert_eq!(native, t.state_hashes(), "state hashes");
+    println!(
+        "{} steps equal, {} walks taken",
+        native_losses.len(),
+        walks(&t)
+    );
+    let mut kept = trainer(&config_for(TASK, "bf16", true), Control::KeepWalk);
+    run_to_end(&mut kept);
+    assert!(
+        walks(&kept) > 0,
+        "control: no step took its sources from a walk"
+    );
+    assert_ne!(
+        (native_losses, native),
+        (kept.step_losses.clone(), kept.state_hashes()),
+        "a walk kept across an eager update left parity intact"
+    );
     assert_empty_parity(TASK);
 }

@@ -9,6 +9,7 @@ use crate::replay::copy::write;
 use crate::replay::loss::PendingLoss;
 use crate::replay::record::{StepInputs, record_step, warms_up_as_captured};
 use crate::train::spans::{self, Span};
+use burn::prelude::*;
 
 impl Recorder {
     /// [`Recorder::loss`] with one graph. A step that cannot be recorded comes back with its
@@ -19,6 +20,7 @@ impl Recorder {
         loss: &E2eLoss,
         labels: &[Vec<Instance>],
         scale: Option<f32>,
+        mut walked: Option<Vec<Tensor<1>>>,
     ) -> Result<PendingLoss, Unrecorded> {
         let images = self.images.take().expect("forward before the loss");
         let fits = |r: &Recorded| match &r.graphs {
@@ -26,6 +28,8 @@ impl Recorder {
             Graphs::Split { .. } => false,
         };
         if !self.state.as_ref().is_some_and(fits) {
+            // A recording's controls may replace the model's tensors (`skip_rollback`).
+            walked = None;
             // Dropping the old graph first gives its pages back for the new recording.
             if self.state.take().is_some() {
                 say_recording_again(labels, loss.object_slots);
@@ -85,7 +89,10 @@ impl Recorder {
         let (weight, scale) = self.loss_values(loss, scale);
         let r = self.state.as_mut().expect("recorded");
         let stale = self.control.stale_sources();
-        spans::time(Span::LossSources, || r.sources.refresh(model, stale));
+        self.walks_taken += usize::from(walked.is_some());
+        spans::time(Span::LossSources, || {
+            r.sources.refresh(model, stale, walked.as_deref())
+        });
         spans::time(Span::LossImages, || write(images, &r.input));
         let Graphs::One { step, loss: inputs } = &mut r.graphs else {
             unreachable!("one graph")

@@ -62,12 +62,18 @@ impl Trainer {
         labels: &[Vec<Instance>],
         clock: &mut PhaseClock,
         detach: bool,
+        walked: Option<Vec<Tensor<1>>>,
     ) -> Result<Launched, crate::replay::recorder::Unrecorded> {
         clock.mark(Phase::Assign);
         let scale = self.scaler.as_ref().map(|s| s.scale);
-        let pending =
-            self.stage
-                .recorded_loss(&mut self.model, features, &self.loss, labels, scale)?;
+        let pending = self.stage.recorded_loss(
+            &mut self.model,
+            features,
+            &self.loss,
+            labels,
+            scale,
+            walked,
+        )?;
         clock.mark(Phase::Loss);
         clock.mark(Phase::HeadBackward);
         let grads = self.stage.recorded_grads();
@@ -300,8 +306,16 @@ impl Trainer {
             batch.samples.iter().map(|s| s.instances.clone()).collect();
         self.grow_object_slots(&labels);
         let mut clock = PhaseClock::new(self.timing.as_ref(), &self.device);
+        // The last step's walk serves this step only, and only while the model keeps the
+        // tensors it found.
+        #[cfg(feature = "cuda")]
+        let mut walked = self.walked.take();
         if self.cfg.replay.shared_parameters && self.stage.records_next() {
             self.share_parameters();
+            #[cfg(feature = "cuda")]
+            {
+                walked = None;
+            }
         }
         let dtype = self.cfg.train.precision.compute_dtype();
         let features = {
@@ -325,7 +339,7 @@ impl Trainer {
         let path = if self.stage.records_loss() {
             clock.mark(Phase::Head);
             match time(Span::Loss, || {
-                self.launch_recorded(features, &labels, &mut clock, queue)
+                self.launch_recorded(features, &labels, &mut clock, queue, walked)
             }) {
                 Ok(launched) => LossPath::Recorded(Box::new(launched)),
                 // Nothing of the step has run: it runs natively below.
@@ -359,14 +373,19 @@ impl Trainer {
                     self.ni += 1;
                     return done;
                 }
-                // On one device nothing replaces the model's tensors before the update: its
-                // EMA's sources are found while the graph runs, not while the GPU waits.
+                // On one device nothing replaces the model's tensors before the recorded
+                // update, which writes them in place: one walk while the graph runs, not while
+                // the GPU waits, finds the EMA's sources and the next step's.
                 if stepped
                     && self.collective.is_none()
                     && self.cfg.record_update()
                     && crate::replay::update::early()
                 {
-                    self.ema_sources = self.stage.ema_sources(&self.model, &self.ema);
+                    let walk = time(Span::Walk, || {
+                        crate::optim::tensors::float_values(&self.model)
+                    });
+                    self.ema_sources = self.stage.ema_sources(&self.model, &self.ema, &walk);
+                    self.walked = Some(walk);
                 }
                 time(Span::Read, || self.finish_recorded(*launched, &mut clock))
             }
