@@ -53,6 +53,8 @@ mod repeat;
 mod replay;
 #[path = "gpu/shared.rs"]
 mod shared;
+#[path = "gpu/softmax.rs"]
+mod softmax;
 #[path = "gpu/stats_in_place.rs"]
 mod stats_in_place;
 #[path = "gpu/step.rs"]

@@ -159,6 +159,11 @@ pub struct Options {
     /// as tensor operations (`false`). The same rows within rounding.
     #[arg(long)]
     pub rle_rows: Option<bool>,
+    /// Compute the attention's softmax as one operation with its own backward (`true`;
+    /// `model::ops::softmax`, one kernel each way on CUDA) or as Burn's tensor operations
+    /// (`false`, the default). The same values within rounding.
+    #[arg(long)]
+    pub fused_softmax: Option<bool>,
     /// In a recorded step ending in an optimizer step, walk the model once while the step's
     /// graph runs, for the update's EMA sources and the next step's (`true`;
     /// `replay::update::choose_early`, CUDA only), or walk it in the update after the read and
@@ -278,6 +283,9 @@ pub fn apply(o: &Options, cfg: &mut Config) -> anyhow::Result<()> {
     }
     if let Some(on) = o.rle_rows {
         crate::loss::anchor_terms::choose_rle(on);
+    }
+    if let Some(on) = o.fused_softmax {
+        crate::model::ops::softmax::choose(on);
     }
     if let Some(way) = &o.flow {
         crate::model::flow::choose(way).map_err(|e| anyhow::anyhow!("--flow: {e}"))?;

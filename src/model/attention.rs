@@ -1,9 +1,9 @@
 //! Position-sensitive attention of YOLO26: Attention, PSABlock, C2PSA (`ultralytics/nn/modules/block.py`).
 
 use super::conv::{ConvBn, ConvBnConfig};
+use super::ops::softmax::softmax_last;
 use super::precision::matmul;
 use burn::prelude::*;
-use burn::tensor::activation::softmax;
 
 /// Multi-head self-attention over the H·W tokens of a feature map.
 #[derive(Config, Debug)]
@@ -64,7 +64,7 @@ impl Attention {
         let k = qkv.clone().narrow(2, self.key_dim, self.key_dim);
         let v = qkv.narrow(2, 2 * self.key_dim, self.head_dim);
         let scale = (self.key_dim as f64).powf(-0.5);
-        let attn = softmax(matmul(q.swap_dims(2, 3), k) * scale, 3);
+        let attn = softmax_last(matmul(q.swap_dims(2, 3), k) * scale);
         let out = matmul(v.clone(), attn.swap_dims(2, 3)).reshape([b, c, h, w]);
         let y = out + self.pe.forward(v.reshape([b, c, h, w]));
         self.proj.forward(y)

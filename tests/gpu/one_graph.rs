@@ -177,6 +177,15 @@ fn say_recordings(t: &burnpose::train::Trainer) {
     );
 }
 
+/// The attention's fused softmax (`model::ops::softmax::choose`, off by default) in both loops:
+/// byte-equal state hashes and per-step losses (BF16).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_graph_with_the_fused_softmax_matches_native_bf16() {
+    let _on = super::Choice::set(burnpose::model::ops::softmax::choose, true, false);
+    assert_parity_of(TASK, "bf16");
+}
+
 /// One walk of the model while a step that ends in an optimizer step runs, for its update's EMA
 /// sources and the next step's (`replay::update::choose_early`, off by default): byte-equal to
 /// the native loop, state hashes and per-step losses (BF16), with the next step's sources taken

@@ -79,6 +79,7 @@ pub mod matmul;
 #[cfg(feature = "cuda")]
 #[path = "../../../kernels/silu.rs"]
 mod silu_kernels;
+pub mod softmax;
 #[cfg(feature = "cuda")]
 pub mod stats_into;
 #[cfg(feature = "cuda")]
