@@ -3,8 +3,9 @@
 //! data-parallel all-reduce) do not each dispatch on it.
 
 use super::groups::ParamInfo;
-use super::layout::Layout;
+use super::layout::{Layout, Span, padded};
 use super::tensors::flattened as flat;
+use crate::model::ops::segment;
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 
@@ -94,6 +95,40 @@ impl FlatGrads {
         }
     }
 
+    /// Where these gradients lie among `table`'s parameters laid out by `layout`: the index of
+    /// the first, when they are `table`'s parameters from there on, in its order, at
+    /// `layout`'s distances (so the buffer's span is one run of a buffer laid out by
+    /// `layout`); `None` otherwise.
+    pub fn place_in(&self, table: &[ParamInfo], layout: &Layout) -> Option<usize> {
+        let first = self.params.first()?;
+        let start = table.iter().position(|p| p.id == first.id)?;
+        let (base, own) = (layout.offsets[start], self.layout.offsets[0]);
+        let fits = self.params.iter().enumerate().all(|(k, p)| {
+            let i = start + k;
+            table.get(i).is_some_and(|t| t.id == p.id)
+                && layout.sizes[i] == self.layout.sizes[k]
+                && layout.offsets[i] - base == self.layout.offsets[k] - own
+        });
+        fits.then_some(start)
+    }
+
+    /// The run [`FlatGrads::place_in`] found at `start`: where it lies in a buffer laid out by
+    /// `layout` and its values, from the first segment's start to the last one's end (the
+    /// padding between them included), as `Layout::each_run` gives a run of views of the
+    /// buffer.
+    pub fn run_at(&self, start: usize, layout: &Layout) -> (Span, Tensor<1>) {
+        let last = self.params.len() - 1;
+        let own = self.layout.offsets[0];
+        let len = self.layout.offsets[last] + self.layout.sizes[last] - own;
+        let reach = self.layout.offsets[last] + padded(self.layout.sizes[last]) - own;
+        let at = Span {
+            start: layout.offsets[start],
+            len,
+            reach,
+        };
+        (at, segment(self.buf.clone(), own, len, reach))
+    }
+
     /// Whether `other` holds the same parameters in the same places.
     pub fn same_layout(&self, other: &FlatGrads) -> bool {
         self.layout.len == other.layout.len
@@ -163,4 +198,87 @@ pub fn accumulate(
         }
     }
     *pending = Some(sums);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Scale, Task, YoloConfig};
+    use crate::optim::groups::param_table;
+    use burn::tensor::Distribution;
+
+    /// A flat buffer holding a run of the parameter table (as a recorder hands out) is placed
+    /// where the run starts, and its one run gathers the bytes that gathering its views one by
+    /// one gives; buffers whose parameters are not such a run are not placed.
+    #[test]
+    fn a_flat_buffer_of_a_run_of_the_table_gathers_as_its_views() {
+        let d = Device::flex();
+        d.seed(9);
+        let table = param_table(&YoloConfig::new(Scale::N, Task::Pose).init(&d));
+        let layout = Layout::new(table.iter().map(ParamInfo::numel).collect());
+        // A buffer as the recorder's: values in the segments, zeros in the padding (on CUDA a
+        // run's copy carries the padding between its segments either way).
+        let flat_of = |params: Vec<ParamInfo>| {
+            let own = Layout::new(params.iter().map(ParamInfo::numel).collect());
+            let parts = own
+                .sizes
+                .iter()
+                .map(|&n| Some(Tensor::<1>::random([n], Distribution::Default, &d)))
+                .collect();
+            let buf = own.gather(parts, &d);
+            FlatGrads {
+                params,
+                layout: own,
+                buf,
+                copy: None,
+            }
+        };
+        let f = flat_of(table[10..60].to_vec());
+        assert_eq!(f.place_in(&table, &layout), Some(10));
+        let (at, whole) = f.run_at(10, &layout);
+        assert_eq!(at.start, layout.offsets[10]);
+        let mut views = GradientsParams::new();
+        f.put_views(&mut views);
+        let parts: Vec<Option<Tensor<1>>> =
+            table.iter().map(|p| take_flat(&mut views, p)).collect();
+        assert_eq!(parts.iter().filter(|p| p.is_some()).count(), 50);
+        let one_by_one = layout.gather(parts, &d);
+        let as_a_run =
+            Tensor::<1>::zeros([layout.len], &d).slice_assign(at.start..at.start + at.len, whole);
+        let bits = |t: Tensor<1>| -> Vec<u32> {
+            let v: Vec<f32> = t.into_data().try_to_vec().unwrap();
+            v.iter().map(|x| x.to_bits()).collect()
+        };
+        let (a, b) = (bits(one_by_one), bits(as_a_run));
+        let first = a.iter().zip(&b).position(|(x, y)| x != y);
+        assert_eq!(first, None, "the run's gather differs from the views'");
+        assert!(b.iter().any(|&x| x != 0), "nothing gathered");
+        let mut swapped = table[10..60].to_vec();
+        swapped.swap(3, 4);
+        assert_eq!(
+            flat_of(swapped).place_in(&table, &layout),
+            None,
+            "out of order"
+        );
+        let mut gapped = table[10..20].to_vec();
+        gapped.remove(5);
+        assert_eq!(
+            flat_of(gapped).place_in(&table, &layout),
+            None,
+            "one missing"
+        );
+        let tail = flat_of(table[table.len() - 3..].to_vec());
+        assert_eq!(
+            tail.place_in(&table, &layout),
+            Some(table.len() - 3),
+            "the last"
+        );
+        let mut beyond = table[table.len() - 3..].to_vec();
+        beyond.push(table[0].clone());
+        assert_eq!(
+            flat_of(beyond).place_in(&table, &layout),
+            None,
+            "past the end"
+        );
+    }
 }

@@ -23,9 +23,9 @@ use crate::optim::ema::average;
 use crate::optim::flat::{
     DeviceInputs, Finite, FlatState, HostInputs, count_in_place_step, device_update, pair,
 };
-use crate::optim::grads::take_flat;
+use crate::optim::grads::{FlatGrads, take_flat};
 use crate::optim::groups::ParamInfo;
-use crate::optim::layout::Layout;
+use crate::optim::layout::{self, Layout};
 use crate::optim::optimizer::Stepped;
 use crate::optim::tensors::{FloatIndex, write_in_place};
 use crate::optim::{Ema, Hyper, Optimizer};
@@ -82,6 +82,65 @@ pub struct UpdateInputs<'a> {
     pub loss_scale: Option<f32>,
     /// The EMA's sources in `model` found ahead ([`sources_ahead`]), or `None` to find them here.
     pub sources: Option<Vec<Option<Tensor<1>>>>,
+    /// The flat buffers some of `grads` are views of (`Trainer::pending_flat`): one that holds a
+    /// run of the optimizer's parameters at its layout is gathered as one copy
+    /// ([`FlatGrads::place_in`]), its parameters present without being taken one by one from
+    /// `grads`.
+    pub flats: Vec<FlatGrads>,
+}
+
+/// The gradients the update gathers: per parameter a tensor (`None`: absent or in a run), and
+/// the runs of whole flat buffers with where they lie at the optimizer's layout.
+struct Gathered {
+    parts: Vec<Option<Tensor<1>>>,
+    runs: Vec<(layout::Span, Tensor<1>)>,
+}
+
+impl Gathered {
+    /// `grads` and `flats` at `layout` (the parameters of `table`), and which parameters are
+    /// present: those in a run of a flat buffer and those with a gradient in `grads`.
+    fn new(
+        grads: &mut GradientsParams,
+        flats: &[FlatGrads],
+        table: &[ParamInfo],
+        layout: &Layout,
+    ) -> (Self, Vec<bool>) {
+        let mut in_run = vec![false; table.len()];
+        let runs = flats
+            .iter()
+            .filter_map(|f| {
+                let start = f.place_in(table, layout)?;
+                in_run[start..start + f.params.len()].fill(true);
+                Some(f.run_at(start, layout))
+            })
+            .collect();
+        let parts: Vec<Option<Tensor<1>>> = table
+            .iter()
+            .zip(&in_run)
+            .map(|(p, &r)| if r { None } else { take_flat(grads, p) })
+            .collect();
+        let present = parts
+            .iter()
+            .zip(&in_run)
+            .map(|(p, &r)| r || p.is_some())
+            .collect();
+        (Self { parts, runs }, present)
+    }
+
+    /// Everything written into its segments of `dst` (a buffer laid out by `layout`): the parts
+    /// run by run (`Layout::gather_into`), then each flat buffer's run as one copy, unless it
+    /// lies there already.
+    fn write_into(&self, layout: &Layout, dst: &Tensor<1>) {
+        layout.gather_into(&self.parts, dst);
+        for (at, whole) in &self.runs {
+            let view = at.view_of(dst);
+            if storage(whole).is_some_and(|s| Some(s) == storage(&view)) {
+                continue;
+            }
+            let done = write_in_place(whole, &view);
+            assert!(done, "a fixed buffer is written in place on CUDA only");
+        }
+    }
 }
 
 /// The EMA's current value of each of its tensors in `model`, found ahead of the update that
@@ -212,7 +271,7 @@ impl UpdateGraph {
         ema: (&[String], &Layout, &Tensor<1>),
         host: &HostInputs,
         decay: f64,
-        grads: &[Option<Tensor<1>>],
+        grads: &Gathered,
         current: &[Option<Tensor<1>>],
         clip_norm: f64,
     ) -> Result<Self, RecordError> {
@@ -240,7 +299,7 @@ impl UpdateGraph {
             rest: zeros(rest_layout.len.max(1)),
             rest_layout,
         };
-        flat.layout.gather_into(grads, &u.g);
+        grads.write_into(&flat.layout, &u.g);
         u.rest_layout
             .gather_into(&written_by_host(current, &host_written), &u.rest);
         let sources = sources(current, &host_written, &u.rest, &u.rest_layout);
@@ -303,7 +362,7 @@ impl UpdateGraph {
         &self,
         host: &HostInputs,
         decay: f64,
-        grads: &[Option<Tensor<1>>],
+        grads: &Gathered,
         current: &[Option<Tensor<1>>],
         layout: &Layout,
         scalars: bool,
@@ -318,7 +377,7 @@ impl UpdateGraph {
             }
             write_in_place(&pair(decay, &device), &u.decay);
         }
-        layout.gather_into(grads, &u.g);
+        grads.write_into(layout, &u.g);
         u.rest_layout
             .gather_into(&written_by_host(current, &self.host_written), &u.rest);
     }
@@ -343,11 +402,12 @@ pub fn update(
     let inputs_made = std::time::Instant::now();
     let table = optimizer.table.clone();
     let constants = optimizer.constants();
-    let parts: Vec<Option<Tensor<1>>> = table
-        .iter()
-        .map(|p| take_flat(&mut inputs.grads, p))
-        .collect();
-    let present: Vec<bool> = parts.iter().map(Option::is_some).collect();
+    let values = optimizer
+        .in_place_buffers()
+        .expect("checked above")
+        .layout
+        .clone();
+    let (gathered, present) = Gathered::new(&mut inputs.grads, &inputs.flats, &table, &values);
     let host = HostInputs::new(
         constants,
         &table,
@@ -379,7 +439,7 @@ pub fn update(
             (&paths, &ema_layout, &averaged),
             &host,
             decay,
-            &parts,
+            &gathered,
             &current,
             inputs.clip_norm,
         );
@@ -390,7 +450,7 @@ pub fn update(
         g.write_inputs(
             &host,
             decay,
-            &parts,
+            &gathered,
             &current,
             &flat.layout,
             !control.freezes_update_scalars(),

@@ -378,6 +378,7 @@ impl Trainer {
                 clip_norm: self.cfg.optim.clip_norm,
                 loss_scale: self.scaler.as_ref().map(|s| s.scale),
                 sources,
+                flats: std::mem::take(&mut self.pending_flat),
             };
             match self
                 .stage
