@@ -15,9 +15,10 @@ pub fn float_tensors<M: Module>(module: &M) -> Vec<(String, Tensor<1>)> {
         .collect()
 }
 
-/// `t` as `[numel]`. A tensor of rank 1 is handed on as it is: the same primitive a reshape to
-/// its own shape gives back, without the reshape's dispatch (a third of a model walk's host
-/// time: most of its tensors are BatchNorm's and the biases' vectors).
+/// `t` (without autodiff) as `[numel]`. A tensor of rank 1 is handed on as it is: the same
+/// primitive a reshape to its own shape gives back, without the reshape's dispatch (a third of
+/// a model walk's host time: most of its tensors are BatchNorm's and the biases' vectors). Not
+/// for autodiff parameters, whose reshape is a non-leaf where this would hand on the leaf.
 pub(crate) fn flattened<const D: usize>(t: Tensor<D>) -> Tensor<1> {
     if D == 1 {
         return Tensor::from_bridge(t.into_bridge());
@@ -96,7 +97,10 @@ pub fn visit_floats<M: Module>(module: &M) -> Vec<(String, Tensor<1>, bool)> {
         fn float<const D: usize>(&mut self, path: &str, param: &Param<Tensor<D>>) {
             let t = param.val();
             let tracked = t.is_require_grad();
-            self.0.push((path.to_string(), flattened(t), tracked));
+            // Reshaped even at rank 1: an autodiff parameter comes out as a non-leaf, whose
+            // `detach()` no longer asks for a gradient (Burn's `detach` keeps a leaf's).
+            let n = t.shape().num_elements();
+            self.0.push((path.to_string(), t.reshape([n]), tracked));
         }
     }
     let mut floats = Floats(Vec::new());
