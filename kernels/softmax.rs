@@ -12,9 +12,11 @@
 use burn::cubecl;
 use burn::tensor::DType;
 use burn_cubecl::kernel::into_contiguous;
-use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
+
+// A new contiguous FP32 tensor on a tensor's device (not pitched rows).
+use crate::model::ops::fused_bn::empty;
 
 // Units a cube (one row a cube), a power of two; the CPU's loops fold the same partials.
 use super::UNITS;
@@ -119,20 +121,10 @@ fn rows(x: CubeTensor) -> (CubeTensor, Vec<usize>) {
     (x, shape)
 }
 
-/// A new contiguous FP32 `[rows, n]` tensor beside `like`.
-fn empty_like(like: &CubeTensor) -> CubeTensor {
-    empty_device_contiguous_dtype(
-        like.client.clone(),
-        like.device.clone(),
-        like.meta.shape().clone(),
-        DType::F32,
-    )
-}
-
 /// Softmax over the last axis of `x` (FP32): a new contiguous tensor of `x`'s shape.
 pub fn forward(x: CubeTensor) -> CubeTensor {
     let (x, shape) = rows(x);
-    let out = empty_like(&x);
+    let out = empty(&x, x.meta.shape().clone());
     let count = x.meta.shape()[0] as u32;
     if count > 0 && x.meta.shape()[1] > 0 {
         let client = x.client.clone();
@@ -160,7 +152,7 @@ pub fn backward(y: CubeTensor, grad: CubeTensor) -> CubeTensor {
         grad.meta.shape(),
         "softmax backward: shapes"
     );
-    let out = empty_like(&y);
+    let out = empty(&y, y.meta.shape().clone());
     let count = y.meta.shape()[0] as u32;
     if count > 0 && y.meta.shape()[1] > 0 {
         let client = y.client.clone();

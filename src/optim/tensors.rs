@@ -54,24 +54,23 @@ pub struct FloatIndex {
 
 impl FloatIndex {
     /// `module`'s tensors at `paths` (`None`: no such path), as [`float_tensors`]`(&module.valid())`
-    /// gives them: without autodiff, flattened. Give the same paths on every call.
+    /// gives them: without autodiff, flattened. Give the same paths on every call. `walked`: a
+    /// walk of `module` made earlier ([`float_values`]) while its tensors are still the
+    /// module's, taken instead of walking it here (one walk serves several indexes).
     pub fn tensors<'a, M: Module>(
         &mut self,
         module: &M,
+        walked: Option<&[Tensor<1>]>,
         paths: impl ExactSizeIterator<Item = &'a str>,
     ) -> Vec<Option<Tensor<1>>> {
-        self.pick(module, &float_values(module), paths)
-    }
-
-    /// [`FloatIndex::tensors`] taken from `values`, a walk of `module` made earlier
-    /// ([`float_values`]) while its tensors are still the module's: one walk serves several
-    /// indexes.
-    pub fn pick<'a, M: Module>(
-        &mut self,
-        module: &M,
-        values: &[Tensor<1>],
-        paths: impl ExactSizeIterator<Item = &'a str>,
-    ) -> Vec<Option<Tensor<1>>> {
+        let own;
+        let values = match walked {
+            Some(values) => values,
+            None => {
+                own = float_values(module);
+                &own
+            }
+        };
         let stale = self
             .learnt
             .as_ref()
@@ -206,7 +205,7 @@ mod tests {
         };
         let check = |index: &mut FloatIndex, m: &crate::model::Yolo, paths: &[String]| {
             let want = by_path(m);
-            let got = index.tensors(m, paths.iter().map(String::as_str));
+            let got = index.tensors(m, None, paths.iter().map(String::as_str));
             assert_eq!(got.len(), paths.len());
             for (p, t) in paths.iter().zip(got) {
                 match (want.get(p), t) {
@@ -242,8 +241,8 @@ mod tests {
         check(&mut index, &detect, &paths);
     }
 
-    /// One walk serves two indexes over different paths ([`FloatIndex::pick`]): each gets the
-    /// tensors a walk of its own gives.
+    /// One walk serves two indexes over different paths (`FloatIndex::tensors`' `walked`): each
+    /// gets the tensors a walk of its own gives.
     #[test]
     fn one_walk_serves_two_indexes() {
         let device = Device::flex();
@@ -255,8 +254,8 @@ mod tests {
         let walk = float_values(&pose);
         for paths in [odd, tail] {
             let (mut own, mut shared) = (FloatIndex::default(), FloatIndex::default());
-            let want = own.tensors(&pose, paths.iter().copied());
-            let got = shared.pick(&pose, &walk, paths.iter().copied());
+            let want = own.tensors(&pose, None, paths.iter().copied());
+            let got = shared.tensors(&pose, Some(&walk), paths.iter().copied());
             assert_eq!(want.len(), paths.len());
             assert_eq!(got.len(), paths.len());
             for ((p, a), b) in paths.iter().zip(want).zip(got) {

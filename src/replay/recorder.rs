@@ -457,7 +457,8 @@ impl Recorder {
     /// (another count of object slots). `Err` only with one graph, when the step could not be
     /// recorded (nothing of it has run then); split graphs panic on a failed recording.
     /// `walked`: a walk of `model` whose tensors are still the model's, taken by one graph for
-    /// its sources unless this call records (the recording's warm-ups may change the model).
+    /// its sources unless this call records (a recording's control may replace the model's
+    /// tensors).
     pub fn loss(
         &mut self,
         model: &mut Yolo,
@@ -522,17 +523,6 @@ impl Recorder {
         )?;
         self.update_replays += 1;
         Ok(stepped)
-    }
-
-    /// The EMA's sources in `model` ahead of the next recorded update, from `walked`, a walk of
-    /// `model` ([`super::update::sources_ahead`]).
-    pub fn ema_sources(
-        &mut self,
-        model: &Yolo,
-        ema: &crate::optim::Ema<Yolo>,
-        walked: &[Tensor<1>],
-    ) -> Option<Vec<Option<Tensor<1>>>> {
-        super::update::sources_ahead(model, ema, &mut self.ema_index, walked)
     }
 
     /// How many optimizer steps went through the recorded update ([`Recorder::update`]).

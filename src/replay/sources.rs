@@ -230,9 +230,8 @@ impl Sources {
         walked: Option<&[Tensor<1>]>,
     ) {
         let paths = self.buffers.iter().map(|(p, _)| p.as_str());
-        let current = spans::time(Span::SourcesWalk, || match walked {
-            Some(values) => self.index.pick(module, values, paths),
-            None => self.index.tensors(module, paths),
+        let current = spans::time(Span::SourcesWalk, || {
+            self.index.tensors(module, walked, paths)
         });
         let segments_start = std::time::Instant::now();
         let mut done = vec![false; self.buffers.len()];

@@ -248,21 +248,6 @@ impl Stage {
         }
     }
 
-    /// The EMA's sources in `model` ahead of the next recorded update, from `walked`, a walk of
-    /// `model`; `None` for a native stage or while the EMA does not write in place.
-    #[cfg(feature = "cuda")]
-    pub fn ema_sources(
-        &mut self,
-        model: &Yolo,
-        ema: &crate::optim::Ema<Yolo>,
-        walked: &[Tensor<1>],
-    ) -> Option<Vec<Option<Tensor<1>>>> {
-        match self {
-            Stage::Native(_) => None,
-            Stage::Replay(r) => r.ema_sources(model, ema, walked),
-        }
-    }
-
     /// Whether the loss is recorded too: replay with `replay.scope = "step"`.
     pub fn records_loss(&self) -> bool {
         match self {

@@ -40,8 +40,8 @@ static EARLY: AtomicBool = AtomicBool::new(false);
 
 /// Whether a recorded step that ends in an optimizer step walks the trainer's model once, right
 /// after its graph is launched and before the host waits for its results, and finds in that walk
-/// both the EMA's sources for the recorded update ([`sources_ahead`]) and the next step's
-/// static buffers' (`true`; `bench-step --early-walk true`), or walks the model in the update
+/// both the EMA's sources for the recorded update ([`UpdateInputs::walked`]) and the next
+/// step's static buffers' (`true`; `bench-step --early-walk true`), or walks the model in the update
 /// after the read and again in the next step (`false`, the default until it is measured on a
 /// GPU). On one device the recorded update writes the parameters in place and nothing else
 /// replaces the model's tensors between that launch and the next step's refresh (the trainer
@@ -80,8 +80,9 @@ pub struct UpdateInputs<'a> {
     pub hyper: &'a Hyper,
     pub clip_norm: f64,
     pub loss_scale: Option<f32>,
-    /// The EMA's sources in `model` found ahead ([`sources_ahead`]), or `None` to find them here.
-    pub sources: Option<Vec<Option<Tensor<1>>>>,
+    /// A walk of `model` made after this step's launch ([`early`]), where the EMA's sources
+    /// are found; `None`: the update walks `model` itself.
+    pub walked: Option<&'a [Tensor<1>]>,
     /// The flat buffers some of `grads` are views of (`Trainer::pending_flat`): one that holds a
     /// run of the optimizer's parameters at its layout is gathered as one copy
     /// ([`FlatGrads::place_in`]), its parameters present without being taken one by one from
@@ -143,19 +144,6 @@ impl Gathered {
     }
 }
 
-/// The EMA's current value of each of its tensors in `model`, found ahead of the update that
-/// reads them ([`UpdateInputs::sources`]) in `walked`, a walk of `model`
-/// ([`crate::optim::tensors::float_values`]); `None` while the EMA does not write in place.
-pub fn sources_ahead(
-    model: &Yolo,
-    ema: &Ema<Yolo>,
-    index: &mut FloatIndex,
-    walked: &[Tensor<1>],
-) -> Option<Vec<Option<Tensor<1>>>> {
-    let (paths, _, _) = ema.flat_buffer()?;
-    Some(ema_parts(model, paths, index, Some(walked)))
-}
-
 /// The EMA's current value of each of its tensors (`paths`), from `model`, found through
 /// `index` (learnt on the first call), in `walked` (a walk of `model` made earlier) or a walk of
 /// its own.
@@ -165,11 +153,7 @@ fn ema_parts(
     index: &mut FloatIndex,
     walked: Option<&[Tensor<1>]>,
 ) -> Vec<Option<Tensor<1>>> {
-    let paths_in = paths.iter().map(String::as_str);
-    let parts = match walked {
-        Some(values) => index.pick(model, values, paths_in),
-        None => index.tensors(model, paths_in),
-    };
+    let parts = index.tensors(model, walked, paths.iter().map(String::as_str));
     for (p, t) in paths.iter().zip(&parts) {
         assert!(t.is_some(), "EMA: the model has no tensor {p}");
     }
@@ -419,10 +403,7 @@ pub fn update(
     let decay = ema.next_decay();
     let (paths, ema_layout, averaged) = ema.flat_buffer().expect("checked above");
     let (paths, ema_layout, averaged) = (paths.to_vec(), ema_layout.clone(), averaged.clone());
-    let current = match inputs.sources.take() {
-        Some(found) if found.len() == paths.len() => found,
-        _ => ema_parts(inputs.model, &paths, index, None),
-    };
+    let current = ema_parts(inputs.model, &paths, index, inputs.walked);
     let flat = optimizer.in_place_buffers().expect("checked above");
     let scaled = inputs.loss_scale.is_some();
     spans::since(Span::UpdateInputs, inputs_made);

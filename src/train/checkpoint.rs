@@ -388,10 +388,7 @@ fn load(trainer: &mut Trainer, path: &Path, resume: bool) -> Result<(), Checkpoi
         ));
     }
     trainer.model = model;
-    #[cfg(feature = "cuda")]
-    {
-        trainer.walked = None;
-    }
+    trainer.forget_walk();
     trainer.optimizer.reset_flat();
     trainer.ema.model = ema;
     trainer.ema.reset_flat();

@@ -131,15 +131,11 @@ pub struct Trainer {
     /// The next batch's images, made while the last step's graph ran (`replay.upload_ahead`).
     #[cfg(feature = "cuda")]
     ahead: Option<step::Ahead>,
-    /// The EMA's sources found while this step's graph ran, for its recorded update
-    /// (`replay::update::choose_early`).
+    /// A walk of the model made while this step's graph ran (`replay::update::choose_early`):
+    /// the EMA's sources for its recorded update and the next step's recorded sources. Dropped
+    /// wherever the model's tensors may be replaced before then ([`Trainer::forget_walk`]).
     #[cfg(feature = "cuda")]
-    ema_sources: Option<Vec<Option<Tensor<1>>>>,
-    /// The same walk of the model, for the next step's recorded sources: dropped wherever the
-    /// model's tensors may be replaced before then (an eager update, the parameters gathered
-    /// for sharing, the end of an epoch, a checkpoint loaded).
-    #[cfg(feature = "cuda")]
-    pub(super) walked: Option<Vec<Tensor<1>>>,
+    walked: Option<Vec<Tensor<1>>>,
 }
 
 /// The optimizer 'auto' resolves to, with its lr0 and momentum (yolo_spec §4.2).
@@ -254,8 +250,6 @@ impl Trainer {
             #[cfg(feature = "cuda")]
             ahead: None,
             #[cfg(feature = "cuda")]
-            ema_sources: None,
-            #[cfg(feature = "cuda")]
             walked: None,
             history: Vec::new(),
             loader: Loader {
@@ -364,9 +358,6 @@ impl Trainer {
     /// The optimizer step and the EMA update (`replay.record_update`: through their recorded
     /// graph once both write in place; eagerly before), each phase marked on `clock`.
     fn optimizer_and_ema(&mut self, clock: &mut PhaseClock) -> Stepped {
-        // Found for this update only: never left for a later one.
-        #[cfg(feature = "cuda")]
-        let sources = self.ema_sources.take();
         #[cfg(feature = "cuda")]
         if self.cfg.record_update() && self.stage.is_replay() {
             let grads = self.pending.take().unwrap_or_default();
@@ -377,7 +368,7 @@ impl Trainer {
                 hyper: &hyper,
                 clip_norm: self.cfg.optim.clip_norm,
                 loss_scale: self.scaler.as_ref().map(|s| s.scale),
-                sources,
+                walked: self.walked.as_deref(),
                 flats: std::mem::take(&mut self.pending_flat),
             };
             match self
@@ -396,13 +387,22 @@ impl Trainer {
         // The eager update gives the model new tensors.
         #[cfg(feature = "cuda")]
         if !self.stage.control().keeps_walk() {
-            self.walked = None;
+            self.forget_walk();
         }
         let stepped = self.optimizer_update();
         clock.mark(Phase::Optimizer);
         self.ema.update(&self.model);
         clock.mark(Phase::Ema);
         stepped
+    }
+
+    /// Drops the model's walk made for the next step ([`Trainer`]'s `walked`): the model's
+    /// tensors may be replaced before it. Nothing to drop without CUDA.
+    pub(super) fn forget_walk(&mut self) {
+        #[cfg(feature = "cuda")]
+        {
+            self.walked = None;
+        }
     }
 
     /// Learns whether the queued optimizer step counted (FP16: its gradients were finite; read
@@ -484,10 +484,7 @@ impl Trainer {
             }
         }
         // Walks never cross an epoch's end (validation, checkpoints, the data's next shapes).
-        #[cfg(feature = "cuda")]
-        {
-            self.walked = None;
-        }
+        self.forget_walk();
         let lr = self.schedule.hyper(self.epoch, self.ni).lr[0];
         self.loss.update(self.epoch + 1, self.cfg.train.epochs);
         let val_start = std::time::Instant::now();

@@ -381,11 +381,9 @@ impl Trainer {
                     && self.cfg.record_update()
                     && crate::replay::update::early()
                 {
-                    let walk = time(Span::Walk, || {
+                    self.walked = Some(time(Span::Walk, || {
                         crate::optim::tensors::float_values(&self.model)
-                    });
-                    self.ema_sources = self.stage.ema_sources(&self.model, &self.ema, &walk);
-                    self.walked = Some(walk);
+                    }));
                 }
                 time(Span::Read, || self.finish_recorded(*launched, &mut clock))
             }
