@@ -19,7 +19,8 @@
 use super::ROWS;
 use super::host::{AREA_E, E, v_scale};
 use crate::loss::assign::device::PACKED;
-use crate::loss::assign::device::kernel_assign::{ciou, elementwise, empty};
+use crate::loss::assign::device::kernel_assign::{ciou, elementwise};
+use crate::model::ops::empty_f32;
 use burn::cubecl;
 use burn::tensor::DType;
 use burn_cubecl::tensor::CubeTensor;
@@ -438,7 +439,7 @@ fn check(boxes: &CubeTensor, kpts: &CubeTensor, fixed: &Fixed) -> (usize, usize,
 pub fn forward(boxes: CubeTensor, kpts: CubeTensor, fixed: Fixed, size: [usize; 2]) -> CubeTensor {
     let (b, a, k, kd) = check(&boxes, &kpts, &fixed);
     let client = boxes.client.clone();
-    let out = empty(&boxes, &[ROWS, b, a]);
+    let out = empty_f32(&boxes, [ROWS, b, a]);
     let total = b * a;
     if total == 0 {
         return out;
@@ -488,7 +489,10 @@ pub fn backward(
         grad.meta.shape()
     );
     let client = boxes.client.clone();
-    let (d_boxes, d_kpts) = (empty(&boxes, &[b, 4, a]), empty(&boxes, &[b, k * kd, a]));
+    let (d_boxes, d_kpts) = (
+        empty_f32(&boxes, [b, 4, a]),
+        empty_f32(&boxes, [b, k * kd, a]),
+    );
     let total = b * a;
     if total == 0 {
         return (d_boxes, d_kpts);

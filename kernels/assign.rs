@@ -21,9 +21,9 @@
 #![allow(clippy::assign_op_pattern)]
 
 // `#[cube]` expands to `cubecl::…` paths.
+use crate::model::ops::empty_f32;
 use burn::cubecl;
-use burn::tensor::{DType, Shape};
-use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
+use burn::tensor::DType;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 use cubecl::{CubeCount, CubeDim, calculate_cube_count_elemwise};
@@ -476,16 +476,6 @@ fn targets_kernel(
     }
 }
 
-/// A new contiguous FP32 tensor of `dims` on `like`'s device.
-pub(crate) fn empty(like: &CubeTensor, dims: &[usize]) -> CubeTensor {
-    empty_device_contiguous_dtype(
-        like.client.clone(),
-        like.device.clone(),
-        Shape::from(dims.to_vec()),
-        DType::F32,
-    )
-}
-
 /// Cubes and their units for one unit per value of `total`.
 pub(crate) fn elementwise(like: &CubeTensor, total: usize) -> (CubeCount, CubeDim) {
     let dim = CubeDim::new(&like.client, total);
@@ -521,9 +511,9 @@ pub fn assign(
         "assign: shapes disagree (scores {sd:?}, objects {od:?})"
     );
     let client = scores.client.clone();
-    let overlap = empty(&scores, &[b, n, a]);
-    let align = empty(&scores, &[b, n, a]);
-    let cand = empty(&scores, &[b, n, a]);
+    let overlap = empty_f32(&scores, [b, n, a]);
+    let align = empty_f32(&scores, [b, n, a]);
+    let cand = empty_f32(&scores, [b, n, a]);
     let (keypoints, kd) = match &poses {
         Some(p) => (p.sig.meta.shape()[0], p.kd),
         None => (0, 1),
@@ -579,12 +569,12 @@ pub fn assign(
     }
     let top = super::top_k::top_k_mask(align.clone(), rules.topk);
     let second = rules.topk2 != rules.topk;
-    let pos = empty(&scores, &[b, n, a]);
+    let pos = empty_f32(&scores, [b, n, a]);
     // The second cut's top-k reads `kept` as `[B, N, A]`; without one the kernel writes no
     // `kept`, and one value stands in.
     let kept = match second {
-        true => empty(&scores, &[b, n, a]),
-        false => empty(&scores, &[1, 1, 1]),
+        true => empty_f32(&scores, [b, n, a]),
+        false => empty_f32(&scores, [1, 1, 1]),
     };
     let (count, dim) = elementwise(&scores, b * a);
     // SAFETY: unit `(b, a)` below `B·A` reads and writes column `a` of image `b` of the
@@ -608,8 +598,8 @@ pub fn assign(
     } else {
         pos.clone()
     };
-    let max_align = empty(&scores, &[b * n]);
-    let max_overlap = empty(&scores, &[b * n]);
+    let max_align = empty_f32(&scores, [b * n]);
+    let max_overlap = empty_f32(&scores, [b * n]);
     // SAFETY: cube `r < B·N` reads row `r` of the contiguous `[B, N, A]` tensors and writes
     // value `r` of each maximum.
     unsafe {
@@ -626,9 +616,9 @@ pub fn assign(
             second,
         );
     }
-    let fg = empty(&scores, &[b, a]);
-    let gt = empty(&scores, &[b, a]);
-    let target = empty(&scores, &[b, nc, a]);
+    let fg = empty_f32(&scores, [b, a]);
+    let gt = empty_f32(&scores, [b, a]);
+    let target = empty_f32(&scores, [b, nc, a]);
     // SAFETY: unit `(b, a)` below `B·A` reads column `a` of image `b` (the maxima of its rows,
     // the slot of a positive below N in `objects`) and writes value `(b, a)` of `fg` and `gt`
     // and column `a` of image `b` of the contiguous `[B, nc, A]` targets.

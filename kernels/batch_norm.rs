@@ -21,9 +21,9 @@
 #![allow(clippy::manual_div_ceil, clippy::assign_op_pattern)]
 
 // `#[cube]` expands to `cubecl::…` paths.
+use crate::model::ops::empty_f32;
 use burn::cubecl;
 use burn::tensor::{DType, Shape};
-use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 use cubecl::{CubeCount, CubeDim, calculate_cube_count_elemwise};
@@ -141,11 +141,6 @@ fn grad_x_kernel(
     dx[at_dx] = (ga * is) * ((gz - mean_g) - xhat * mean_gx);
 }
 
-pub(super) fn empty(like: &CubeTensor, shape: Shape) -> CubeTensor {
-    // Contiguous, not pitched rows (docs/kernels.md, "Output buffers").
-    empty_device_contiguous_dtype(like.client.clone(), like.device.clone(), shape, DType::F32)
-}
-
 fn check_f32(what: &str, ts: &[&CubeTensor]) {
     for t in ts {
         assert!(
@@ -195,7 +190,7 @@ pub fn forward(
     } else {
         sums::statistics(&x, running_mean, running_var, momentum)
     };
-    let out = empty(&x, Shape::new([n, c, h, w]));
+    let out = empty_f32(&x, Shape::new([n, c, h, w]));
     let xp = normalise(
         x,
         mean.clone(),
@@ -227,7 +222,7 @@ pub fn inference(
         &[&x, &gamma, &beta, &running_mean, &running_var],
     );
     let [n, c, h, w] = nchw(&x);
-    let out = empty(&x, Shape::new([n, c, h, w]));
+    let out = empty_f32(&x, Shape::new([n, c, h, w]));
     normalise(
         x,
         running_mean,
@@ -319,7 +314,7 @@ pub fn backward(
         tiles::empty_channels_last(&x)
     } else {
         // Contiguous NCHW rows, as the tile kernel's NCHW store takes them.
-        empty(&x, Shape::new([n, c, h, w]))
+        empty_f32(&x, Shape::new([n, c, h, w]))
     };
     if tiled {
         let dxp = operand.and_then(|(channels, d)| tiles::operand_for(&x, channels, d));

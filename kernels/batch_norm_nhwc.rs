@@ -29,10 +29,11 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 use cubecl::{CubeCount, CubeDim};
 
-use super::fused_bn::{channel, empty, grad_z, inv_std};
+use super::fused_bn::{channel, grad_z, inv_std};
 use super::fused_bn_single::{add_into, grad_run, stats_run, write_statistics};
 use super::fused_bn_sums::offset;
 use super::tree::UNITS;
+use crate::model::ops::empty_f32;
 
 /// Values one unit takes at least, and the most chunks per channel.
 const PER_UNIT: usize = 32;
@@ -435,11 +436,11 @@ pub fn statistics(
     let (n, c, h, w) = (s[0], s[1], s[2], s[3]);
     let grid = split(n * h * w, c);
     let (lanes, rows, tiles, parts) = grid;
-    let partial = empty(x, Shape::new([c * parts * 3]));
-    let [mean, var] = [(); 2].map(|_| empty(x, Shape::new([c])));
+    let partial = empty_f32(x, Shape::new([c * parts * 3]));
+    let [mean, var] = [(); 2].map(|_| empty_f32(x, Shape::new([c])));
     // Where a recording registered them, over the old values (`model::ops::stats_into`).
     let new = |old: &CubeTensor| {
-        super::stats_into::take(old).unwrap_or_else(|| empty(x, Shape::new([c])))
+        super::stats_into::take(old).unwrap_or_else(|| empty_f32(x, Shape::new([c])))
     };
     let (new_mean, new_var) = (new(&running_mean), new(&running_var));
     if super::fused_bn_single::chosen() {
@@ -498,10 +499,10 @@ pub fn grad_sums(
     let (n, c, h, w) = (s[0], s[1], s[2], s[3]);
     let grid = split(n * h * w, c);
     let (lanes, rows, tiles, parts) = grid;
-    let partial = empty(x, Shape::new([c * parts * 2]));
+    let partial = empty_f32(x, Shape::new([c * parts * 2]));
     // Where a recorded step registered them, straight into the flat gradient buffer.
     let into = |param: &CubeTensor| {
-        super::grads_into::take(param).unwrap_or_else(|| empty(x, Shape::new([c])))
+        super::grads_into::take(param).unwrap_or_else(|| empty_f32(x, Shape::new([c])))
     };
     let (d_gamma, d_beta) = (into(gamma), into(beta));
     let (count, dim) = merge_cubes(c);

@@ -15,8 +15,9 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 use cubecl::{CubeCount, CubeDim};
 
-use super::fused_bn::{channel, elementwise, empty, grad_z, inv_std, nchw};
+use super::fused_bn::{channel, elementwise, grad_z, inv_std, nchw};
 use super::tree::{UNITS, parts};
+use crate::model::ops::empty_f32;
 
 /// Offset of the `j`-th value of channel `c` (`j` over N, H, W in that order) in a `[N, C, H, W]`
 /// tensor with the given strides.
@@ -239,8 +240,8 @@ pub fn statistics(
     let [n, c, h, w] = nchw(x);
     let m = n * h * w;
     let p = parts(m);
-    let partial = empty(x, Shape::new([c * p * 3]));
-    let per_channel = || empty(x, Shape::new([c]));
+    let partial = empty_f32(x, Shape::new([c * p * 3]));
+    let per_channel = || empty_f32(x, Shape::new([c]));
     // Where a recording registered them, over the old values (`model::ops::stats_into`).
     let new = |old: &CubeTensor| super::stats_into::take(old).unwrap_or_else(per_channel);
     let (mean, var, new_mean, new_var) = (
@@ -297,10 +298,10 @@ pub fn grad_sums(
 ) -> [CubeTensor; 2] {
     let [n, c, h, w] = nchw(x);
     let p = parts(n * h * w);
-    let partial = empty(x, Shape::new([c * p * 2]));
+    let partial = empty_f32(x, Shape::new([c * p * 2]));
     // Where a recorded step registered them, straight into the flat gradient buffer.
     let into = |param: &CubeTensor| {
-        super::grads_into::take(param).unwrap_or_else(|| empty(x, Shape::new([c])))
+        super::grads_into::take(param).unwrap_or_else(|| empty_f32(x, Shape::new([c])))
     };
     let (d_gamma, d_beta) = (into(gamma), into(beta));
     let (count, dim) = elementwise(x, c);

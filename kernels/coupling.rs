@@ -19,9 +19,9 @@
 
 // `#[cube]` expands to `cubecl::…` paths.
 use super::silu_kernels::{sigmoid, silu_slope};
+use crate::model::ops::empty_f32;
 use burn::cubecl;
-use burn::tensor::{DType, Shape};
-use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
+use burn::tensor::DType;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 use cubecl::{CubeCount, CubeDim};
@@ -283,16 +283,6 @@ fn net_width(params: &[CubeTensor; 6]) -> Option<usize> {
     (shapes_fit && all_f32 && h.is_multiple_of(LANES) && h.is_multiple_of(TILE)).then_some(h)
 }
 
-/// A new contiguous FP32 tensor of `dims` on `like`'s device.
-fn empty(like: &CubeTensor, dims: &[usize]) -> CubeTensor {
-    empty_device_contiguous_dtype(
-        like.client.clone(),
-        like.device.clone(),
-        Shape::from(dims.to_vec()),
-        DType::F32,
-    )
-}
-
 /// The cubes of the points of `[G, M, c]` `t`: their count, [`POINTS`] points × [`LANES`]
 /// units each.
 fn cubes(t: &CubeTensor) -> (usize, CubeDim) {
@@ -308,7 +298,7 @@ fn cubes(t: &CubeTensor) -> (usize, CubeDim) {
 /// parameters) for `params`, summed from the cubes' rows of `partial` ([`layout`]) by
 /// `coupling_sums_kernel`.
 fn sums(partial: CubeTensor, params: &[CubeTensor; 6], h: usize) -> [CubeTensor; 6] {
-    let grads = params.clone().map(|p| empty(&p, &p.meta.shape().to_vec()));
+    let grads = params.clone().map(|p| empty_f32(&p, p.meta.shape()));
     let [dw1, db1, dw2, db2, dw3, db3] = grads.clone();
     let client = partial.client.clone();
     // SAFETY: the units of value `e < total` read column `e` of `partial`; one writes value
@@ -334,7 +324,7 @@ fn sums(partial: CubeTensor, params: &[CubeTensor; 6], h: usize) -> [CubeTensor;
 
 /// The net's output for points `x` (`[G, M, 2]`), hidden width `h` from [`supported`].
 pub fn forward(x: CubeTensor, [w1, b1, w2, b2, w3, b3]: [CubeTensor; 6], h: usize) -> CubeTensor {
-    let out = empty(&x, &x.meta.shape().to_vec());
+    let out = empty_f32(&x, x.meta.shape());
     let client = x.client.clone();
     let (count, dim) = cubes(&x);
     // SAFETY: `supported` checked every shape and dtype; units past the last point write
@@ -371,8 +361,8 @@ pub fn backward(
         "coupling backward: the gradient must be FP32 shaped as the points"
     );
     let (count, dim) = cubes(&x);
-    let dx = empty(&x, &x.meta.shape().to_vec());
-    let partial = empty(&x, &[count, layout(h)[6]]);
+    let dx = empty_f32(&x, x.meta.shape());
+    let partial = empty_f32(&x, [count, layout(h)[6]]);
     let client = x.client.clone();
     let [w1, b1, w2, b2, w3, b3] = params.clone();
     // SAFETY: `supported` checked every shape and dtype (the caller), the gradient's shape is

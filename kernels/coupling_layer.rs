@@ -12,9 +12,10 @@
 // `#[cube]` expands to `cubecl::…` paths.
 use super::backward_kernels::{net_backward, work_len};
 use super::{
-    LANES, POINTS, ROW, SHARED_LIMIT, TILE, cubes, empty, first, layout, load_weights, net_width,
-    point, second, shared_layout, sigmoid, sums, tiled,
+    LANES, POINTS, ROW, SHARED_LIMIT, TILE, cubes, first, layout, load_weights, net_width, point,
+    second, shared_layout, sigmoid, sums, tiled,
 };
+use crate::model::ops::empty_f32;
 use burn::cubecl;
 use burn::tensor::DType;
 use burn_cubecl::tensor::CubeTensor;
@@ -328,7 +329,7 @@ pub fn forward(
     h: usize,
 ) -> CubeTensor {
     let dims = state.meta.shape().to_vec();
-    let out = empty(&state, &[dims[0], dims[1], OUT]);
+    let out = empty_f32(&state, [dims[0], dims[1], OUT]);
     let client = state.client.clone();
     let (count, dim) = cubes(&state);
     // SAFETY: `supported` checked every shape and dtype; units past the last point write
@@ -380,9 +381,9 @@ pub fn backward(
     );
     let (count, dim) = cubes(&state);
     let total = layout(h)[6];
-    let d_state = empty(&state, &dims);
-    let s_partial = empty(&state, &[count, total]);
-    let t_partial = empty(&state, &[count, total]);
+    let d_state = empty_f32(&state, &dims);
+    let s_partial = empty_f32(&state, [count, total]);
+    let t_partial = empty_f32(&state, [count, total]);
     let client = state.client.clone();
     let [sw1, sb1, sw2, sb2, sw3, sb3] = s_net.clone();
     let [tw1, tb1, tw2, tb2, tw3, tb3] = t_net.clone();

@@ -16,11 +16,11 @@
 #![allow(clippy::manual_div_ceil)]
 
 // `#[cube]` expands to `cubecl::…` paths.
+use crate::model::ops::empty_f32;
 use burn::backend::ops::ConvOptions;
 use burn::cubecl;
 use burn::tensor::{DType, FloatDType, Shape};
 use burn_cubecl::kernel::into_contiguous;
-use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::ops::{permute_nchw_to_nhwc, permute_nhwc_to_nchw};
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
@@ -257,10 +257,6 @@ fn f32(t: CubeTensor) -> CubeTensor {
     burn_cubecl::kernel::cast(t, DType::F32)
 }
 
-fn empty(like: &CubeTensor, shape: Shape) -> CubeTensor {
-    empty_device_contiguous_dtype(like.client.clone(), like.device.clone(), shape, DType::F32)
-}
-
 pub use super::conv::is_depthwise;
 
 /// The comptime geometry every kernel here takes: `(kh, kw, sh, sw, dh, dw)`.
@@ -298,7 +294,7 @@ pub fn forward(
             options.dilation[i],
         )
     };
-    let out = permute_nhwc_to_nchw(empty(&x, Shape::new([s[0], size(0), size(1), s[1]])));
+    let out = permute_nhwc_to_nchw(empty_f32(&x, Shape::new([s[0], size(0), size(1), s[1]])));
     let total = out.meta.shape().num_elements();
     let dim = CubeDim::new(&x.client, total);
     let count = calculate_cube_count_elemwise(&x.client, total, dim);
@@ -339,7 +335,7 @@ pub fn data_grad(
 ) -> CubeTensor {
     let (grad, weight) = (f32(grad), f32(weight));
     let k = weight.meta.shape().clone();
-    let out = empty(&grad, input.clone());
+    let out = empty_f32(&grad, input.clone());
     let total = input.num_elements();
     let dim = CubeDim::new(&grad.client, total);
     let count = calculate_cube_count_elemwise(&grad.client, total, dim);
@@ -380,8 +376,8 @@ pub fn weight_grad(
     let g = grad.meta.shape().clone();
     let (c, taps) = (g[1], kernel[0] * kernel[1]);
     let p = parts(g[0] * g[2] * g[3]);
-    let partial = empty(&x, Shape::new([c * taps * p]));
-    let out = empty(&x, Shape::new([c, 1, kernel[0], kernel[1]]));
+    let partial = empty_f32(&x, Shape::new([c * taps * p]));
+    let out = empty_f32(&x, Shape::new([c, 1, kernel[0], kernel[1]]));
     let dim = CubeDim::new(&x.client, c * taps);
     let count = calculate_cube_count_elemwise(&x.client, c * taps, dim);
     let client = x.client.clone();

@@ -18,7 +18,8 @@
 use super::kernel::sign_of;
 use super::rle::COLUMNS;
 use crate::loss::assign::device::PACKED;
-use crate::loss::assign::device::kernel_assign::{elementwise, empty};
+use crate::loss::assign::device::kernel_assign::elementwise;
+use crate::model::ops::empty_f32;
 use burn::cubecl;
 use burn::tensor::DType;
 use burn_cubecl::tensor::CubeTensor;
@@ -275,7 +276,7 @@ fn check(kpts: &CubeTensor, sigma: &CubeTensor, fixed: &Fixed) -> [usize; 5] {
 pub fn forward(kpts: CubeTensor, sigma: CubeTensor, fixed: Fixed) -> CubeTensor {
     let [b, _, k, kd, r] = check(&kpts, &sigma, &fixed);
     let client = kpts.client.clone();
-    let out = empty(&kpts, &[b * k, r, COLUMNS]);
+    let out = empty_f32(&kpts, [b * k, r, COLUMNS]);
     let total = b * k * r;
     if total == 0 {
         return out;
@@ -320,7 +321,10 @@ pub fn backward(
         grad.meta.shape()
     );
     let client = kpts.client.clone();
-    let (d_kpts, d_sigma) = (empty(&kpts, &[b, k * kd, a]), empty(&kpts, &[b, 2 * k, a]));
+    let (d_kpts, d_sigma) = (
+        empty_f32(&kpts, [b, k * kd, a]),
+        empty_f32(&kpts, [b, 2 * k, a]),
+    );
     let total = b * a;
     if total == 0 {
         return (d_kpts, d_sigma);

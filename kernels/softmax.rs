@@ -16,7 +16,7 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
 // A new contiguous FP32 tensor on a tensor's device (not pitched rows).
-use crate::model::ops::fused_bn::empty;
+use crate::model::ops::empty_f32;
 
 // Units a cube (one row a cube), a power of two; the CPU's loops fold the same partials.
 use super::UNITS;
@@ -124,7 +124,7 @@ fn rows(x: CubeTensor) -> (CubeTensor, Vec<usize>) {
 /// Softmax over the last axis of `x` (FP32): a new contiguous tensor of `x`'s shape.
 pub fn forward(x: CubeTensor) -> CubeTensor {
     let (x, shape) = rows(x);
-    let out = empty(&x, x.meta.shape().clone());
+    let out = empty_f32(&x, x.meta.shape());
     let count = x.meta.shape()[0] as u32;
     if count > 0 && x.meta.shape()[1] > 0 {
         let client = x.client.clone();
@@ -152,7 +152,7 @@ pub fn backward(y: CubeTensor, grad: CubeTensor) -> CubeTensor {
         grad.meta.shape(),
         "softmax backward: shapes"
     );
-    let out = empty(&y, y.meta.shape().clone());
+    let out = empty_f32(&y, y.meta.shape());
     let count = y.meta.shape()[0] as u32;
     if count > 0 && y.meta.shape()[1] > 0 {
         let client = y.client.clone();

@@ -24,6 +24,10 @@ mod batch_norm;
 mod bf16_conv;
 mod bn_act;
 #[cfg(feature = "cuda")]
+mod buffer;
+#[cfg(feature = "cuda")]
+pub(crate) use buffer::empty_f32;
+#[cfg(feature = "cuda")]
 #[path = "../../../kernels/channels.rs"]
 pub mod channels;
 #[cfg(all(test, feature = "cuda"))]
