@@ -160,8 +160,8 @@ pub struct Options {
     #[arg(long)]
     pub rle_rows: Option<bool>,
     /// Compute the attention's softmax as one operation with its own backward (`true`;
-    /// `model::ops::softmax`, one kernel each way on CUDA) or as Burn's tensor operations
-    /// (`false`, the default). The same values within rounding.
+    /// `model::ops::softmax`, one kernel each way on CUDA; the default) or as Burn's tensor
+    /// operations (`false`). The same values within rounding.
     #[arg(long)]
     pub fused_softmax: Option<bool>,
     /// In a recorded step ending in an optimizer step, walk the model once while the step's

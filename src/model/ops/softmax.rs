@@ -1,10 +1,10 @@
 //! Softmax over the last axis as one operation with its backward written out
 //! ([`SoftmaxOps`]), for the attention's scores (`model::attention`). Burn 0.22.1 composes it
 //! from five tensor operations and autodiff's backward from about ten more; here one kernel each
-//! on CUDA (`kernels/softmax.rs`) and one loop each on the CPU ([`host`]). Off by default until
-//! it is measured on a GPU ([`choose`]; `bench-step --fused-softmax true`): its sums run in
-//! another order than Burn's, so the bits differ from the composed softmax's (not between
-//! native and replay, which take the same operation).
+//! on CUDA (`kernels/softmax.rs`) and one loop each on the CPU ([`host`]). On by default since
+//! the H100 measurement of docs/perf_log.md BS2 ([`choose`]; `bench-step --fused-softmax false`
+//! takes Burn's): its sums run in another order than Burn's, so the bits differ from the
+//! composed softmax's (not between native and replay, which take the same operation).
 
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Backend, Dispatch, Flex, backend_extension};
@@ -13,11 +13,10 @@ use burn::tensor::DType;
 use burn::tensor::activation::softmax;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-static CHOSEN: AtomicBool = AtomicBool::new(false);
+static CHOSEN: AtomicBool = AtomicBool::new(true);
 
-/// Whether [`softmax_last`] is [`SoftmaxOps::softmax_last`] (`true`; `bench-step
-/// --fused-softmax true`) or Burn's composed softmax (`false`, the default until the GPU
-/// measurement).
+/// Whether [`softmax_last`] is [`SoftmaxOps::softmax_last`] (`true`, the default) or Burn's
+/// composed softmax (`false`; `bench-step --fused-softmax false`).
 pub fn choose(on: bool) {
     CHOSEN.store(on, Ordering::Relaxed);
 }
