@@ -221,12 +221,18 @@ fn one_graph_with_an_early_walk_matches_native_bf16() {
     assert_eq!(native_losses, t.step_losses, "per-step losses");
     assert_eq!(native, t.state_hashes(), "state hashes");
     println!(
-        "{} steps equal, {} walks taken",
+        "{} steps equal, {} walks taken, {} recordings",
         native_losses.len(),
-        walks(&t)
+        walks(&t),
+        recordings(&t)
     );
     let mut kept = trainer(&config(true), Control::KeepWalk);
     run_to_end(&mut kept);
+    println!(
+        "control: {} walks taken, {} recordings",
+        walks(&kept),
+        recordings(&kept)
+    );
     assert!(
         walks(&kept) > 0,
         "control: no step took its sources from a walk"
