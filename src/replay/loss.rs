@@ -132,6 +132,12 @@ impl PendingLoss {
         }
     }
 
+    /// The flow's gradients (pose): a buffer the step's graph writes, readable once
+    /// [`PendingLoss::read`] has waited for it; views of it may be made before.
+    pub fn flow(&self) -> Option<&FlatGrads> {
+        self.flow.as_ref()
+    }
+
     /// Waits for the replay's loss items and counts.
     pub fn read(self) -> RecordedLoss {
         let v: Vec<f32> = match self.copied {

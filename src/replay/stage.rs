@@ -322,12 +322,11 @@ impl Stage {
             panic!("the recorded loss needs a replayed stage");
         };
         let per = r.outputs_per_copy();
+        // The views are made before the wait for the read, while the GPU still runs the step.
+        let mut out = GradientsParams::new();
+        flat.put_views(&mut out);
         let mut flat = Some(flat);
         let recorded = pending.read();
-        let mut out = GradientsParams::new();
-        if let Some(f) = &flat {
-            f.put_views(&mut out);
-        }
         let unreached: Vec<bool> = recorded.reached.flat(per).into_iter().map(|r| !r).collect();
         if !r.control().keeps_unreached() {
             drop_branches(&mut out, &mut flat, model, &unreached);

@@ -130,13 +130,14 @@ impl Trainer {
         launched: Launched,
         clock: &mut PhaseClock,
     ) -> (GradientsParams, Vec<FlatGrads>, Items) {
+        // The flow's views before the read waits, as the network's are made.
+        let mut grads = GradientsParams::new();
+        if let Some(f) = launched.pending.flow() {
+            f.put_views(&mut grads);
+        }
         let (stage_grads, flat, recorded) =
             self.stage
                 .recorded_backward(&self.model, launched.grads, launched.pending);
-        let mut grads = GradientsParams::new();
-        if let Some(f) = &recorded.flow {
-            f.put_views(&mut grads);
-        }
         drop_unreached(&mut grads, &self.model, &recorded.reached);
         merge(&mut grads, stage_grads, &self.optimizer.table);
         // Where the loss reached the flow (all its gradients kept), they accumulate as one
