@@ -108,7 +108,7 @@ pub mod host {
         }
     }
 
-    /// Values of `t` and the length of its last axis.
+    /// The shape of `t` and the length of its last axis (a row).
     fn rows(t: &FloatTensor<Flex>) -> (Vec<usize>, usize) {
         let shape = t.shape().to_vec();
         let n = *shape.last().expect("softmax: a tensor of rank 1 or more");
